@@ -1,0 +1,30 @@
+# Test targets read OUTBOX_TEST_POSTGRES_DSN (default postgres://postgres@127.0.0.1:5432/test).
+GO ?= go
+PKGS ?= ./...
+
+.PHONY: test test-short test-race bench lint up demo
+
+## test: the whole suite with the race detector (what CI runs).
+test:
+	$(GO) test -race -count=1 -timeout 25m $(PKGS)
+
+## test-short: the suite in -short mode (smaller loads).
+test-short:
+	$(GO) test -race -count=1 -short $(PKGS)
+
+## test-race: alias of test (every run uses -race).
+test-race: test
+
+## bench: the benchmarks (write path, drain) against the local PostgreSQL.
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m $(PKGS)
+
+## lint: go vet, gofmt and golangci-lint when installed.
+lint:
+	$(GO) vet $(PKGS)
+	@test -z "$$(gofmt -l .)" || (gofmt -l .; exit 1)
+	@if command -v golangci-lint >/dev/null; then golangci-lint run; else echo "golangci-lint not installed; ran go vet and gofmt"; fi
+
+## up: start the local services the tests use.
+up:
+	bash scripts/services.sh

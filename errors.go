@@ -1,0 +1,86 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrValidation is matched (errors.Is) by every *ValidationError: an event that was refused
+// before any SQL ran. The caller's transaction is untouched and can still commit.
+var ErrValidation = errors.New("outbox: invalid event")
+
+// ErrConfig is matched (errors.Is) by every *ConfigError: a configuration refused at
+// construction.
+var ErrConfig = errors.New("outbox: invalid configuration")
+
+// ErrUnsupportedDB is returned (wrapped in a *ConfigError) when a database handle of a type the
+// package cannot use is passed to NewPublisher, NewSubscriber or Migrate.
+var ErrUnsupportedDB = errors.New("outbox: unsupported database handle")
+
+// ErrClosed is returned by Subscribe (and the operations of a Subscriber) after Close.
+var ErrClosed = errors.New("outbox: closed")
+
+// ValidationError describes one refused event. Index is the event's position in the Publish,
+// EnqueueMany or PublishEvents call (0-based); Field names the offending part ("topic", "uuid",
+// "payload", "headers", "ordering_key", "idempotency_key", "extra_columns"); Reason says why.
+//
+// It matches ErrValidation with errors.Is.
+type ValidationError struct {
+	Index  int
+	Field  string
+	Reason string
+}
+
+func (e *ValidationError) Error() string {
+	return fmt.Sprintf("outbox: invalid event #%d: %s: %s", e.Index, e.Field, e.Reason)
+}
+
+// Is reports whether target is ErrValidation.
+func (e *ValidationError) Is(target error) bool { return target == ErrValidation }
+
+// ConfigError describes a configuration refused at construction: Field names the config field
+// (for example "SubscriberConfig.BatchSize"), Reason says why, Err is an optional cause.
+//
+// It matches ErrConfig with errors.Is, and its cause with errors.Is/As through Unwrap.
+type ConfigError struct {
+	Field  string
+	Reason string
+	Err    error
+}
+
+func (e *ConfigError) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("outbox: invalid configuration: %s: %s: %v", e.Field, e.Reason, e.Err)
+	}
+	return fmt.Sprintf("outbox: invalid configuration: %s: %s", e.Field, e.Reason)
+}
+
+// Is reports whether target is ErrConfig.
+func (e *ConfigError) Is(target error) bool { return target == ErrConfig }
+
+// Unwrap returns the cause, if any.
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+// DeliveryError is the error recorded for a failed delivery: the event and the cause (the
+// handler's error, a Nack without a recorded error, or the delivery timeout). A DeliveryError
+// never reaches the caller of the relay; it is what observers and last_error see.
+type DeliveryError struct {
+	EventID string
+	Topic   string
+	Err     error
+}
+
+func (e *DeliveryError) Error() string {
+	return fmt.Sprintf("outbox: delivery of event %s (topic %q) failed: %v", e.EventID, e.Topic, e.Err)
+}
+
+// Unwrap returns the cause.
+func (e *DeliveryError) Unwrap() error { return e.Err }
+
+// ErrNacked is the cause recorded when a message is nacked without an error recorded by the
+// RecordError middleware.
+var ErrNacked = errors.New("outbox: message nacked")
+
+// ErrDeliveryTimeout is the cause recorded when a message is neither acked nor nacked within
+// SubscriberConfig.DeliveryTimeout.
+var ErrDeliveryTimeout = errors.New("outbox: delivery timeout: message neither acked nor nacked")

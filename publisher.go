@@ -1,0 +1,535 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultMaxOrderingKeysPerCall is PublisherConfig.MaxOrderingKeysPerCall's default.
+const DefaultMaxOrderingKeysPerCall = 1000
+
+// PublisherConfig configures a Publisher. The zero value is valid: the default table, ordering
+// and idempotency keys only from message metadata.
+type PublisherConfig struct {
+	// Schema names the outbox table; it must match the table's Migrate config.
+	Schema SchemaConfig
+	// OrderingKey, when set, gives the ordering key of a message that has none in its metadata
+	// (SetOrderingKey). Returning "" means unordered. It must be safe for concurrent use.
+	OrderingKey func(topic string, msg *message.Message) string
+	// IdempotencyKey, when set, gives the idempotency key of a message that has none in its
+	// metadata (SetIdempotencyKey). Returning "" means none.
+	IdempotencyKey func(topic string, msg *message.Message) string
+	// MaxOrderingKeysPerCall caps the distinct ordering keys of one Publish/Enqueue call. Each
+	// key holds one slot of PostgreSQL's shared lock table until COMMIT (about 7.8k slots with
+	// default settings), so a call over the cap is refused with a *ValidationError before any
+	// SQL. Zero means DefaultMaxOrderingKeysPerCall (1000); negative is a configuration error.
+	MaxOrderingKeysPerCall int
+}
+
+func (c *PublisherConfig) setDefaults() {
+	if c.MaxOrderingKeysPerCall == 0 {
+		c.MaxOrderingKeysPerCall = DefaultMaxOrderingKeysPerCall
+	}
+}
+
+// Validate returns a *ConfigError naming the first invalid field, or nil.
+func (c PublisherConfig) Validate() error {
+	if c.MaxOrderingKeysPerCall < 0 {
+		return &ConfigError{Field: "PublisherConfig.MaxOrderingKeysPerCall", Reason: "must not be negative"}
+	}
+	return c.Schema.Validate()
+}
+
+// Publisher is a Watermill message.Publisher that writes each message as a row of the outbox
+// table through the database handle it was built with. With a transaction (pgx.Tx, *sql.Tx or a
+// watermill-sql Tx) the events commit with the caller's COMMIT and vanish with its ROLLBACK;
+// with a pool or DB they commit at once.
+//
+// A Publisher is as safe for concurrent use as its handle: over a pool or *sql.DB yes; over a
+// transaction no (a transaction runs one statement at a time). Construction is cheap: one
+// Publisher per transaction is the normal use.
+//
+// Writers that put several ordering keys in one transaction take a per-key lock for each (SPEC
+// §3.5): two transactions that take the same keys in opposite orders can deadlock, so publish
+// shortly before COMMIT, or take keys in one order.
+type Publisher struct {
+	ex     execer
+	s      *schema
+	cfg    PublisherConfig
+	logger watermill.LoggerAdapter
+}
+
+// NewPublisher returns a Publisher writing through db: a pgx.Tx, *pgx.Conn or *pgxpool.Pool, a
+// *sql.Tx, *sql.DB or *sql.Conn (pgx stdlib driver), or a watermill-sql v4 ContextExecutor
+// (TxFromPgx, TxFromStdSQL). A nil logger means watermill.NopLogger. Errors: a *ConfigError for
+// an invalid config or an unsupported handle (ErrUnsupportedDB). It runs no SQL.
+func NewPublisher(db any, cfg PublisherConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s, err := cfg.Schema.compile()
+	if err != nil {
+		return nil, err
+	}
+	ex, err := newExecer(db)
+	if err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	return &Publisher{ex: ex, s: s, cfg: cfg, logger: logger}, nil
+}
+
+// Publish writes msgs as events of topic in one statement, in the given order (consecutive
+// sequences unless another writer interleaves). The context is the first message's. A message
+// whose idempotency key is already stored is skipped without error. Errors: a *ValidationError
+// (before any SQL: the caller's transaction stays usable), or the database error wrapped with
+// context.
+func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	_, err := p.PublishEvents(msgs[0].Context(), topic, msgs...)
+	return err
+}
+
+// PublishEvents is Publish with an explicit context, returning the stored event of each message
+// in input order: Duplicate is set, with the stored event's id and columns, for a message whose
+// idempotency key already existed.
+func (p *Publisher) PublishEvents(ctx context.Context, topic string, msgs ...*message.Message) ([]Event, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	rows := make([]row, len(msgs))
+	for i, msg := range msgs {
+		r, err := p.rowFromMessage(i, topic, msg)
+		if err != nil {
+			return nil, err
+		}
+		rows[i] = r
+	}
+	return p.insert(ctx, rows)
+}
+
+// Enqueue writes one event whose payload is encoded with EncodePayload's rules. It returns the
+// stored event (Duplicate set when the idempotency key already existed). Errors as EnqueueMany.
+func (p *Publisher) Enqueue(ctx context.Context, in EventInput) (Event, error) {
+	evs, err := p.EnqueueMany(ctx, []EventInput{in})
+	if err != nil {
+		return Event{}, err
+	}
+	return evs[0], nil
+}
+
+// EnqueueMany writes events in one statement and returns them in input order; for an
+// idempotency key that already exists it returns the stored event with Duplicate set. Inside a
+// transaction the statement runs in a savepoint, so a database error (another unique violation,
+// a constraint of an extra column) leaves the caller's transaction usable. Errors: a
+// *ValidationError before any SQL, or the database error wrapped with context.
+func (p *Publisher) EnqueueMany(ctx context.Context, ins []EventInput) ([]Event, error) {
+	rows := make([]row, len(ins))
+	for i, in := range ins {
+		r, err := p.rowFromInput(i, in)
+		if err != nil {
+			return nil, err
+		}
+		rows[i] = r
+	}
+	if len(rows) == 0 {
+		return nil, nil
+	}
+	if !p.ex.inTx() {
+		return p.insert(ctx, rows)
+	}
+	if _, err := p.ex.exec(ctx, "SAVEPOINT outbox_enqueue"); err != nil {
+		return nil, fmt.Errorf("outbox: savepoint: %w", err)
+	}
+	evs, err := p.insert(ctx, rows)
+	if err != nil {
+		if _, rbErr := p.ex.exec(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT outbox_enqueue"); rbErr != nil {
+			return nil, errors.Join(err, fmt.Errorf("outbox: rollback to savepoint: %w", rbErr))
+		}
+		return nil, err
+	}
+	if _, err := p.ex.exec(ctx, "RELEASE SAVEPOINT outbox_enqueue"); err != nil {
+		return nil, fmt.Errorf("outbox: release savepoint: %w", err)
+	}
+	return evs, nil
+}
+
+// Close does nothing and returns nil: the Publisher owns no resources (the handle is the
+// caller's). It satisfies message.Publisher.
+func (p *Publisher) Close() error { return nil }
+
+// row is one validated event ready for the INSERT.
+type row struct {
+	id      uuid.UUID
+	topic   string
+	payload []byte
+	headers []byte
+	okey    *string
+	ikey    *string
+	extra   map[string]any
+}
+
+func (p *Publisher) rowFromMessage(i int, topic string, msg *message.Message) (row, error) {
+	r := row{topic: topic}
+	if msg == nil {
+		return r, &ValidationError{Index: i, Field: "message", Reason: "nil message"}
+	}
+	if msg.UUID != "" {
+		id, err := uuid.Parse(msg.UUID)
+		if err != nil {
+			return r, &ValidationError{Index: i, Field: "uuid", Reason: fmt.Sprintf("%q is not a UUID (use outbox.NewMessage or watermill.NewUUID)", msg.UUID)}
+		}
+		r.id = id
+	}
+	okey := msg.Metadata.Get(MetadataOrderingKey)
+	if okey == "" && p.cfg.OrderingKey != nil {
+		okey = p.cfg.OrderingKey(topic, msg)
+	}
+	ikey := msg.Metadata.Get(MetadataIdempotencyKey)
+	if ikey == "" && p.cfg.IdempotencyKey != nil {
+		ikey = p.cfg.IdempotencyKey(topic, msg)
+	}
+	var headers map[string]string
+	for k, v := range msg.Metadata {
+		if isReservedMetadata(k) {
+			continue
+		}
+		if headers == nil {
+			headers = make(map[string]string, len(msg.Metadata))
+		}
+		headers[k] = v
+	}
+	return p.finishRow(i, r, msg.Payload, headers, okey, ikey, extraColumnsOf(msg))
+}
+
+func (p *Publisher) rowFromInput(i int, in EventInput) (row, error) {
+	r := row{id: in.ID, topic: in.Topic}
+	var payload []byte
+	raw, isBytes := in.Payload.([]byte)
+	if p.s.cfg.PayloadType == PayloadBytea && isBytes {
+		payload = raw
+	} else {
+		b, err := EncodePayload(in.Payload)
+		if err != nil {
+			return r, &ValidationError{Index: i, Field: "payload", Reason: err.Error()}
+		}
+		payload = b
+	}
+	return p.finishRow(i, r, payload, in.Headers, in.OrderingKey, in.IdempotencyKey, in.ExtraColumns)
+}
+
+// finishRow runs the checks of SPEC §3.2 and encodes headers.
+func (p *Publisher) finishRow(i int, r row, payload []byte, headers map[string]string, okey, ikey string, extra map[string]any) (row, error) {
+	if r.topic == "" {
+		return r, &ValidationError{Index: i, Field: "topic", Reason: "empty"}
+	}
+	if reason := checkText(r.topic); reason != "" {
+		return r, &ValidationError{Index: i, Field: "topic", Reason: reason}
+	}
+	if okey != "" {
+		if reason := checkText(okey); reason != "" {
+			return r, &ValidationError{Index: i, Field: "ordering_key", Reason: reason}
+		}
+		r.okey = &okey
+	}
+	if ikey != "" {
+		if reason := checkText(ikey); reason != "" {
+			return r, &ValidationError{Index: i, Field: "idempotency_key", Reason: reason}
+		}
+		r.ikey = &ikey
+	}
+	if p.s.cfg.PayloadType == PayloadJSONB {
+		if reason := ValidatePayload(payload); reason != "" {
+			return r, &ValidationError{Index: i, Field: "payload", Reason: reason}
+		}
+	} else if payload == nil {
+		payload = []byte{}
+	}
+	r.payload = payload
+	for k, v := range headers {
+		if k == "" {
+			return r, &ValidationError{Index: i, Field: "headers", Reason: "empty header name"}
+		}
+		if reason := checkHeader(k); reason != "" {
+			return r, &ValidationError{Index: i, Field: "headers", Reason: fmt.Sprintf("name %q: %s", k, reason)}
+		}
+		if reason := checkHeader(v); reason != "" {
+			return r, &ValidationError{Index: i, Field: "headers", Reason: fmt.Sprintf("value of %q: %s", k, reason)}
+		}
+	}
+	if len(headers) == 0 {
+		r.headers = []byte("{}")
+	} else {
+		b, err := json.Marshal(headers)
+		if err != nil {
+			return r, &ValidationError{Index: i, Field: "headers", Reason: err.Error()}
+		}
+		r.headers = b
+	}
+	for name := range extra {
+		switch {
+		case isRelayOwned(name):
+			return r, &ValidationError{Index: i, Field: "extra_columns", Reason: fmt.Sprintf("column %q is written by the relay or the database", name)}
+		case !p.s.extra[name]:
+			return r, &ValidationError{Index: i, Field: "extra_columns", Reason: fmt.Sprintf("unknown column %q (declare it in SchemaConfig.ExtraColumns)", name)}
+		}
+	}
+	r.extra = extra
+	if r.id == uuid.Nil {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return r, fmt.Errorf("outbox: new UUIDv7: %w", err)
+		}
+		r.id = id
+	}
+	return r, nil
+}
+
+// checkHeader refuses what the JSONB headers column cannot hold exactly.
+func checkHeader(s string) string {
+	switch {
+	case !utf8.ValidString(s):
+		return "not valid UTF-8"
+	case strings.IndexByte(s, 0) >= 0:
+		return "contains a NUL character"
+	}
+	return ""
+}
+
+// insertSQL caches statements by shape.
+var insertSQL sync.Map // insertShape -> string
+
+type insertShape struct {
+	table  string
+	keys   bool // any ordering key: take the per-key locks
+	idem   bool // any idempotency key: ON CONFLICT + read of stored events
+	bytea  bool
+	extras string // comma-joined extra column names, sorted
+	seed   int64
+}
+
+func (sh insertShape) build() string {
+	var b strings.Builder
+	payloadArr := "$3::text[]"
+	payloadExpr := "i.payload::jsonb"
+	if sh.bytea {
+		payloadArr, payloadExpr = "$3::bytea[]", "i.payload"
+	}
+	fmt.Fprintf(&b, "WITH input AS MATERIALIZED (SELECT * FROM unnest($1::uuid[], $2::text[], %s, $4::text[], $5::text[], $6::text[]", payloadArr)
+	var extras []string
+	if sh.extras != "" {
+		extras = strings.Split(sh.extras, ",")
+		b.WriteString(", $7::jsonb[]) WITH ORDINALITY AS t(id, topic, payload, headers, ordering_key, idempotency_key, extra, ord))")
+	} else {
+		b.WriteString(") WITH ORDINALITY AS t(id, topic, payload, headers, ordering_key, idempotency_key, ord))")
+	}
+	if sh.keys {
+		// The per-ordering-key lock (SPEC §3.5) sits in a materialized CTE that the INSERT
+		// reads and that yields exactly one row, so every lock is held before the INSERT
+		// draws its first identity value; keys are locked in hash order.
+		fmt.Fprintf(&b, ", locks AS MATERIALIZED (SELECT count(pg_advisory_xact_lock(h)) AS n FROM (SELECT DISTINCT hashtextextended(ordering_key, %d) AS h FROM input WHERE ordering_key IS NOT NULL ORDER BY 1) k)", sh.seed)
+	}
+	fmt.Fprintf(&b, `, ins AS (INSERT INTO %s ("id", "topic", "payload", "headers", "ordering_key", "idempotency_key"`, sh.table)
+	for _, c := range extras {
+		b.WriteString(", " + pgx.Identifier{c}.Sanitize())
+	}
+	fmt.Fprintf(&b, ") SELECT i.id, i.topic, %s, i.headers::jsonb, i.ordering_key, i.idempotency_key", payloadExpr)
+	for _, c := range extras {
+		fmt.Fprintf(&b, ", (jsonb_populate_record(NULL::%s, i.extra)).%s", sh.table, pgx.Identifier{c}.Sanitize())
+	}
+	b.WriteString(" FROM input i")
+	if sh.keys {
+		b.WriteString(" CROSS JOIN locks")
+	}
+	b.WriteString(" ORDER BY i.ord")
+	if sh.idem {
+		b.WriteString(` ON CONFLICT ("idempotency_key") DO NOTHING`)
+	}
+	b.WriteString(` RETURNING "sequence", "id", "topic", "ordering_key", "idempotency_key", "created_at")`)
+	b.WriteString(` SELECT false, "sequence", "id"::text, "topic", "ordering_key", "idempotency_key", "created_at" FROM ins`)
+	if sh.idem {
+		// Events stored before this statement; rows this statement inserted are not visible
+		// here, so nothing is returned twice.
+		fmt.Fprintf(&b, ` UNION ALL SELECT true, o."sequence", o."id"::text, o."topic", o."ordering_key", o."idempotency_key", o."created_at" FROM %s o WHERE o."idempotency_key" IN (SELECT idempotency_key FROM input WHERE idempotency_key IS NOT NULL)`, sh.table)
+	}
+	return b.String()
+}
+
+func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	sh := insertShape{table: p.s.table, bytea: p.s.cfg.PayloadType == PayloadBytea, seed: p.s.lockSeed}
+	n := len(rows)
+	ids := make([]string, n)
+	topics := make([]string, n)
+	payloads := make([][]byte, n)
+	headers := make([]string, n)
+	okeys := make([]*string, n)
+	ikeys := make([]*string, n)
+	seenID := make(map[uuid.UUID]int, n)
+	distinctKeys := map[string]struct{}{}
+	var extraNames []string
+	for i, r := range rows {
+		if j, dup := seenID[r.id]; dup {
+			return nil, &ValidationError{Index: i, Field: "uuid", Reason: fmt.Sprintf("same id as event #%d of this call", j)}
+		}
+		seenID[r.id] = i
+		ids[i], topics[i], payloads[i], headers[i] = r.id.String(), r.topic, r.payload, string(r.headers)
+		okeys[i], ikeys[i] = r.okey, r.ikey
+		if r.okey != nil {
+			sh.keys = true
+			distinctKeys[*r.okey] = struct{}{}
+			if len(distinctKeys) > p.cfg.MaxOrderingKeysPerCall {
+				return nil, &ValidationError{Index: i, Field: "ordering_key", Reason: fmt.Sprintf("more than %d distinct ordering keys in one call (PublisherConfig.MaxOrderingKeysPerCall)", p.cfg.MaxOrderingKeysPerCall)}
+			}
+		}
+		if r.ikey != nil {
+			sh.idem = true
+		}
+		for c := range r.extra {
+			if !slices.Contains(extraNames, c) {
+				extraNames = append(extraNames, c)
+			}
+		}
+	}
+	args := []any{ids, topics, payloads, headers, okeys, ikeys}
+	if len(extraNames) > 0 {
+		sort.Strings(extraNames)
+		sh.extras = strings.Join(extraNames, ",")
+		extras := make([]*string, n)
+		for i, r := range rows {
+			if len(r.extra) == 0 {
+				continue
+			}
+			b, err := EncodePayload(r.extra)
+			if err != nil {
+				return nil, &ValidationError{Index: i, Field: "extra_columns", Reason: err.Error()}
+			}
+			s := string(b)
+			extras[i] = &s
+		}
+		args = append(args, extras)
+	}
+	q, ok := insertSQL.Load(sh)
+	if !ok {
+		q, _ = insertSQL.LoadOrStore(sh, sh.build())
+	}
+	start := time.Now()
+	rs, err := p.ex.query(ctx, q.(string), args...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: insert into %s: %w", p.s.table, err)
+	}
+	byID := make(map[string]Event, n)
+	byKey := map[string]Event{}
+	for rs.Next() {
+		var (
+			ev       Event
+			id       string
+			okey, ik *string
+		)
+		if err := rs.Scan(&ev.Duplicate, &ev.Sequence, &id, &ev.Topic, &okey, &ik, &ev.CreatedAt); err != nil {
+			rs.Close()
+			return nil, fmt.Errorf("outbox: insert into %s: scan: %w", p.s.table, err)
+		}
+		ev.ID, _ = uuid.Parse(id)
+		if okey != nil {
+			ev.OrderingKey = *okey
+		}
+		if ik != nil {
+			ev.IdempotencyKey = *ik
+			if _, seen := byKey[*ik]; !seen || !ev.Duplicate {
+				byKey[*ik] = ev
+			}
+		}
+		if !ev.Duplicate {
+			byID[ev.ID.String()] = ev
+		}
+	}
+	rs.Close()
+	if err := rs.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: insert into %s: %w", p.s.table, err)
+	}
+	out := make([]Event, n)
+	var missing []string
+	for i, r := range rows {
+		if ev, ok := byID[ids[i]]; ok {
+			out[i] = ev
+			continue
+		}
+		if r.ikey == nil {
+			return nil, fmt.Errorf("outbox: insert into %s: event %s not returned", p.s.table, ids[i])
+		}
+		ev, ok := byKey[*r.ikey]
+		if !ok {
+			missing = append(missing, *r.ikey)
+			continue
+		}
+		ev.Duplicate = true
+		out[i] = ev
+	}
+	if len(missing) > 0 {
+		// A concurrent transaction committed this key while the statement waited on it: its
+		// row is newer than the statement's snapshot (READ COMMITTED), so read it again.
+		if err := p.readStored(ctx, missing, byKey); err != nil {
+			return nil, err
+		}
+		for i, r := range rows {
+			if out[i].Sequence != 0 {
+				continue
+			}
+			ev, ok := byKey[*r.ikey]
+			if !ok {
+				return nil, fmt.Errorf("outbox: insert into %s: idempotency key %q neither inserted nor found", p.s.table, *r.ikey)
+			}
+			ev.Duplicate = true
+			out[i] = ev
+		}
+	}
+	p.logger.Trace("outbox: events written", watermill.LogFields{"table": p.s.table, "events": n, "took": time.Since(start)})
+	return out, nil
+}
+
+func (p *Publisher) readStored(ctx context.Context, keys []string, byKey map[string]Event) error {
+	q := fmt.Sprintf(`SELECT "sequence", "id"::text, "topic", "ordering_key", "idempotency_key", "created_at" FROM %s WHERE "idempotency_key" = ANY($1::text[])`, p.s.table)
+	rs, err := p.ex.query(ctx, q, keys)
+	if err != nil {
+		return fmt.Errorf("outbox: read stored events: %w", err)
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var (
+			ev       Event
+			id       string
+			okey, ik *string
+		)
+		if err := rs.Scan(&ev.Sequence, &id, &ev.Topic, &okey, &ik, &ev.CreatedAt); err != nil {
+			return fmt.Errorf("outbox: read stored events: %w", err)
+		}
+		ev.ID, _ = uuid.Parse(id)
+		if okey != nil {
+			ev.OrderingKey = *okey
+		}
+		ev.IdempotencyKey = *ik
+		byKey[*ik] = ev
+	}
+	return rs.Err()
+}

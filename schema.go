@@ -1,0 +1,248 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultTable is the outbox table name used when SchemaConfig.Table is empty.
+const DefaultTable = "watermill_outbox"
+
+// PayloadType is the PostgreSQL type of the payload column.
+type PayloadType int
+
+const (
+	// PayloadJSONB (the zero value, default) stores payloads as JSONB: every payload must be a
+	// JSON value that PostgreSQL accepts (checked before any SQL, see ValidatePayload).
+	PayloadJSONB PayloadType = iota
+	// PayloadBytea stores payloads as BYTEA, verbatim (protobuf, Avro, anything): no JSON checks.
+	PayloadBytea
+)
+
+func (t PayloadType) sqlType() string {
+	if t == PayloadBytea {
+		return "BYTEA"
+	}
+	return "JSONB"
+}
+
+// Column is a user-defined column of the outbox table (a tenant id, a subject id, a webhook
+// result). Name is an unquoted identifier (letters, digits, underscore; it is quoted in SQL);
+// Type is the PostgreSQL type as written in DDL, for example "UUID", "TEXT NULL" or
+// "BIGINT NOT NULL DEFAULT 0". Type is trusted DDL text written by the programmer, never by end
+// users.
+type Column struct {
+	Name string
+	Type string
+}
+
+// SchemaConfig names the outbox table and its shape. The zero value is the default table
+// "watermill_outbox" in the connection's search_path with a JSONB payload and no extra columns.
+// The same SchemaConfig must be given to Migrate, NewPublisher and NewSubscriber.
+type SchemaConfig struct {
+	// Table is the table name, optionally schema-qualified ("billing.outbox"). Each part is
+	// quoted as an identifier, so any characters but '.' and NUL are safe. Default DefaultTable.
+	Table string
+	// PayloadType chooses JSONB (default) or BYTEA for the payload column.
+	PayloadType PayloadType
+	// ExtraColumns are user columns created by Migrate and filled on write through
+	// SetExtraColumns / EventInput.ExtraColumns. Names must not collide with the outbox's own
+	// columns.
+	ExtraColumns []Column
+}
+
+// Built-in column names. RelayOwnedColumns are written only by the relay and the database.
+var (
+	builtinColumns = []string{"sequence", "id", "topic", "payload", "headers", "ordering_key",
+		"idempotency_key", "created_at", "attempts", "last_error", "next_attempt_at",
+		"lease_until", "leased_by", "published_at", "dead_lettered_at"}
+	// RelayOwnedColumns lists the columns that no writer may fill through extra columns
+	// (SPEC §3.2): the database and the relay own them.
+	RelayOwnedColumns = []string{"sequence", "created_at", "next_attempt_at", "published_at",
+		"dead_lettered_at", "attempts", "last_error", "lease_until", "leased_by"}
+)
+
+var columnNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// schema is a validated SchemaConfig with its SQL pieces.
+type schema struct {
+	cfg       SchemaConfig
+	table     string // quoted, possibly qualified
+	indexBase string // unquoted base for index names
+	tableName string // unquoted table part
+	schemaPfx string // quoted schema part plus ".", or ""
+	lockSeed  int64  // seed of the per-ordering-key advisory lock hash
+	extra     map[string]bool
+}
+
+// Validate checks the configuration and returns a *ConfigError naming the field, or nil.
+func (c SchemaConfig) Validate() error {
+	_, err := c.compile()
+	return err
+}
+
+func (c SchemaConfig) compile() (*schema, error) {
+	if c.Table == "" {
+		c.Table = DefaultTable
+	}
+	parts := strings.Split(c.Table, ".")
+	if len(parts) > 2 {
+		return nil, &ConfigError{Field: "SchemaConfig.Table", Reason: fmt.Sprintf("%q: at most schema.table", c.Table)}
+	}
+	for _, p := range parts {
+		if p == "" || strings.ContainsRune(p, 0) || len(p) > 63 {
+			return nil, &ConfigError{Field: "SchemaConfig.Table", Reason: fmt.Sprintf("%q: each part must be 1..63 bytes without NUL", c.Table)}
+		}
+	}
+	if c.PayloadType != PayloadJSONB && c.PayloadType != PayloadBytea {
+		return nil, &ConfigError{Field: "SchemaConfig.PayloadType", Reason: fmt.Sprintf("unknown payload type %d", c.PayloadType)}
+	}
+	s := &schema{cfg: c, table: pgx.Identifier(parts).Sanitize(), tableName: parts[len(parts)-1], extra: map[string]bool{}}
+	if len(parts) == 2 {
+		s.schemaPfx = pgx.Identifier{parts[0]}.Sanitize() + "."
+	}
+	s.indexBase = s.tableName
+	if len(s.indexBase) > 40 {
+		s.indexBase = s.indexBase[:40]
+	}
+	for i, col := range c.ExtraColumns {
+		field := fmt.Sprintf("SchemaConfig.ExtraColumns[%d]", i)
+		if !columnNameRe.MatchString(col.Name) {
+			return nil, &ConfigError{Field: field, Reason: fmt.Sprintf("column name %q: want [A-Za-z_][A-Za-z0-9_]*, at most 63 bytes", col.Name)}
+		}
+		if isBuiltinColumn(col.Name) {
+			return nil, &ConfigError{Field: field, Reason: fmt.Sprintf("column %q is an outbox column", col.Name)}
+		}
+		if s.extra[col.Name] {
+			return nil, &ConfigError{Field: field, Reason: fmt.Sprintf("column %q declared twice", col.Name)}
+		}
+		if strings.TrimSpace(col.Type) == "" || strings.ContainsAny(col.Type, ";\x00") {
+			return nil, &ConfigError{Field: field, Reason: fmt.Sprintf("column %q: type must be non-empty DDL without ';'", col.Name)}
+		}
+		s.extra[col.Name] = true
+	}
+	h := fnv.New64a()
+	h.Write([]byte(s.table))
+	s.lockSeed = int64(h.Sum64())
+	return s, nil
+}
+
+func isBuiltinColumn(name string) bool {
+	for _, c := range builtinColumns {
+		if strings.EqualFold(c, name) {
+			return true
+		}
+	}
+	return false
+}
+
+func isRelayOwned(name string) bool {
+	for _, c := range RelayOwnedColumns {
+		if strings.EqualFold(c, name) {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *schema) index(suffix string) string {
+	return pgx.Identifier{s.indexBase + "_" + suffix}.Sanitize()
+}
+
+// statements returns the idempotent DDL, one statement per element.
+func (s *schema) statements() []string {
+	t := s.table
+	stmts := []string{
+		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	"sequence"         BIGINT GENERATED ALWAYS AS IDENTITY (CACHE 1) PRIMARY KEY,
+	"id"               UUID NOT NULL UNIQUE,
+	"topic"            VARCHAR(255) NOT NULL CHECK ("topic" <> ''),
+	"payload"          %s NOT NULL,
+	"headers"          JSONB NOT NULL DEFAULT '{}',
+	"ordering_key"     VARCHAR(255) NULL CHECK ("ordering_key" <> ''),
+	"idempotency_key"  VARCHAR(255) NULL UNIQUE,
+	"created_at"       TIMESTAMPTZ NOT NULL DEFAULT now(),
+	"attempts"         INT NOT NULL DEFAULT 0,
+	"last_error"       TEXT NULL,
+	"next_attempt_at"  TIMESTAMPTZ NULL,
+	"lease_until"      TIMESTAMPTZ NULL,
+	"leased_by"        TEXT NULL,
+	"published_at"     TIMESTAMPTZ NULL,
+	"dead_lettered_at" TIMESTAMPTZ NULL
+)`, t, s.cfg.PayloadType.sqlType()),
+	}
+	for _, col := range s.cfg.ExtraColumns {
+		stmts = append(stmts, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s`, t, pgx.Identifier{col.Name}.Sanitize(), col.Type))
+	}
+	stmts = append(stmts,
+		// Pending events in delivery order (backlog, oldest pending).
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("sequence") WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL`, s.index("pending_idx"), t),
+		// Pending unordered events: the relay's unordered scan.
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("sequence") WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NULL`, s.index("unordered_idx"), t),
+		// Unpublished keyed events by key: finds each key's head. It must cover dead-lettered
+		// events too, or a dead-lettered head would let its successor through.
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("ordering_key", "sequence") WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL`, s.index("key_idx"), t),
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("published_at") WHERE "published_at" IS NOT NULL`, s.index("published_idx"), t),
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("dead_lettered_at") WHERE "dead_lettered_at" IS NOT NULL`, s.index("dead_idx"), t),
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("topic", "sequence")`, s.index("topic_idx"), t),
+	)
+	return stmts
+}
+
+// SchemaSQL returns the outbox table's DDL for PostgreSQL as one script of statements ending in
+// ';', for users' own migration tools (golang-migrate, goose, atlas). Every statement is
+// idempotent (IF NOT EXISTS). It returns a *ConfigError for an invalid config.
+//
+// Columns (SPEC §2): sequence (identity, delivery order), id (UUID, unique event id), topic,
+// payload (JSONB or BYTEA), headers (JSONB object of string values), ordering_key (NULL =
+// unordered), idempotency_key (unique), created_at, attempts, last_error, next_attempt_at,
+// lease_until, leased_by, published_at, dead_lettered_at. Pending means published_at IS NULL AND
+// dead_lettered_at IS NULL.
+func SchemaSQL(cfg SchemaConfig) (string, error) {
+	s, err := cfg.compile()
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for _, st := range s.statements() {
+		b.WriteString(st)
+		b.WriteString(";\n")
+	}
+	return b.String(), nil
+}
+
+// Migrate creates or upgrades the outbox table and its indexes. It is idempotent and safe to run
+// from several processes at once (it serialises on a transaction-scoped advisory lock). db is a
+// *pgxpool.Pool, *pgx.Conn, *sql.DB (pgx stdlib driver) or a transaction of either (then the DDL
+// commits with that transaction). Errors: a *ConfigError for an invalid config or handle, else
+// the database error wrapped with context.
+func Migrate(ctx context.Context, db any, cfg SchemaConfig) error {
+	s, err := cfg.compile()
+	if err != nil {
+		return err
+	}
+	ex, err := newExecer(db)
+	if err != nil {
+		return err
+	}
+	script := fmt.Sprintf("SELECT pg_advisory_xact_lock(%d);\n", s.lockSeed)
+	for _, st := range s.statements() {
+		script += st + ";\n"
+	}
+	// A parameterless multi-statement script runs in one round trip through the simple query
+	// protocol, which runs it as one implicit transaction (or inside the caller's).
+	if pe, ok := ex.(pgxExecer); ok {
+		_, err = pe.d.Exec(ctx, script, pgx.QueryExecModeSimpleProtocol)
+	} else {
+		_, err = ex.exec(ctx, script)
+	}
+	if err != nil {
+		return fmt.Errorf("outbox: migrate %s: %w", s.table, err)
+	}
+	return nil
+}

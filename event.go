@@ -81,7 +81,7 @@ type Event struct {
 	// Sequence is the database-assigned delivery order (gaps are normal).
 	Sequence int64
 	// ID is the event id (the Watermill message UUID).
-	ID uuid.UUID
+	ID    uuid.UUID
 	Topic string
 	// Payload is the stored payload bytes (JSON text for JSONB tables).
 	Payload []byte

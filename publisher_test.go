@@ -103,14 +103,14 @@ func runners(t *testing.T) []txRunner {
 }
 
 type storedRow struct {
-	Sequence                           int64
-	ID, Topic, Payload, Headers        string
-	OrderingKey, IdempotencyKey        *string
-	CreatedAt                          time.Time
-	Attempts                           int
-	LastError, LeasedBy                *string
-	NextAttemptAt, LeaseUntil          *time.Time
-	PublishedAt, DeadLetteredAt        *time.Time
+	Sequence                    int64
+	ID, Topic, Payload, Headers string
+	OrderingKey, IdempotencyKey *string
+	CreatedAt                   time.Time
+	Attempts                    int
+	LastError, LeasedBy         *string
+	NextAttemptAt, LeaseUntil   *time.Time
+	PublishedAt, DeadLetteredAt *time.Time
 }
 
 func readRows(t *testing.T, table string) []storedRow {

@@ -1,0 +1,297 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// drainLimit bounds how much of an unread response body is discarded to let the connection be
+// reused; a longer body closes the connection instead.
+const drainLimit = 64 << 10
+
+// Publisher is a Watermill message.Publisher that POSTs each message to an HTTP endpoint,
+// signed, without following redirects, and only to addresses the built-in guard accepts.
+//
+// Publish is safe for concurrent use. Close is idempotent: it refuses new Publish calls,
+// cancels requests in flight, waits for running Publish calls to return and closes idle
+// connections.
+type Publisher struct {
+	cfg      Config
+	fixedURL *url.URL
+	client   *http.Client
+	logger   watermill.LoggerAdapter
+
+	mu       sync.RWMutex
+	closed   bool
+	inFlight sync.WaitGroup
+	closeCtx context.Context
+	cancel   context.CancelFunc
+}
+
+var _ message.Publisher = (*Publisher)(nil)
+
+// NewPublisher validates cfg (see Config.Validate; errors are *ConfigError) and returns a
+// Publisher. A nil logger means watermill.NopLogger{}.
+func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
+	cfg.setDefaults()
+	fixed, err := cfg.validate()
+	if err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	cfg.Headers = maps.Clone(cfg.Headers)
+	cfg.AllowedPrefixes = append([]netip.Prefix(nil), cfg.AllowedPrefixes...)
+
+	dialer := &guardedDialer{
+		dialer: &net.Dialer{
+			Timeout:   cfg.Timeout,
+			KeepAlive: 30 * time.Second,
+			Control:   guardControl(cfg.AllowedPrefixes),
+		},
+		lookup: cfg.LookupIP,
+	}
+	transport := &http.Transport{
+		Proxy:                  cfg.Proxy,
+		DialContext:            dialer.DialContext,
+		ForceAttemptHTTP2:      true,
+		MaxIdleConns:           100,
+		MaxIdleConnsPerHost:    10,
+		IdleConnTimeout:        90 * time.Second,
+		TLSHandshakeTimeout:    10 * time.Second,
+		ExpectContinueTimeout:  time.Second,
+		MaxResponseHeaderBytes: 64 << 10,
+	}
+	client := &http.Client{
+		Transport: transport,
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		},
+	}
+	closeCtx, cancel := context.WithCancel(context.Background())
+	return &Publisher{
+		cfg:      cfg,
+		fixedURL: fixed,
+		client:   client,
+		logger:   logger.With(watermill.LogFields{"component": "webhook"}),
+		closeCtx: closeCtx,
+		cancel:   cancel,
+	}, nil
+}
+
+// Publish POSTs msgs to their target one after another, in order, and returns nil when every
+// one was answered with a 2xx status. It stops at the first failure and returns a
+// *DeliveryError naming that message (Index, EventID); earlier messages were delivered, later
+// ones not attempted. Each request carries the payload bytes unchanged, Content-Type, the
+// metadata as headers, HeaderEventID (msg.UUID), HeaderTopic (topic) and the signature; each
+// attempt's context is msg.Context() bounded by Config.Timeout. After Close it returns
+// ErrPublisherClosed. Safe for concurrent use.
+func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	p.mu.RLock()
+	if p.closed {
+		p.mu.RUnlock()
+		return ErrPublisherClosed
+	}
+	p.inFlight.Add(1)
+	p.mu.RUnlock()
+	defer p.inFlight.Done()
+
+	for i, msg := range msgs {
+		if err := p.publishOne(topic, i, msg); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Close stops the publisher: later Publish calls return ErrPublisherClosed, requests in flight
+// are cancelled (their messages fail), and Close returns once running Publish calls have
+// returned. Calling it again does nothing and returns nil.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+	p.cancel()
+	p.inFlight.Wait()
+	p.client.CloseIdleConnections()
+	p.logger.Info("Webhook publisher closed", nil)
+	return nil
+}
+
+func (p *Publisher) publishOne(topic string, index int, msg *message.Message) error {
+	if msg == nil {
+		return &DeliveryError{Index: index, Topic: topic, Permanent: true, Err: fmt.Errorf("webhook: message %d is nil", index)}
+	}
+	start := time.Now()
+	res := Result{EventID: msg.UUID, Topic: topic, Attempt: p.cfg.Now()}
+
+	ctx, cancel := context.WithTimeout(msg.Context(), p.cfg.Timeout)
+	defer cancel()
+	stop := context.AfterFunc(p.closeCtx, cancel)
+	defer stop()
+
+	derr := p.attempt(ctx, topic, msg, &res)
+	res.Duration = time.Since(start)
+	if derr != nil {
+		derr.Index = index
+		derr.EventID = msg.UUID
+		derr.Topic = topic
+		derr.URL = res.URL
+		derr.StatusCode = res.StatusCode
+		derr.Body = res.Body
+		res.Err = TruncateForRecord(derr.Error())
+	}
+	fields := watermill.LogFields{"event_id": msg.UUID, "topic": topic, "url": res.URL, "status": res.StatusCode, "duration": res.Duration}
+	if derr != nil {
+		// Returned to the caller, which decides whether to log it; only traced here.
+		p.logger.Debug("Webhook delivery failed", fields)
+	} else {
+		p.logger.Debug("Webhook delivered", fields)
+	}
+	if p.cfg.OnResult != nil {
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(msg.Context()), p.cfg.Timeout)
+		p.cfg.OnResult(rctx, res)
+		rcancel()
+	}
+	if derr != nil {
+		return derr
+	}
+	return nil
+}
+
+// attempt performs one delivery and fills res; it returns nil on a 2xx answer.
+func (p *Publisher) attempt(ctx context.Context, topic string, msg *message.Message, res *Result) *DeliveryError {
+	permanent := func(err error) *DeliveryError { return &DeliveryError{Permanent: true, Err: err} }
+
+	if msg.UUID == "" {
+		return permanent(ErrMissingEventID)
+	}
+	u, secret, targetHeaders, derr := p.resolveTarget(topic, msg)
+	if derr != nil {
+		return derr
+	}
+	res.URL = u.Redacted()
+	if err := CheckURL(u, p.cfg.AllowedPrefixes); err != nil {
+		return &DeliveryError{Err: err}
+	}
+	if p.cfg.URLGuard != nil {
+		if err := p.cfg.URLGuard(ctx, u); err != nil {
+			return &DeliveryError{Err: fmt.Errorf("%w: %w", ErrURLDenied, err)}
+		}
+	}
+
+	h := http.Header{"User-Agent": {DefaultUserAgent}}
+	if err := addHeaders(h, "config", p.cfg.Headers); err != nil {
+		return permanent(err) // validated at construction; kept for safety
+	}
+	if err := addHeaders(h, "target", targetHeaders); err != nil {
+		return permanent(err)
+	}
+	if err := addHeaders(h, "metadata", msg.Metadata); err != nil {
+		return permanent(err)
+	}
+	if err := checkHeader("message", HeaderEventID, msg.UUID); err != nil {
+		return permanent(err)
+	}
+	if err := checkHeader("topic", HeaderTopic, topic); err != nil {
+		return permanent(err)
+	}
+	body := []byte(msg.Payload)
+	h.Set("Content-Type", p.cfg.ContentType)
+	h.Set(HeaderEventID, msg.UUID)
+	h.Set(HeaderTopic, topic)
+	if derr := p.sign(h, secret, msg.UUID, body); derr != nil {
+		return derr
+	}
+
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
+	if err != nil {
+		return permanent(fmt.Errorf("webhook: build request: %w", err))
+	}
+	req.Header = h
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return &DeliveryError{Err: err}
+	}
+	defer resp.Body.Close()
+	res.StatusCode = resp.StatusCode
+	kept, readErr := io.ReadAll(io.LimitReader(resp.Body, p.cfg.MaxResponseBodyBytes))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
+	res.Body = TruncateForRecord(string(kept))
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		derr := &DeliveryError{Err: ErrUnexpectedStatus}
+		if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+			derr.Location = TruncateForRecord(resp.Header.Get("Location"))
+		}
+		return derr
+	}
+	if readErr != nil {
+		// A 2xx answer counts as delivered even if its body could not be read in full.
+		p.logger.Debug("Webhook response body read failed", watermill.LogFields{"event_id": msg.UUID, "error": readErr.Error()})
+	}
+	return nil
+}
+
+// resolveTarget returns the destination URL, signing secret and target headers of msg.
+func (p *Publisher) resolveTarget(topic string, msg *message.Message) (*url.URL, string, map[string]string, *DeliveryError) {
+	if p.cfg.Target == nil {
+		return p.fixedURL, p.cfg.Secret, nil, nil
+	}
+	t, err := p.cfg.Target(topic, msg)
+	if err != nil {
+		return nil, "", nil, &DeliveryError{Err: fmt.Errorf("webhook: target: %w", err)}
+	}
+	if t.Secret != "" && p.cfg.Secret != "" {
+		return nil, "", nil, &DeliveryError{Permanent: true, Err: &ConfigError{
+			Field: "Target.Secret", Reason: "Config.Secret is set too", Err: ErrSecretConflict,
+		}}
+	}
+	u, err := parseTargetURL(t.URL)
+	if err != nil {
+		return nil, "", nil, &DeliveryError{Permanent: true, Err: &ConfigError{Field: "Target.URL", Reason: "invalid URL", Err: err}}
+	}
+	secret := t.Secret
+	if secret == "" {
+		secret = p.cfg.Secret
+	}
+	return u, secret, t.Headers, nil
+}
+
+// sign adds the signature headers of the configured scheme.
+func (p *Publisher) sign(h http.Header, secret, id string, body []byte) *DeliveryError {
+	if p.cfg.Scheme == SchemeStandardWebhooks {
+		key, err := DecodeSecret(secret)
+		if err != nil {
+			return &DeliveryError{Permanent: true, Err: &ConfigError{Field: "Secret", Reason: "Standard Webhooks needs a valid secret", Err: err}}
+		}
+		ts := strconv.FormatInt(p.cfg.Now().Unix(), 10)
+		h.Set(HeaderWebhookID, id)
+		h.Set(HeaderWebhookTimestamp, ts)
+		h.Set(HeaderWebhookSignature, "v1,"+base64.StdEncoding.EncodeToString(standardMAC(key, id, ts, body)))
+		return nil
+	}
+	if secret == "" {
+		return nil
+	}
+	h.Set(p.cfg.SignatureHeader, Sign([]byte(secret), body))
+	return nil
+}

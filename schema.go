@@ -180,9 +180,9 @@ func (s *schema) statements() []string {
 		stmts = append(stmts, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s`, t, pgx.Identifier{col.Name}.Sanitize(), col.Type))
 	}
 	stmts = append(stmts,
-		// Pending events in delivery order (backlog, oldest pending).
-		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("sequence") WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL`, s.index("pending_idx"), t),
-		// Pending unordered events: the relay's unordered scan.
+		// Pending events by sequence, in two partial indexes: keyed ones (the relay's walk of
+		// the oldest claimable keyed events) and unordered ones (the relay's unordered scan).
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("sequence") WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NOT NULL`, s.index("keyed_idx"), t),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("sequence") WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NULL`, s.index("unordered_idx"), t),
 		// Unpublished keyed events by key: finds each key's head. It must cover dead-lettered
 		// events too, or a dead-lettered head would let its successor through.

@@ -1,0 +1,710 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Subscriber is a Watermill message.Subscriber over the outbox table: each subscription leases
+// batches of pending events (FOR UPDATE SKIP LOCKED, see the PostgreSQL docs on SELECT's locking
+// clause), so several relays share one table; it keeps strict order per ordering key while
+// different keys and unordered events go concurrently; and it turns Ack into published and Nack
+// (or DeliveryTimeout) into a retry with backoff or, after MaxAttempts, a dead letter.
+//
+// Delivery is at least once: a relay that stops between delivering and marking lets the lease
+// expire and the batch is delivered again. Every message carries the event id as its UUID.
+//
+// A Subscriber is safe for concurrent use. Close stops every subscription.
+type Subscriber struct {
+	db     execer
+	s      *schema
+	cfg    SubscriberConfig
+	excl   []topicFilter
+	logger watermill.LoggerAdapter
+
+	closing   chan struct{}
+	closed    atomic.Bool
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+	claims    atomic.Int64
+}
+
+// NewSubscriber returns a Subscriber reading the outbox table through db: a *pgxpool.Pool,
+// *pgx.Conn (not shared with other goroutines), *sql.DB (pgx stdlib driver) or a watermill-sql
+// v4 Beginner (BeginnerFromPgx, BeginnerFromStdSQL). A transaction is refused: the relay runs
+// each statement on its own. A nil logger means watermill.NopLogger. Errors: a *ConfigError
+// for an invalid config or handle. It runs no SQL.
+//
+// For PgBouncer in transaction mode, configure pgx with QueryExecModeCacheDescribe or
+// QueryExecModeExec (its statement cache fails there).
+func NewSubscriber(db any, cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subscriber, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	s, err := cfg.Schema.compile()
+	if err != nil {
+		return nil, err
+	}
+	ex, err := newExecer(db)
+	if err != nil {
+		return nil, err
+	}
+	if ex.inTx() {
+		return nil, &ConfigError{Field: "db", Reason: "the subscriber needs a pool or DB, not a transaction", Err: ErrUnsupportedDB}
+	}
+	excl := make([]topicFilter, len(cfg.ExcludeTopics))
+	for i, p := range cfg.ExcludeTopics {
+		excl[i], _ = parseTopicPattern("", p)
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	logger = logger.With(watermill.LogFields{"relay": cfg.RelayName, "table": s.table})
+	return &Subscriber{db: ex, s: s, cfg: cfg, excl: excl, logger: logger, closing: make(chan struct{})}, nil
+}
+
+// Subscribe returns the messages of the topics that topic selects: an exact name, a prefix
+// pattern ending in '*' ("library.*"), or "*" for every topic, minus
+// SubscriberConfig.ExcludeTopics. '_' and '%' are ordinary characters. The channel is closed
+// when ctx ends or the Subscriber closes. Each message must be acked or nacked; see Subscriber
+// for what each means. Errors: a *ConfigError for a bad pattern, ErrClosed after Close.
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	sub, err := s.newSubscription(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan *message.Message)
+	sub.emit = func(ctx context.Context, b []*item) bool { return sub.deliverEach(ctx, b, out) }
+	sub.start(func() { close(out) })
+	return out, nil
+}
+
+// Batch is a claimed batch for destinations that take many messages per call (Kafka): the
+// messages in sequence order, so one ordering key's events appear in order. Ack or Nack every
+// message; the subscriber waits for all (up to DeliveryTimeout) before marking. After the first
+// failed message of an ordering key, the key's later messages that were not acked are released
+// without counting an attempt, and stay held behind the failed one.
+type Batch struct {
+	Messages []*message.Message
+}
+
+// SubscribeBatches is Subscribe for batch destinations: it emits each claimed batch whole (see
+// Batch). Concurrency does not apply. Errors as Subscribe.
+func (s *Subscriber) SubscribeBatches(ctx context.Context, topic string) (<-chan Batch, error) {
+	sub, err := s.newSubscription(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan Batch)
+	sub.emit = func(ctx context.Context, b []*item) bool { return sub.deliverBatch(ctx, b, out) }
+	sub.start(func() { close(out) })
+	return out, nil
+}
+
+// Close stops every subscription: no new message is emitted, marks of acks already received
+// are written, and every output channel is closed when Close returns. Messages emitted but not
+// yet acked stay leased and are delivered again after the lease expires. Idempotent; always
+// returns nil.
+func (s *Subscriber) Close() error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		close(s.closing)
+	})
+	s.wg.Wait()
+	return nil
+}
+
+func (s *Subscriber) selection(topic string) (topicSelection, error) {
+	inc, err := parseTopicPattern("topic", topic)
+	if err != nil {
+		return topicSelection{}, err
+	}
+	return topicSelection{include: inc, excludes: s.excl}, nil
+}
+
+// subscription is one Subscribe call's poll loop.
+type subscription struct {
+	s        *Subscriber
+	sel      topicSelection
+	claimSQL string
+	args     []any // filter parameters, from $4 on
+	cursor   string
+	emit     func(ctx context.Context, b []*item) bool
+	ctx      context.Context
+	cancel   context.CancelFunc
+}
+
+func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscription, error) {
+	if s.closed.Load() {
+		return nil, ErrClosed
+	}
+	sel, err := s.selection(topic)
+	if err != nil {
+		return nil, err
+	}
+	sub := &subscription{s: s, sel: sel}
+	args := []any{nil, nil, nil}
+	filter := sel.sql(`"topic"`, &args)
+	sub.args = args[3:]
+	sub.claimSQL = s.buildClaimSQL(filter)
+	sub.ctx, sub.cancel = context.WithCancel(ctx)
+	return sub, nil
+}
+
+func (sub *subscription) start(done func()) {
+	s := sub.s
+	s.wg.Add(2)
+	go func() {
+		defer s.wg.Done()
+		select {
+		case <-s.closing:
+		case <-sub.ctx.Done():
+		}
+		sub.cancel()
+	}()
+	go func() {
+		defer s.wg.Done()
+		defer done()
+		defer sub.cancel()
+		sub.run()
+	}()
+}
+
+func (sub *subscription) run() {
+	s := sub.s
+	var wake <-chan struct{}
+	if s.cfg.Wakeup != nil {
+		wake = s.cfg.Wakeup.Listen(sub.ctx, sub.sel.match)
+	}
+	for sub.ctx.Err() == nil {
+		n, err := sub.poll()
+		if err != nil {
+			if sub.ctx.Err() != nil {
+				return
+			}
+			s.logger.Error("outbox: poll failed", err, nil)
+		}
+		if n > 0 && err == nil {
+			continue
+		}
+		timer := time.NewTimer(s.cfg.PollInterval)
+		select {
+		case <-sub.ctx.Done():
+		case <-timer.C:
+		case <-wake:
+		}
+		timer.Stop()
+	}
+}
+
+// item is one claimed event on its way out.
+type item struct {
+	ev    *Event
+	rank  int64 // position in its key's run, 1 for the head; 0 for unordered
+	msg   *message.Message
+	hold   *errHolder
+	cancel context.CancelFunc // cancels msg's context once it is answered
+	state  int
+	err   error
+}
+
+const (
+	stateClaimed   = iota // not emitted
+	stateAcked            // delivered
+	stateFailed           // counts an attempt
+	stateReleased         // lease given back, no attempt
+	stateAbandoned        // emitted, no answer before close: stays leased
+)
+
+// poll claims one batch, delivers it and writes its marks. It returns the number claimed.
+func (sub *subscription) poll() (int, error) {
+	s := sub.s
+	token := s.cfg.RelayName + "#" + strconv.FormatInt(s.claims.Add(1), 10)
+	items, err := sub.claim(token)
+	if err != nil || len(items) == 0 {
+		return 0, err
+	}
+	deliver, release := splitRuns(items)
+	for _, it := range release {
+		it.state = stateReleased
+	}
+	if len(deliver) > 0 {
+		stopRenew := sub.renewWhileOut(token, items)
+		sub.emit(sub.ctx, deliver)
+		stopRenew()
+	}
+	return len(items), sub.mark(token, items)
+}
+
+// splitRuns keeps, for each ordering key, only the run that starts at the key's head with no
+// gap (a run member skipped by SKIP LOCKED or changed concurrently breaks the run); the rest is
+// released. Items are in sequence order.
+func splitRuns(items []*item) (deliver, release []*item) {
+	next := map[string]int64{}
+	broken := map[string]bool{}
+	for _, it := range items {
+		k := it.ev.OrderingKey
+		if k == "" {
+			deliver = append(deliver, it)
+			continue
+		}
+		want, ok := next[k]
+		if !ok {
+			want = 1
+		}
+		if broken[k] || it.rank != want {
+			broken[k] = true
+			release = append(release, it)
+			continue
+		}
+		next[k] = want + 1
+		deliver = append(deliver, it)
+	}
+	return deliver, release
+}
+
+func (s *Subscriber) buildClaimSQL(filter string) string {
+	t := s.s.table
+	pending := `"published_at" IS NULL AND "dead_lettered_at" IS NULL`
+	claimable := `("next_attempt_at" IS NULL OR "next_attempt_at" <= now()) AND ("lease_until" IS NULL OR "lease_until" < now())`
+	hfilter := strings.ReplaceAll(filter, `"topic"`, `h."topic"`)
+	payload := `o."payload"::text`
+	if s.s.cfg.PayloadType == PayloadBytea {
+		payload = `o."payload"`
+	}
+	var extra strings.Builder
+	for _, c := range s.s.cfg.ExtraColumns {
+		extra.WriteString(", o." + pgx.Identifier{c.Name}.Sanitize())
+	}
+	batch, run, keyScan := s.cfg.BatchSize, s.cfg.MaxRunPerKey, s.cfg.KeyScan
+	// Per-key order under SKIP LOCKED (see FACTS of the project): key heads are found without
+	// locking — the oldest claimable keyed events' keys, then a bounded skip scan of the key
+	// index after a cursor — each key's run is read from its head, and the run members are
+	// then locked by primary key with their own ORDER BY … LIMIT … FOR UPDATE SKIP LOCKED; a
+	// row changed after the snapshot is re-checked by PostgreSQL and dropped, and the Go side
+	// keeps only gap-free runs (splitRuns). Unordered events are locked by their own scan.
+	return fmt.Sprintf(`WITH RECURSIVE skip(k, seq) AS (
+	(SELECT "ordering_key", "sequence" FROM %[1]s WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL AND "ordering_key" > $1 ORDER BY "ordering_key", "sequence" LIMIT 1)
+	UNION ALL
+	SELECT n."ordering_key", n."sequence" FROM skip s CROSS JOIN LATERAL (SELECT "ordering_key", "sequence" FROM %[1]s WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL AND "ordering_key" > s.k ORDER BY "ordering_key", "sequence" LIMIT 1) n
+), oldest AS (
+	SELECT DISTINCT "ordering_key" AS k FROM (SELECT "ordering_key" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NOT NULL AND %[3]s AND %[4]s ORDER BY "sequence" LIMIT %[5]d) o
+), heads AS (
+	SELECT o.k, h."sequence" AS seq FROM oldest o CROSS JOIN LATERAL (SELECT "sequence" FROM %[1]s WHERE "ordering_key" = o.k AND "published_at" IS NULL ORDER BY "sequence" LIMIT 1) h
+	UNION ALL
+	(SELECT k, seq FROM skip LIMIT %[6]d)
+), ok_heads AS (
+	SELECT c.k, c.seq FROM heads c JOIN %[1]s h ON h."sequence" = c.seq
+	WHERE h."dead_lettered_at" IS NULL AND (h."next_attempt_at" IS NULL OR h."next_attempt_at" <= now()) AND (h."lease_until" IS NULL OR h."lease_until" < now()) AND %[7]s
+), runs AS MATERIALIZED (
+	SELECT c.k, r."sequence", r.rn FROM ok_heads c CROSS JOIN LATERAL (
+		SELECT "sequence", row_number() OVER (ORDER BY "sequence") AS rn FROM %[1]s
+		WHERE "ordering_key" = c.k AND "published_at" IS NULL AND "sequence" >= c.seq ORDER BY "sequence" LIMIT %[8]d) r
+	LIMIT %[5]d
+), keyed AS (
+	SELECT "sequence" FROM %[1]s WHERE "sequence" = ANY(ARRAY(SELECT "sequence" FROM runs)) AND %[2]s AND %[3]s AND %[4]s
+	ORDER BY "sequence" LIMIT %[5]d FOR UPDATE SKIP LOCKED
+), unordered AS (
+	SELECT "sequence" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NULL AND %[3]s AND %[4]s
+	ORDER BY "sequence" LIMIT %[5]d FOR UPDATE SKIP LOCKED
+), picked AS (
+	SELECT "sequence" FROM keyed UNION ALL SELECT "sequence" FROM unordered ORDER BY 1 LIMIT %[5]d
+)
+UPDATE %[1]s o SET "lease_until" = now() + $2 * interval '1 microsecond', "leased_by" = $3
+FROM picked p WHERE o."sequence" = p."sequence"
+RETURNING o."sequence", o."id"::text, o."topic", %[9]s, o."headers"::text, o."ordering_key", o."created_at", o."attempts", o."last_error",
+	COALESCE((SELECT min(rn) FROM runs WHERE runs."sequence" = o."sequence"), 0)%[10]s`,
+		t, pending, claimable, filter, batch, keyScan, hfilter, run, payload, extra.String())
+}
+
+func (sub *subscription) claim(token string) ([]*item, error) {
+	s := sub.s
+	args := append([]any{sub.cursor, s.cfg.LeaseDuration.Microseconds(), token}, sub.args...)
+	rs, err := s.db.query(sub.ctx, sub.claimSQL, args...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim from %s: %w", s.s.table, err)
+	}
+	defer rs.Close()
+	var items []*item
+	maxKey := ""
+	for rs.Next() {
+		var (
+			ev        Event
+			id, hdrs  string
+			okey, le  *string
+			rank      int64
+			extraVals = make([]any, len(s.s.cfg.ExtraColumns))
+		)
+		dest := []any{&ev.Sequence, &id, &ev.Topic, &ev.Payload, &hdrs, &okey, &ev.CreatedAt, &ev.Attempts, &le, &rank}
+		for i := range extraVals {
+			dest = append(dest, &extraVals[i])
+		}
+		if err := rs.Scan(dest...); err != nil {
+			return nil, fmt.Errorf("outbox: claim from %s: scan: %w", s.s.table, err)
+		}
+		ev.ID, _ = uuid.Parse(id)
+		if err := json.Unmarshal([]byte(hdrs), &ev.Headers); err != nil {
+			ev.Headers = map[string]string{"outbox-headers-error": err.Error()}
+		}
+		if okey != nil {
+			ev.OrderingKey = *okey
+			maxKey = max(maxKey, *okey)
+		}
+		if le != nil {
+			ev.LastError = *le
+		}
+		if len(extraVals) > 0 {
+			ev.Extra = make(map[string]any, len(extraVals))
+			for i, c := range s.s.cfg.ExtraColumns {
+				ev.Extra[c.Name] = extraVals[i]
+			}
+		}
+		items = append(items, &item{ev: &ev, rank: rank})
+	}
+	if err := rs.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: claim from %s: %w", s.s.table, err)
+	}
+	sort.Slice(items, func(i, j int) bool { return items[i].ev.Sequence < items[j].ev.Sequence })
+	// Resume the key skip scan after the last key reached; start over when a claim is short.
+	if len(items) < s.cfg.BatchSize {
+		sub.cursor = ""
+	} else {
+		sub.cursor = maxKey
+	}
+	s.logger.Trace("outbox: claimed", watermill.LogFields{"events": len(items), "token": token})
+	return items, nil
+}
+
+// newMessage builds the Watermill message of an event (SPEC §4.2).
+func (sub *subscription) newMessage(ctx context.Context, it *item) *message.Message {
+	ev := it.ev
+	msg := message.NewMessage(ev.ID.String(), ev.Payload)
+	for k, v := range ev.Headers {
+		msg.Metadata[k] = v
+	}
+	msg.Metadata[MetadataEventID] = ev.ID.String()
+	msg.Metadata[MetadataTopic] = ev.Topic
+	if ev.OrderingKey != "" {
+		msg.Metadata[MetadataOrderingKey] = ev.OrderingKey
+	}
+	msg.Metadata[MetadataSequence] = strconv.FormatInt(ev.Sequence, 10)
+	msg.Metadata[MetadataAttempt] = strconv.Itoa(ev.Attempts + 1)
+	it.hold = &errHolder{}
+	mctx, cancel := context.WithCancel(contextWithEvent(withErrHolder(ctx, it.hold), ev))
+	msg.SetContext(mctx)
+	it.msg, it.cancel = msg, cancel
+	return msg
+}
+
+// await waits for msg's answer and records it in it.
+func (sub *subscription) await(ctx context.Context, it *item, timeout <-chan struct{}) {
+	defer it.cancel()
+	select {
+	case <-it.msg.Acked():
+		it.state = stateAcked
+	case <-it.msg.Nacked():
+		it.state, it.err = stateFailed, it.hold.get()
+		if it.err == nil {
+			it.err = ErrNacked
+		}
+	case <-timeout:
+		it.state, it.err = stateFailed, ErrDeliveryTimeout
+	case <-ctx.Done():
+		select {
+		case <-it.msg.Acked():
+			it.state = stateAcked
+		default:
+			it.state = stateAbandoned
+		}
+	}
+}
+
+// lane is one ordering key's run (or one unordered event): delivered one after another.
+type lane struct {
+	items []*item
+	pos   int
+}
+
+// deliverEach emits items one message at a time: each lane's next item only after the previous
+// was acked, up to Concurrency messages out at once. It returns false if it stopped early.
+func (sub *subscription) deliverEach(ctx context.Context, items []*item, out chan<- *message.Message) bool {
+	var lanes []*lane
+	byKey := map[string]*lane{}
+	laneOf := make(map[*item]*lane, len(items))
+	for _, it := range items {
+		k := it.ev.OrderingKey
+		l := byKey[k]
+		if l == nil || k == "" {
+			l = &lane{}
+			lanes = append(lanes, l)
+			if k != "" {
+				byKey[k] = l
+			}
+		}
+		l.items = append(l.items, it)
+		laneOf[it] = l
+	}
+	ready := make([]*lane, len(lanes))
+	copy(ready, lanes)
+	results := make(chan *item, len(items))
+	inflight, stopped := 0, false
+	for {
+		for !stopped && inflight < sub.s.cfg.Concurrency && len(ready) > 0 {
+			l := ready[0]
+			ready = ready[1:]
+			it := l.items[l.pos]
+			msg := sub.newMessage(ctx, it)
+			select {
+			case out <- msg:
+			case <-ctx.Done():
+				stopped = true
+				continue
+			}
+			inflight++
+			tctx, cancel := context.WithTimeout(context.Background(), sub.s.cfg.DeliveryTimeout)
+			go func() {
+				sub.await(ctx, it, tctx.Done())
+				cancel()
+				results <- it
+			}()
+		}
+		if inflight == 0 {
+			break
+		}
+		it := <-results
+		inflight--
+		l := laneOf[it]
+		switch it.state {
+		case stateAcked:
+			l.pos++
+			if l.pos < len(l.items) {
+				ready = append(ready, l)
+			}
+		case stateFailed:
+			for _, rest := range l.items[l.pos+1:] {
+				rest.state = stateReleased
+			}
+		}
+	}
+	for _, it := range items {
+		if it.state == stateClaimed {
+			it.state = stateReleased
+		}
+	}
+	return !stopped
+}
+
+// deliverBatch emits the whole batch at once and waits for every answer.
+func (sub *subscription) deliverBatch(ctx context.Context, items []*item, out chan<- Batch) bool {
+	b := Batch{Messages: make([]*message.Message, len(items))}
+	for i, it := range items {
+		b.Messages[i] = sub.newMessage(ctx, it)
+	}
+	select {
+	case out <- b:
+	case <-ctx.Done():
+		for _, it := range items {
+			it.state = stateReleased
+		}
+		return false
+	}
+	tctx, cancel := context.WithTimeout(context.Background(), sub.s.cfg.DeliveryTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, it := range items {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sub.await(ctx, it, tctx.Done())
+		}()
+	}
+	wg.Wait()
+	failedKey := map[string]bool{}
+	for _, it := range items {
+		k := it.ev.OrderingKey
+		if k == "" || it.state == stateAbandoned {
+			continue
+		}
+		if failedKey[k] && it.state != stateAcked {
+			it.state, it.err = stateReleased, nil
+			continue
+		}
+		if it.state == stateFailed {
+			failedKey[k] = true
+		}
+	}
+	return ctx.Err() == nil
+}
+
+// renewWhileOut renews the batch's lease three times per LeaseDuration until the returned
+// function is called.
+func (sub *subscription) renewWhileOut(token string, items []*item) (stop func()) {
+	s := sub.s
+	seqs := make([]int64, len(items))
+	for i, it := range items {
+		seqs[i] = it.ev.Sequence
+	}
+	q := fmt.Sprintf(`UPDATE %s SET "lease_until" = now() + $1 * interval '1 microsecond' WHERE "sequence" = ANY($2::bigint[]) AND "leased_by" = $3 AND "published_at" IS NULL`, s.s.table)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(s.cfg.LeaseDuration / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				ctx, cancel := context.WithTimeout(context.Background(), s.cfg.LeaseDuration/3)
+				_, err := s.db.exec(ctx, q, s.cfg.LeaseDuration.Microseconds(), seqs, token)
+				cancel()
+				if err != nil {
+					s.logger.Error("outbox: lease renewal failed", err, watermill.LogFields{"token": token})
+				}
+			}
+		}
+	}()
+	return func() { close(done); wg.Wait() }
+}
+
+const (
+	markAck = iota
+	markFail
+	markRelease
+)
+
+// mark writes the batch's outcome in one statement, conditioned on the fencing token: acks
+// become published, failures a retry with backoff or a dead letter, releases give the lease
+// back. It runs even while the subscriber is closing.
+func (sub *subscription) mark(token string, items []*item) error {
+	s := sub.s
+	var (
+		seqs    []int64
+		kinds   []int32
+		errs    []*string
+		jitters []float64
+		byseq   = map[int64]*item{}
+	)
+	for _, it := range items {
+		var kind int32
+		switch it.state {
+		case stateAcked:
+			kind = markAck
+		case stateFailed:
+			kind = markFail
+		case stateReleased:
+			kind = markRelease
+		default:
+			continue
+		}
+		seqs = append(seqs, it.ev.Sequence)
+		kinds = append(kinds, kind)
+		var e *string
+		if it.err != nil {
+			msg := strings.ToValidUTF8(strings.ReplaceAll(it.err.Error(), "\x00", "\uFFFD"), "\uFFFD")
+			e = &msg
+		}
+		errs = append(errs, e)
+		jitters = append(jitters, 0.9+0.2*rand.Float64())
+		byseq[it.ev.Sequence] = it
+	}
+	if len(seqs) == 0 {
+		return nil
+	}
+	q := fmt.Sprintf(`WITH u AS (SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::float8[]) AS u(seq, kind, err, jitter))
+UPDATE %[1]s o SET
+	"published_at" = CASE WHEN u.kind = 0 THEN now() ELSE o."published_at" END,
+	"attempts" = CASE WHEN u.kind = 1 THEN o."attempts" + 1 ELSE o."attempts" END,
+	"last_error" = CASE WHEN u.kind = 1 THEN u.err ELSE o."last_error" END,
+	"dead_lettered_at" = CASE WHEN u.kind = 1 AND o."attempts" + 1 >= %[2]d THEN now() ELSE o."dead_lettered_at" END,
+	"next_attempt_at" = CASE WHEN u.kind = 1 AND o."attempts" + 1 < %[2]d
+		THEN now() + LEAST(%[3]d * power(2::float8, o."attempts"), %[4]d::float8) * u.jitter * interval '1 microsecond'
+		WHEN u.kind = 1 THEN NULL ELSE o."next_attempt_at" END,
+	"lease_until" = NULL, "leased_by" = NULL
+FROM u WHERE o."sequence" = u.seq AND o."leased_by" = $5 AND o."published_at" IS NULL
+RETURNING o."sequence", o."attempts", o."next_attempt_at", o."dead_lettered_at" IS NOT NULL, now()`,
+		s.s.table, s.cfg.MaxAttempts, s.cfg.RetryBase.Microseconds(), s.cfg.RetryMax.Microseconds())
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(sub.ctx), 30*time.Second)
+	defer cancel()
+	rs, err := s.db.query(ctx, q, seqs, kinds, errs, jitters, token)
+	if err != nil {
+		return fmt.Errorf("outbox: mark batch %s: %w", token, err)
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var (
+			seq      int64
+			attempts int
+			next     *time.Time
+			dead     bool
+			now      time.Time
+		)
+		if err := rs.Scan(&seq, &attempts, &next, &dead, &now); err != nil {
+			return fmt.Errorf("outbox: mark batch %s: %w", token, err)
+		}
+		it := byseq[seq]
+		ev := it.ev
+		switch it.state {
+		case stateAcked:
+			s.logger.Debug("outbox: delivered", watermill.LogFields{"event_id": ev.ID.String(), "topic": ev.Topic})
+			if h := s.cfg.Hooks.OnDelivered; h != nil {
+				h(DeliveredInfo{EventID: ev.ID.String(), Topic: ev.Topic, Attempts: attempts + 1, Delay: now.Sub(ev.CreatedAt)})
+			}
+		case stateFailed:
+			derr := &DeliveryError{EventID: ev.ID.String(), Topic: ev.Topic, Err: it.err}
+			info := FailedInfo{EventID: ev.ID.String(), Topic: ev.Topic, Attempts: attempts, Err: derr}
+			fields := watermill.LogFields{"event_id": ev.ID.String(), "topic": ev.Topic, "attempts": attempts}
+			if dead {
+				s.logger.Error("outbox: dead-lettered", derr, fields)
+				if h := s.cfg.Hooks.OnDeadLettered; h != nil {
+					h(info)
+				}
+			} else {
+				if next != nil {
+					info.NextAttemptAt = *next
+					fields["next_attempt_at"] = *next
+				}
+				fields["error"] = it.err.Error()
+				logWarn(s.logger, "outbox: delivery failed, will retry", derr, fields)
+				if h := s.cfg.Hooks.OnFailed; h != nil {
+					h(info)
+				}
+			}
+		}
+	}
+	return rs.Err()
+}
+
+// WarnLogger is an optional extension of watermill.LoggerAdapter (which has no WARN level in
+// v1.5): a logger given to NewSubscriber that implements it receives failed deliveries at
+// WARN. Other loggers receive them at Info with the field severity=WARN.
+type WarnLogger interface {
+	Warn(msg string, err error, fields watermill.LogFields)
+}
+
+func logWarn(l watermill.LoggerAdapter, msg string, err error, fields watermill.LogFields) {
+	if w, ok := l.(WarnLogger); ok {
+		w.Warn(msg, err, fields)
+		return
+	}
+	f := fields.Copy()
+	f["severity"] = "WARN"
+	f["error"] = err.Error()
+	l.Info(msg, f)
+}

@@ -1,0 +1,189 @@
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"time"
+)
+
+// Seed defaults of SubscriberConfig (SPEC §4.3).
+const (
+	DefaultPollInterval    = 5 * time.Second
+	DefaultBatchSize       = 100
+	DefaultMaxAttempts     = 5
+	DefaultRetryBase       = time.Second
+	DefaultRetryMax        = 300 * time.Second
+	DefaultLeaseDuration   = 60 * time.Second
+	DefaultDeliveryTimeout = 30 * time.Second
+	DefaultConcurrency     = 10
+	// MaxBatchSize is the largest BatchSize.
+	MaxBatchSize = 10000
+)
+
+// SubscriberConfig configures a Subscriber. The zero value is valid and means the defaults
+// below; negative values and out-of-range values are configuration errors, never clamped.
+type SubscriberConfig struct {
+	// Schema names the outbox table; it must match the table's Migrate config.
+	Schema SchemaConfig
+	// PollInterval is how long a subscription waits before polling again after a poll that
+	// found nothing (a wakeup signal cuts the wait short). Default 5s.
+	PollInterval time.Duration
+	// BatchSize is how many events one claim leases, 1..10000. Default 100.
+	BatchSize int
+	// MaxRunPerKey caps how many consecutive events of one ordering key one batch may hold;
+	// they are emitted one after another. 1..BatchSize; default BatchSize/10, at least 1.
+	MaxRunPerKey int
+	// KeyScan caps how many ordering keys one claim inspects for their head event (a bounded
+	// skip scan that resumes after the last key it reached). 1..100000; default
+	// max(BatchSize, 1000).
+	KeyScan int
+	// MaxAttempts is the number of failed deliveries after which an event is dead-lettered.
+	// Default 5; at least 1.
+	MaxAttempts int
+	// RetryBase and RetryMax shape the backoff: a failed event is tried again after
+	// min(RetryBase·2^(attempts−1), RetryMax) with ±10% jitter. Defaults 1s and 300s;
+	// RetryMax must be ≥ RetryBase.
+	RetryBase time.Duration
+	RetryMax  time.Duration
+	// LeaseDuration is how long a claim leases its events; the lease is renewed three times
+	// per LeaseDuration while a batch is out. Default 60s; at least 1s.
+	LeaseDuration time.Duration
+	// DeliveryTimeout is how long an emitted message may stay neither acked nor nacked before
+	// it counts as failed (ErrDeliveryTimeout). Default 30s; must be below LeaseDuration.
+	DeliveryTimeout time.Duration
+	// Concurrency is how many messages one subscription has out (emitted, not yet acked or
+	// nacked) at once. Default 10.
+	Concurrency int
+	// RelayName identifies this relay in leased_by (with a claim number appended as fencing
+	// token). Default "host:pid:random".
+	RelayName string
+	// ExcludeTopics are topic patterns (exact, "prefix*", "*") never delivered by this
+	// subscriber, so relays of different topics share one table.
+	ExcludeTopics []string
+	// Hooks observe deliveries; nil fields are skipped. See Hooks.
+	Hooks Hooks
+	// Wakeup, when set, lets a subscription poll as soon as events of its topics are
+	// committed instead of waiting for PollInterval (see package wakeup). Polling stays the
+	// safety net: a lost signal only delays delivery until the next poll.
+	Wakeup Wakeup
+}
+
+// Wakeup is the relay side of a wakeup (package wakeup implements it): Listen returns a channel
+// that receives a value whenever events of a topic that accept accepts may have been committed,
+// and is closed when ctx ends. Implementations must be safe for concurrent use.
+type Wakeup interface {
+	Listen(ctx context.Context, accept func(topic string) bool) <-chan struct{}
+}
+
+// Hooks observe the relay. Each function is called synchronously from the subscription's
+// goroutine after the marks are written, so it must be fast and safe for concurrent use.
+type Hooks struct {
+	// OnDelivered is called for each event marked published.
+	OnDelivered func(DeliveredInfo)
+	// OnFailed is called for each failed delivery that will be retried.
+	OnFailed func(FailedInfo)
+	// OnDeadLettered is called for each event dead-lettered.
+	OnDeadLettered func(FailedInfo)
+}
+
+// DeliveredInfo describes a delivered event.
+type DeliveredInfo struct {
+	EventID string
+	Topic   string
+	// Attempts is the number of deliveries it took, 1 for the first.
+	Attempts int
+	// Delay is the time from created_at to the mark (relay clock against database clock).
+	Delay time.Duration
+}
+
+// FailedInfo describes a failed delivery.
+type FailedInfo struct {
+	EventID string
+	Topic   string
+	// Attempts counts failed deliveries so far, this one included.
+	Attempts int
+	Err      error
+	// NextAttemptAt is when it is tried again (database clock); zero when dead-lettered.
+	NextAttemptAt time.Time
+}
+
+func (c *SubscriberConfig) setDefaults() {
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.MaxRunPerKey == 0 {
+		c.MaxRunPerKey = max(1, c.BatchSize/10)
+	}
+	if c.KeyScan == 0 {
+		c.KeyScan = max(c.BatchSize, 1000)
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.RetryBase == 0 {
+		c.RetryBase = DefaultRetryBase
+	}
+	if c.RetryMax == 0 {
+		c.RetryMax = max(DefaultRetryMax, c.RetryBase)
+	}
+	if c.LeaseDuration == 0 {
+		c.LeaseDuration = DefaultLeaseDuration
+	}
+	if c.DeliveryTimeout == 0 {
+		c.DeliveryTimeout = min(DefaultDeliveryTimeout, c.LeaseDuration/2)
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.RelayName == "" {
+		host, _ := os.Hostname()
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		c.RelayName = fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+	}
+}
+
+// Validate returns a *ConfigError naming the first invalid field, or nil. It applies the
+// defaults to a copy first, so a zero field is valid.
+func (c SubscriberConfig) Validate() error {
+	c.setDefaults()
+	bad := func(field, reason string) error {
+		return &ConfigError{Field: "SubscriberConfig." + field, Reason: reason}
+	}
+	switch {
+	case c.PollInterval < 0:
+		return bad("PollInterval", "must not be negative")
+	case c.BatchSize < 1 || c.BatchSize > MaxBatchSize:
+		return bad("BatchSize", fmt.Sprintf("%d outside 1..%d", c.BatchSize, MaxBatchSize))
+	case c.MaxRunPerKey < 1 || c.MaxRunPerKey > c.BatchSize:
+		return bad("MaxRunPerKey", fmt.Sprintf("%d outside 1..BatchSize (%d)", c.MaxRunPerKey, c.BatchSize))
+	case c.KeyScan < 1 || c.KeyScan > 100000:
+		return bad("KeyScan", fmt.Sprintf("%d outside 1..100000", c.KeyScan))
+	case c.MaxAttempts < 1:
+		return bad("MaxAttempts", "must be at least 1")
+	case c.RetryBase < 0:
+		return bad("RetryBase", "must not be negative")
+	case c.RetryMax < c.RetryBase:
+		return bad("RetryMax", "must not be below RetryBase")
+	case c.LeaseDuration < time.Second:
+		return bad("LeaseDuration", "must be at least 1s")
+	case c.DeliveryTimeout <= 0:
+		return bad("DeliveryTimeout", "must be positive")
+	case c.DeliveryTimeout >= c.LeaseDuration:
+		return bad("DeliveryTimeout", fmt.Sprintf("%s must be below LeaseDuration (%s)", c.DeliveryTimeout, c.LeaseDuration))
+	case c.Concurrency < 1:
+		return bad("Concurrency", "must be at least 1")
+	}
+	for i, p := range c.ExcludeTopics {
+		if _, err := parseTopicPattern(fmt.Sprintf("SubscriberConfig.ExcludeTopics[%d]", i), p); err != nil {
+			return err
+		}
+	}
+	return c.Schema.Validate()
+}

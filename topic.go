@@ -1,0 +1,91 @@
+package outbox
+
+import (
+	"fmt"
+	"strings"
+)
+
+// topicFilter is a compiled topic pattern: an exact name, a prefix pattern ending in '*'
+// ("library.*"), or "*" for every topic. '_' and '%' are ordinary characters.
+type topicFilter struct {
+	all    bool
+	exact  string
+	prefix string
+	isPfx  bool
+}
+
+// parseTopicPattern compiles pattern, or returns a *ConfigError naming field.
+func parseTopicPattern(field, pattern string) (topicFilter, error) {
+	switch {
+	case pattern == "":
+		return topicFilter{}, &ConfigError{Field: field, Reason: "empty topic pattern"}
+	case pattern == "*":
+		return topicFilter{all: true}, nil
+	case strings.ContainsRune(pattern, '?'):
+		return topicFilter{}, &ConfigError{Field: field, Reason: fmt.Sprintf("%q: '?' is not supported", pattern)}
+	}
+	star := strings.IndexByte(pattern, '*')
+	if star >= 0 && star != len(pattern)-1 {
+		return topicFilter{}, &ConfigError{Field: field, Reason: fmt.Sprintf("%q: '*' is allowed only at the end", pattern)}
+	}
+	if reason := checkText(strings.TrimSuffix(pattern, "*")); reason != "" {
+		return topicFilter{}, &ConfigError{Field: field, Reason: fmt.Sprintf("%q: %s", pattern, reason)}
+	}
+	if star >= 0 {
+		return topicFilter{isPfx: true, prefix: pattern[:star]}, nil
+	}
+	return topicFilter{exact: pattern}, nil
+}
+
+// sql renders the filter as a condition on column col, appending its parameter to args.
+func (f topicFilter) sql(col string, args *[]any) string {
+	switch {
+	case f.all:
+		return "true"
+	case f.isPfx:
+		*args = append(*args, f.prefix)
+		return fmt.Sprintf("starts_with(%s, $%d)", col, len(*args))
+	default:
+		*args = append(*args, f.exact)
+		return fmt.Sprintf("%s = $%d", col, len(*args))
+	}
+}
+
+// Match reports whether topic is selected by the filter.
+func (f topicFilter) match(topic string) bool {
+	switch {
+	case f.all:
+		return true
+	case f.isPfx:
+		return strings.HasPrefix(topic, f.prefix)
+	default:
+		return topic == f.exact
+	}
+}
+
+// topicSelection is a subscription's include pattern minus the excluded patterns.
+type topicSelection struct {
+	include  topicFilter
+	excludes []topicFilter
+}
+
+// sql renders the selection as a condition on col; parameters are appended to args.
+func (s topicSelection) sql(col string, args *[]any) string {
+	cond := s.include.sql(col, args)
+	for _, e := range s.excludes {
+		cond += " AND NOT " + e.sql(col, args)
+	}
+	return cond
+}
+
+func (s topicSelection) match(topic string) bool {
+	if !s.include.match(topic) {
+		return false
+	}
+	for _, e := range s.excludes {
+		if e.match(topic) {
+			return false
+		}
+	}
+	return true
+}

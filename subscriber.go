@@ -213,13 +213,13 @@ func (sub *subscription) run() {
 
 // item is one claimed event on its way out.
 type item struct {
-	ev    *Event
-	rank  int64 // position in its key's run, 1 for the head; 0 for unordered
-	msg   *message.Message
+	ev     *Event
+	rank   int64 // position in its key's run, 1 for the head; 0 for unordered
+	msg    *message.Message
 	hold   *errHolder
 	cancel context.CancelFunc // cancels msg's context once it is answered
 	state  int
-	err   error
+	err    error
 }
 
 const (
@@ -668,7 +668,7 @@ RETURNING o."sequence", o."attempts", o."next_attempt_at", o."dead_lettered_at" 
 			}
 		case stateFailed:
 			derr := &DeliveryError{EventID: ev.ID.String(), Topic: ev.Topic, Err: it.err}
-			info := FailedInfo{EventID: ev.ID.String(), Topic: ev.Topic, Attempts: attempts, Err: derr}
+			info := FailedInfo{EventID: ev.ID.String(), Topic: ev.Topic, Attempts: attempts, Err: derr, At: now}
 			fields := watermill.LogFields{"event_id": ev.ID.String(), "topic": ev.Topic, "attempts": attempts}
 			if dead {
 				s.logger.Error("outbox: dead-lettered", derr, fields)

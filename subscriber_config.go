@@ -108,6 +108,8 @@ type FailedInfo struct {
 	Err      error
 	// NextAttemptAt is when it is tried again (database clock); zero when dead-lettered.
 	NextAttemptAt time.Time
+	// At is when the failure was recorded (database clock).
+	At time.Time
 }
 
 func (c *SubscriberConfig) setDefaults() {

@@ -324,22 +324,25 @@ type insertShape struct {
 	bytea  bool
 	extras string // comma-joined extra column names, sorted
 	seed   int64
+	single bool // one event: scalar parameters instead of arrays
 }
 
 func (sh insertShape) build() string {
 	var b strings.Builder
-	payloadArr := "$3::text[]"
-	payloadExpr := "i.payload::jsonb"
+	payloadType, payloadExpr := "text", "i.payload::jsonb"
 	if sh.bytea {
-		payloadArr, payloadExpr = "$3::bytea[]", "i.payload"
+		payloadType, payloadExpr = "bytea", "i.payload"
 	}
-	fmt.Fprintf(&b, "WITH input AS MATERIALIZED (SELECT * FROM unnest($1::uuid[], $2::text[], %s, $4::text[], $5::text[], $6::text[]", payloadArr)
+	if sh.single {
+		// One event (the common Publish): scalar parameters, no array encoding.
+		fmt.Fprintf(&b, "WITH input AS MATERIALIZED (SELECT $1::uuid AS id, $2::text AS topic, $3::%s AS payload, $4::text AS headers, $5::text AS ordering_key, $6::text AS idempotency_key, 1::bigint AS ord)", payloadType)
+	} else {
+		fmt.Fprintf(&b, "WITH input AS MATERIALIZED (SELECT * FROM unnest($1::uuid[], $2::text[], $3::%s[], $4::text[], $5::text[], $6::text[]%s) WITH ORDINALITY AS t(id, topic, payload, headers, ordering_key, idempotency_key%s, ord))",
+			payloadType, map[bool]string{true: ", $7::jsonb[]"}[sh.extras != ""], map[bool]string{true: ", extra"}[sh.extras != ""])
+	}
 	var extras []string
 	if sh.extras != "" {
 		extras = strings.Split(sh.extras, ",")
-		b.WriteString(", $7::jsonb[]) WITH ORDINALITY AS t(id, topic, payload, headers, ordering_key, idempotency_key, extra, ord))")
-	} else {
-		b.WriteString(") WITH ORDINALITY AS t(id, topic, payload, headers, ordering_key, idempotency_key, ord))")
 	}
 	if sh.keys {
 		// The per-ordering-key lock (SPEC §3.5) sits in a materialized CTE that the INSERT
@@ -347,7 +350,13 @@ func (sh insertShape) build() string {
 		// draws its first identity value; keys are locked in hash order.
 		fmt.Fprintf(&b, ", locks AS MATERIALIZED (SELECT count(pg_advisory_xact_lock(h)) AS n FROM (SELECT DISTINCT hashtextextended(ordering_key, %d) AS h FROM input WHERE ordering_key IS NOT NULL ORDER BY 1) k)", sh.seed)
 	}
-	fmt.Fprintf(&b, `, ins AS (INSERT INTO %s ("id", "topic", "payload", "headers", "ordering_key", "idempotency_key"`, sh.table)
+	returning := `"sequence", "id"::text, "topic", "ordering_key", "idempotency_key", "created_at"`
+	if sh.idem {
+		b.WriteString(", ins AS (")
+	} else {
+		b.WriteString(" ")
+	}
+	fmt.Fprintf(&b, `INSERT INTO %s ("id", "topic", "payload", "headers", "ordering_key", "idempotency_key"`, sh.table)
 	for _, c := range extras {
 		b.WriteString(", " + pgx.Identifier{c}.Sanitize())
 	}
@@ -360,16 +369,15 @@ func (sh insertShape) build() string {
 		b.WriteString(" CROSS JOIN locks")
 	}
 	b.WriteString(" ORDER BY i.ord")
-	if sh.idem {
-		b.WriteString(` ON CONFLICT ("idempotency_key") DO NOTHING`)
+	if !sh.idem {
+		b.WriteString(" RETURNING false, " + returning)
+		return b.String()
 	}
-	b.WriteString(` RETURNING "sequence", "id", "topic", "ordering_key", "idempotency_key", "created_at")`)
-	b.WriteString(` SELECT false, "sequence", "id"::text, "topic", "ordering_key", "idempotency_key", "created_at" FROM ins`)
-	if sh.idem {
-		// Events stored before this statement; rows this statement inserted are not visible
-		// here, so nothing is returned twice.
-		fmt.Fprintf(&b, ` UNION ALL SELECT true, o."sequence", o."id"::text, o."topic", o."ordering_key", o."idempotency_key", o."created_at" FROM %s o WHERE o."idempotency_key" IN (SELECT idempotency_key FROM input WHERE idempotency_key IS NOT NULL)`, sh.table)
-	}
+	b.WriteString(` ON CONFLICT ("idempotency_key") DO NOTHING RETURNING ` + returning + `)`)
+	b.WriteString(` SELECT false, ` + returning + ` FROM ins`)
+	// Events stored before this statement; rows this statement inserted are not visible here,
+	// so nothing is returned twice.
+	fmt.Fprintf(&b, ` UNION ALL SELECT true, o."sequence", o."id"::text, o."topic", o."ordering_key", o."idempotency_key", o."created_at" FROM %s o WHERE o."idempotency_key" IN (SELECT idempotency_key FROM input WHERE idempotency_key IS NOT NULL)`, sh.table)
 	return b.String()
 }
 
@@ -412,6 +420,10 @@ func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
 		}
 	}
 	args := []any{ids, topics, payloads, headers, okeys, ikeys}
+	if n == 1 && len(extraNames) == 0 {
+		sh.single = true
+		args = []any{ids[0], topics[0], payloads[0], headers[0], okeys[0], ikeys[0]}
+	}
 	if len(extraNames) > 0 {
 		sort.Strings(extraNames)
 		sh.extras = strings.Join(extraNames, ",")

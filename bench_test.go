@@ -1,0 +1,267 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/internal/pgtest"
+)
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// BenchmarkWritePath: 8 writers, each transaction a business INSERT plus one published event,
+// ours beside watermill-sql v4's publisher (default PostgreSQL schema) on the same database in
+// the same run. Reports tx/s. OUTBOX_BENCH_TX sets the transactions per run (default 4000).
+func BenchmarkWritePath(b *testing.B) {
+	pool := pgtest.Require(b)
+	total := envInt("OUTBOX_BENCH_TX", 4000)
+	const writers = 8
+	biz := "bench_biz"
+	pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_biz (id bigserial PRIMARY KEY, v int)`)
+	run := func(b *testing.B, publish func(tx pgx.Tx, i int) error) {
+		for range b.N {
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			start := time.Now()
+			for range writers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						i := int(next.Add(1))
+						if i > total {
+							return
+						}
+						err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+							if _, err := tx.Exec(ctx, `INSERT INTO `+biz+` (v) VALUES ($1)`, i); err != nil {
+								return err
+							}
+							return publish(tx, i)
+						})
+						if err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			b.ReportMetric(float64(total)/time.Since(start).Seconds(), "tx/s")
+		}
+	}
+	b.Run("outbox", func(b *testing.B) {
+		schema := outbox.SchemaConfig{Table: pgtest.Table(b)}
+		if err := outbox.Migrate(ctx, pool, schema); err != nil {
+			b.Fatal(err)
+		}
+		run(b, func(tx pgx.Tx, i int) error {
+			p, _ := outbox.NewPublisher(tx, outbox.PublisherConfig{Schema: schema}, nil)
+			m := outbox.NewMessage([]byte(`{"order":` + strconv.Itoa(i) + `}`))
+			if os.Getenv("NOKEY") == "" {
+				outbox.SetOrderingKey(m, "customer-"+strconv.Itoa(i%1000))
+			}
+			return p.Publish("orders", m)
+		})
+	})
+	b.Run("watermill-sql", func(b *testing.B) {
+		topic := "wmbench_" + strconv.Itoa(os.Getpid())
+		b.Cleanup(func() { pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS "watermill_%s"`, topic)) })
+		init, _ := wmsql.NewPublisher(wmsql.BeginnerFromPgx(pool), wmsql.PublisherConfig{SchemaAdapter: wmsql.DefaultPostgreSQLSchema{}, AutoInitializeSchema: true}, nil)
+		if err := init.Publish(topic, message.NewMessage(watermill.NewUUID(), []byte(`{}`))); err != nil {
+			b.Fatal(err)
+		}
+		run(b, func(tx pgx.Tx, i int) error {
+			p, err := wmsql.NewPublisher(wmsql.TxFromPgx(tx), wmsql.PublisherConfig{SchemaAdapter: wmsql.DefaultPostgreSQLSchema{}}, nil)
+			if err != nil {
+				return err
+			}
+			return p.Publish(topic, message.NewMessage(watermill.NewUUID(), []byte(`{"order":`+strconv.Itoa(i)+`}`)))
+		})
+	})
+}
+
+// drainShape is a backlog shape: keys = 0 means unordered.
+type drainShape struct {
+	name string
+	keys int
+}
+
+// seedBacklog writes n pending events straight with SQL (the write path is measured above).
+func seedBacklog(b *testing.B, pool *pgxpool.Pool, table string, n, keys int) {
+	b.Helper()
+	key := "NULL"
+	if keys > 0 {
+		key = fmt.Sprintf("'k' || (g %% %d)", keys)
+	}
+	_, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %q (id, topic, payload, ordering_key) SELECT gen_random_uuid(), 'bench', '{"n":1}', %s FROM generate_series(1, %d) g`, table, key, n))
+	if err != nil {
+		b.Fatal(err)
+	}
+	pool.Exec(ctx, fmt.Sprintf(`VACUUM ANALYZE %q`, table))
+}
+
+// BenchmarkDrain drains a backlog into an in-memory handler that acks at once: ours at
+// BatchSize 1000 for several backlog shapes with one and two relays, beside a raw pgx
+// lease-1000/mark loop and watermill-sql v4's subscriber (batch 1000, 10 ms poll) on the same
+// database. Reports events/s. OUTBOX_BENCH_EVENTS sets the backlog (default 100000);
+// OUTBOX_BENCH_HISTORY adds that many published rows first (e.g. 5000000).
+func BenchmarkDrain(b *testing.B) {
+	pool := pgtest.Require(b)
+	n := envInt("OUTBOX_BENCH_EVENTS", 100000)
+	history := envInt("OUTBOX_BENCH_HISTORY", 0)
+	shapes := []drainShape{{"unordered", 0}, {"1000keys", 1000}, {"distinctkeys", n}, {"10hotkeys", 10}}
+	for _, sh := range shapes {
+		for _, relays := range []int{1, 2} {
+			b.Run(fmt.Sprintf("outbox/%s/relays=%d", sh.name, relays), func(b *testing.B) {
+				for range b.N {
+					b.StopTimer()
+					schema := outbox.SchemaConfig{Table: pgtest.Table(b)}
+					outbox.Migrate(ctx, pool, schema)
+					if history > 0 {
+						seedBacklog(b, pool, schema.Table, history, 0)
+						pool.Exec(ctx, fmt.Sprintf(`UPDATE %q SET published_at = now()`, schema.Table))
+					}
+					seedBacklog(b, pool, schema.Table, n, sh.keys)
+					b.StartTimer()
+					start := time.Now()
+					var got atomic.Int64
+					done := make(chan struct{})
+					var subs []*outbox.Subscriber
+					for r := range relays {
+						sub, err := outbox.NewSubscriber(pool, outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, MaxRunPerKey: 100, Concurrency: 100,
+							PollInterval: 10 * time.Millisecond, RelayName: fmt.Sprintf("bench-%d", r)}, nil)
+						if err != nil {
+							b.Fatal(err)
+						}
+						subs = append(subs, sub)
+						ch, _ := sub.Subscribe(context.Background(), "bench")
+						go func() {
+							for msg := range ch {
+								msg.Ack()
+								if got.Add(1) == int64(n) {
+									close(done)
+								}
+							}
+						}()
+					}
+					<-done
+					// Count it drained once the marks are written.
+					pgtest.Eventually(b, time.Minute, "all marked", func() bool {
+						var left int
+						pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NULL`, schema.Table)).Scan(&left)
+						return left == 0
+					})
+					b.ReportMetric(float64(n)/time.Since(start).Seconds(), "events/s")
+					for _, s := range subs {
+						s.Close()
+					}
+				}
+			})
+		}
+	}
+	for _, relays := range []int{1, 2} {
+		b.Run(fmt.Sprintf("rawpgx/unordered/relays=%d", relays), func(b *testing.B) {
+			for range b.N {
+				b.StopTimer()
+				schema := outbox.SchemaConfig{Table: pgtest.Table(b)}
+				outbox.Migrate(ctx, pool, schema)
+				seedBacklog(b, pool, schema.Table, n, 0)
+				b.StartTimer()
+				start := time.Now()
+				claim := fmt.Sprintf(`UPDATE %[1]q SET lease_until = now() + interval '60 seconds', leased_by = $1 WHERE sequence IN (
+					SELECT sequence FROM %[1]q WHERE published_at IS NULL AND dead_lettered_at IS NULL AND (lease_until IS NULL OR lease_until < now())
+					ORDER BY sequence LIMIT 1000 FOR UPDATE SKIP LOCKED) RETURNING sequence, id, topic, payload, headers`, schema.Table)
+				mark := fmt.Sprintf(`UPDATE %q SET published_at = now(), lease_until = NULL, leased_by = NULL WHERE sequence = ANY($1)`, schema.Table)
+				var wg sync.WaitGroup
+				for r := range relays {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for {
+							rows, err := pool.Query(ctx, claim, strconv.Itoa(r))
+							if err != nil {
+								b.Error(err)
+								return
+							}
+							var seqs []int64
+							for rows.Next() {
+								var seq int64
+								var id, topic string
+								var payload, headers []byte
+								rows.Scan(&seq, &id, &topic, &payload, &headers)
+								seqs = append(seqs, seq)
+							}
+							rows.Close()
+							if len(seqs) == 0 {
+								return
+							}
+							if _, err := pool.Exec(ctx, mark, seqs); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				b.ReportMetric(float64(n)/time.Since(start).Seconds(), "events/s")
+			}
+		})
+	}
+	b.Run("watermill-sql/unordered/relays=1", func(b *testing.B) {
+		for range b.N {
+			b.StopTimer()
+			topic := fmt.Sprintf("wmdrain_%d_%d", os.Getpid(), time.Now().UnixNano())
+			b.Cleanup(func() {
+				pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS "watermill_%s"; DROP TABLE IF EXISTS "watermill_offsets_%s"`, topic, topic))
+			})
+			schemaAdapter := wmsql.DefaultPostgreSQLSchema{SubscribeBatchSize: 1000}
+			pub, _ := wmsql.NewPublisher(wmsql.BeginnerFromPgx(pool), wmsql.PublisherConfig{SchemaAdapter: schemaAdapter, AutoInitializeSchema: true}, nil)
+			for start := 0; start < n; start += 1000 {
+				msgs := make([]*message.Message, 0, 1000)
+				for range min(1000, n-start) {
+					msgs = append(msgs, message.NewMessage(watermill.NewUUID(), []byte(`{"n":1}`)))
+				}
+				if err := pub.Publish(topic, msgs...); err != nil {
+					b.Fatal(err)
+				}
+			}
+			sub, err := wmsql.NewSubscriber(wmsql.BeginnerFromPgx(pool), wmsql.SubscriberConfig{
+				SchemaAdapter: schemaAdapter, OffsetsAdapter: wmsql.DefaultPostgreSQLOffsetsAdapter{},
+				InitializeSchema: true, PollInterval: 10 * time.Millisecond,
+			}, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+			start := time.Now()
+			ch, err := sub.Subscribe(context.Background(), topic)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for range n {
+				msg := <-ch
+				msg.Ack()
+			}
+			b.ReportMetric(float64(n)/time.Since(start).Seconds(), "events/s")
+			sub.Close()
+		}
+	})
+}

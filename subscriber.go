@@ -321,13 +321,15 @@ func (s *Subscriber) buildClaimSQL(filter string) string {
 ), unordered AS (
 	SELECT "sequence" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NULL AND %[3]s AND %[4]s
 	ORDER BY "sequence" LIMIT %[5]d FOR UPDATE SKIP LOCKED
-), picked AS (
-	SELECT "sequence" FROM keyed UNION ALL SELECT "sequence" FROM unordered ORDER BY 1 LIMIT %[5]d
+), picked AS MATERIALIZED (
+	SELECT u."sequence", COALESCE(r.rn, 0) AS rn
+	FROM (SELECT "sequence" FROM keyed UNION ALL SELECT "sequence" FROM unordered) u
+	LEFT JOIN (SELECT "sequence", min(rn) AS rn FROM runs GROUP BY "sequence") r ON r."sequence" = u."sequence"
+	ORDER BY 1 LIMIT %[5]d
 )
 UPDATE %[1]s o SET "lease_until" = now() + $2 * interval '1 microsecond', "leased_by" = $3
-FROM picked p WHERE o."sequence" = p."sequence"
-RETURNING o."sequence", o."id"::text, o."topic", %[9]s, o."headers"::text, o."ordering_key", o."created_at", o."attempts", o."last_error",
-	COALESCE((SELECT min(rn) FROM runs WHERE runs."sequence" = o."sequence"), 0)%[10]s`,
+FROM picked p WHERE o."sequence" = p."sequence" AND o."sequence" = ANY(ARRAY(SELECT "sequence" FROM picked))
+RETURNING o."sequence", o."id"::text, o."topic", %[9]s, o."headers"::text, o."ordering_key", o."created_at", o."attempts", o."last_error", p.rn%[10]s`,
 		t, pending, claimable, filter, batch, keyScan, hfilter, run, payload, extra.String())
 }
 

@@ -4,8 +4,8 @@ PKGS ?= ./...
 
 .PHONY: test test-short test-race bench lint up demo
 
-## test: the whole suite with the race detector (what CI runs).
-test:
+## test: start local services if down, then the whole suite with the race detector (what CI runs).
+test: up
 	$(GO) test -race -count=1 -timeout 25m $(PKGS)
 
 ## test-short: the suite in -short mode (smaller loads).

@@ -196,7 +196,7 @@ func BenchmarkDrain(b *testing.B) {
 					go func() {
 						defer wg.Done()
 						for {
-							rows, err := pool.Query(ctx, claim, strconv.Itoa(r))
+							rows, err := pool.Query(ctx, claim, pgx.QueryExecModeExec, strconv.Itoa(r))
 							if err != nil {
 								b.Error(err)
 								return
@@ -213,7 +213,7 @@ func BenchmarkDrain(b *testing.B) {
 							if len(seqs) == 0 {
 								return
 							}
-							if _, err := pool.Exec(ctx, mark, seqs); err != nil {
+							if _, err := pool.Exec(ctx, mark, pgx.QueryExecModeExec, seqs); err != nil {
 								b.Error(err)
 								return
 							}

@@ -3,10 +3,12 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 
 	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
 // PgxExecutor is the part of pgx/v5 the package uses. It is satisfied by pgx.Tx, *pgx.Conn and
@@ -37,6 +39,15 @@ type execer interface {
 	exec(ctx context.Context, sql string, args ...any) (int64, error)
 	// inTx reports whether statements run inside a caller's transaction.
 	inTx() bool
+	// oneShot returns args for a statement that must be planned for its actual parameters on
+	// every run (the relay's claim and marks: a cached generic plan scans the whole table for
+	// their array parameters). With pgx it selects pgx.QueryExecModeExec; other drivers get
+	// args unchanged.
+	oneShot(args []any) []any
+}
+
+func prependExecMode(args []any) []any {
+	return append([]any{pgx.QueryExecModeExec}, args...)
 }
 
 // newExecer adapts db: a pgx.Tx, *pgx.Conn, *pgxpool.Pool (PgxExecutor), a *sql.Tx, *sql.DB,
@@ -51,7 +62,9 @@ func newExecer(db any) (execer, error) {
 		return pgxExecer{d: d, tx: tx}, nil
 	case SQLExecutor:
 		_, tx := d.(*sql.Tx)
-		return sqlExecer{d: d, tx: tx}, nil
+		return sqlExecer{d: d, tx: tx, pgx: isPgxStdlib(d)}, nil
+	case wmsql.StdSQLBeginner:
+		return newExecer(d.SQLBeginner)
 	case wmsql.ContextExecutor:
 		_, tx := d.(interface{ Commit() error })
 		return wmExecer{d: d, tx: tx}, nil
@@ -80,9 +93,21 @@ func (e pgxExecer) exec(ctx context.Context, q string, args ...any) (int64, erro
 
 func (e pgxExecer) inTx() bool { return e.tx }
 
+func (e pgxExecer) oneShot(args []any) []any { return prependExecMode(args) }
+
 type sqlExecer struct {
-	d  SQLExecutor
-	tx bool
+	d   SQLExecutor
+	tx  bool
+	pgx bool // the pgx stdlib driver: pgx options pass through as arguments
+}
+
+// isPgxStdlib reports whether d is a *sql.DB or *sql.Conn of the pgx stdlib driver.
+func isPgxStdlib(d SQLExecutor) bool {
+	if db, ok := d.(interface{ Driver() driver.Driver }); ok {
+		_, isPgx := db.Driver().(*stdlib.Driver)
+		return isPgx
+	}
+	return false
 }
 
 type sqlRows struct{ *sql.Rows }
@@ -106,6 +131,13 @@ func (e sqlExecer) exec(ctx context.Context, q string, args ...any) (int64, erro
 }
 
 func (e sqlExecer) inTx() bool { return e.tx }
+
+func (e sqlExecer) oneShot(args []any) []any {
+	if e.pgx {
+		return prependExecMode(args)
+	}
+	return args
+}
 
 type wmExecer struct {
 	d  wmsql.ContextExecutor
@@ -140,3 +172,5 @@ func (e wmExecer) exec(ctx context.Context, q string, args ...any) (int64, error
 }
 
 func (e wmExecer) inTx() bool { return e.tx }
+
+func (e wmExecer) oneShot(args []any) []any { return args }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -59,7 +60,7 @@ func NewSubscriber(db any, cfg SubscriberConfig, logger watermill.LoggerAdapter)
 	if err != nil {
 		return nil, err
 	}
-	ex, err := newExecer(db)
+	ex, err := newRelayExecer(db)
 	if err != nil {
 		return nil, err
 	}
@@ -234,10 +235,17 @@ const (
 func (sub *subscription) poll() (int, error) {
 	s := sub.s
 	token := s.cfg.RelayName + "#" + strconv.FormatInt(s.claims.Add(1), 10)
+	t0 := time.Now()
 	items, err := sub.claim(token)
 	if err != nil || len(items) == 0 {
 		return 0, err
 	}
+	t1 := time.Now()
+	defer func() {
+		if dbgTiming {
+			fmt.Fprintf(os.Stderr, "n=%d claim=%s rest=%s\n", len(items), t1.Sub(t0), time.Since(t1))
+		}
+	}()
 	deliver, release := splitRuns(items)
 	for _, it := range release {
 		it.state = stateReleased
@@ -247,7 +255,12 @@ func (sub *subscription) poll() (int, error) {
 		sub.emit(sub.ctx, deliver)
 		stopRenew()
 	}
-	return len(items), sub.mark(token, items)
+	t2 := time.Now()
+	err = sub.mark(token, items)
+	if dbgTiming {
+		fmt.Fprintf(os.Stderr, "deliver=%s mark=%s\n", t2.Sub(t1), time.Since(t2))
+	}
+	return len(items), err
 }
 
 // splitRuns keeps, for each ordering key, only the run that starts at the key's head with no
@@ -336,7 +349,7 @@ RETURNING o."sequence", o."id"::text, o."topic", %[9]s, o."headers"::text, o."or
 func (sub *subscription) claim(token string) ([]*item, error) {
 	s := sub.s
 	args := append([]any{sub.cursor, s.cfg.LeaseDuration.Microseconds(), token}, sub.args...)
-	rs, err := s.db.query(sub.ctx, sub.claimSQL, args...)
+	rs, err := s.db.query(sub.ctx, sub.claimSQL, s.db.oneShot(args)...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim from %s: %w", s.s.table, err)
 	}
@@ -574,7 +587,7 @@ func (sub *subscription) renewWhileOut(token string, items []*item) (stop func()
 				return
 			case <-t.C:
 				ctx, cancel := context.WithTimeout(context.Background(), s.cfg.LeaseDuration/3)
-				_, err := s.db.exec(ctx, q, s.cfg.LeaseDuration.Microseconds(), seqs, token)
+				_, err := s.db.exec(ctx, q, s.db.oneShot([]any{s.cfg.LeaseDuration.Microseconds(), seqs, token})...)
 				cancel()
 				if err != nil {
 					s.logger.Error("outbox: lease renewal failed", err, watermill.LogFields{"token": token})
@@ -585,66 +598,61 @@ func (sub *subscription) renewWhileOut(token string, items []*item) (stop func()
 	return func() { close(done); wg.Wait() }
 }
 
-const (
-	markAck = iota
-	markFail
-	markRelease
-)
-
 // mark writes the batch's outcome in one statement, conditioned on the fencing token: acks
 // become published, failures a retry with backoff or a dead letter, releases give the lease
 // back. It runs even while the subscriber is closing.
 func (sub *subscription) mark(token string, items []*item) error {
 	s := sub.s
 	var (
-		seqs    []int64
-		kinds   []int32
-		errs    []*string
-		jitters []float64
-		byseq   = map[int64]*item{}
+		acked, released, failed []int64
+		errs                    []string
+		jitters                 []float64
+		byseq                   = map[int64]*item{}
 	)
 	for _, it := range items {
-		var kind int32
+		seq := it.ev.Sequence
 		switch it.state {
 		case stateAcked:
-			kind = markAck
-		case stateFailed:
-			kind = markFail
+			acked = append(acked, seq)
 		case stateReleased:
-			kind = markRelease
+			released = append(released, seq)
+		case stateFailed:
+			failed = append(failed, seq)
+			errs = append(errs, strings.ToValidUTF8(strings.ReplaceAll(it.err.Error(), "\x00", "\uFFFD"), "\uFFFD"))
+			jitters = append(jitters, 0.9+0.2*rand.Float64())
 		default:
 			continue
 		}
-		seqs = append(seqs, it.ev.Sequence)
-		kinds = append(kinds, kind)
-		var e *string
-		if it.err != nil {
-			msg := strings.ToValidUTF8(strings.ReplaceAll(it.err.Error(), "\x00", "\uFFFD"), "\uFFFD")
-			e = &msg
-		}
-		errs = append(errs, e)
-		jitters = append(jitters, 0.9+0.2*rand.Float64())
-		byseq[it.ev.Sequence] = it
+		byseq[seq] = it
 	}
-	if len(seqs) == 0 {
+	if len(byseq) == 0 {
 		return nil
 	}
-	q := fmt.Sprintf(`WITH u AS (SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::float8[]) AS u(seq, kind, err, jitter))
-UPDATE %[1]s o SET
-	"published_at" = CASE WHEN u.kind = 0 THEN now() ELSE o."published_at" END,
-	"attempts" = CASE WHEN u.kind = 1 THEN o."attempts" + 1 ELSE o."attempts" END,
-	"last_error" = CASE WHEN u.kind = 1 THEN u.err ELSE o."last_error" END,
-	"dead_lettered_at" = CASE WHEN u.kind = 1 AND o."attempts" + 1 >= %[2]d THEN now() ELSE o."dead_lettered_at" END,
-	"next_attempt_at" = CASE WHEN u.kind = 1 AND o."attempts" + 1 < %[2]d
-		THEN now() + LEAST(%[3]d * power(2::float8, o."attempts"), %[4]d::float8) * u.jitter * interval '1 microsecond'
-		WHEN u.kind = 1 THEN NULL ELSE o."next_attempt_at" END,
-	"lease_until" = NULL, "leased_by" = NULL
-FROM u WHERE o."sequence" = u.seq AND o."leased_by" = $5 AND o."published_at" IS NULL
-RETURNING o."sequence", o."attempts", o."next_attempt_at", o."dead_lettered_at" IS NOT NULL, now()`,
-		s.s.table, s.cfg.MaxAttempts, s.cfg.RetryBase.Microseconds(), s.cfg.RetryMax.Microseconds())
+	// Three join-free updates in one statement (a join with the parameter arrays is planned
+	// as a nested loop over both arrays). Every update is fenced by the batch's token.
+	fence := `"leased_by" = $6 AND "published_at" IS NULL`
+	q := fmt.Sprintf(`WITH acked AS (
+	UPDATE %[1]s SET "published_at" = now(), "lease_until" = NULL, "leased_by" = NULL
+	WHERE "sequence" = ANY($1::bigint[]) AND %[5]s RETURNING "sequence", "attempts", NULL::timestamptz AS next, false AS dead
+), released AS (
+	UPDATE %[1]s SET "lease_until" = NULL, "leased_by" = NULL
+	WHERE "sequence" = ANY($2::bigint[]) AND %[5]s RETURNING "sequence", "attempts", NULL::timestamptz AS next, false AS dead
+), failed AS (
+	UPDATE %[1]s o SET "attempts" = o."attempts" + 1,
+		"last_error" = ($4::text[])[array_position($3::bigint[], o."sequence")],
+		"dead_lettered_at" = CASE WHEN o."attempts" + 1 >= %[2]d THEN now() END,
+		"next_attempt_at" = CASE WHEN o."attempts" + 1 < %[2]d THEN now() + LEAST(%[3]d * power(2::float8, o."attempts"), %[4]d::float8)
+			* ($5::float8[])[array_position($3::bigint[], o."sequence")] * interval '1 microsecond' END,
+		"lease_until" = NULL, "leased_by" = NULL
+	WHERE o."sequence" = ANY($3::bigint[]) AND %[5]s RETURNING o."sequence", o."attempts", o."next_attempt_at" AS next, o."dead_lettered_at" IS NOT NULL AS dead
+)
+SELECT "sequence", "attempts", next, dead, now() FROM acked
+UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM released
+UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM failed`,
+		s.s.table, s.cfg.MaxAttempts, s.cfg.RetryBase.Microseconds(), s.cfg.RetryMax.Microseconds(), fence)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(sub.ctx), 30*time.Second)
 	defer cancel()
-	rs, err := s.db.query(ctx, q, seqs, kinds, errs, jitters, token)
+	rs, err := s.db.query(ctx, q, s.db.oneShot([]any{acked, released, failed, errs, jitters, token})...)
 	if err != nil {
 		return fmt.Errorf("outbox: mark batch %s: %w", token, err)
 	}
@@ -710,3 +718,5 @@ func logWarn(l watermill.LoggerAdapter, msg string, err error, fields watermill.
 	f["error"] = err.Error()
 	l.Info(msg, f)
 }
+
+var dbgTiming = os.Getenv("OUTBOX_DEBUG_TIMING") != ""

@@ -304,6 +304,10 @@ func (s *Subscriber) buildClaimSQL(filter string) string {
 		extra.WriteString(", o." + pgx.Identifier{c.Name}.Sanitize())
 	}
 	batch, run, keyScan := s.cfg.BatchSize, s.cfg.MaxRunPerKey, s.cfg.KeyScan
+	// Key lookups are written as row comparisons on ("ordering_key", "sequence") so that only the
+	// key index can serve them: with a plain "ordering_key" = k the planner may walk the
+	// primary key past every published event of the key.
+	//
 	// Per-key order under SKIP LOCKED (see FACTS of the project): key heads are found without
 	// locking — the oldest claimable keyed events' keys, then a bounded skip scan of the key
 	// index after a cursor — each key's run is read from its head, and the run members are
@@ -317,7 +321,10 @@ func (s *Subscriber) buildClaimSQL(filter string) string {
 ), oldest AS (
 	SELECT DISTINCT "ordering_key" AS k FROM (SELECT "ordering_key" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NOT NULL AND %[3]s AND %[4]s ORDER BY "sequence" LIMIT %[5]d) o
 ), heads AS (
-	SELECT o.k, h."sequence" AS seq FROM oldest o CROSS JOIN LATERAL (SELECT "sequence" FROM %[1]s WHERE "ordering_key" = o.k AND "published_at" IS NULL ORDER BY "sequence" LIMIT 1) h
+	SELECT o.k, h."sequence" AS seq FROM oldest o CROSS JOIN LATERAL (
+		SELECT "ordering_key", "sequence" FROM %[1]s WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
+		AND ("ordering_key", "sequence") >= (o.k, 0) ORDER BY "ordering_key", "sequence" LIMIT 1) h
+	WHERE h."ordering_key" = o.k
 	UNION ALL
 	(SELECT k, seq FROM skip LIMIT %[6]d)
 ), ok_heads AS (
@@ -325,8 +332,10 @@ func (s *Subscriber) buildClaimSQL(filter string) string {
 	WHERE h."dead_lettered_at" IS NULL AND (h."next_attempt_at" IS NULL OR h."next_attempt_at" <= now()) AND (h."lease_until" IS NULL OR h."lease_until" < now()) AND %[7]s
 ), runs AS MATERIALIZED (
 	SELECT c.k, r."sequence", r.rn FROM ok_heads c CROSS JOIN LATERAL (
-		SELECT "sequence", row_number() OVER (ORDER BY "sequence") AS rn FROM %[1]s
-		WHERE "ordering_key" = c.k AND "published_at" IS NULL AND "sequence" >= c.seq ORDER BY "sequence" LIMIT %[8]d) r
+		SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM %[1]s
+		WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
+		AND ("ordering_key", "sequence") >= (c.k, c.seq) AND ("ordering_key", "sequence") <= (c.k, 9223372036854775807)
+		ORDER BY "ordering_key", "sequence" LIMIT %[8]d) r
 	LIMIT %[5]d
 ), keyed AS (
 	SELECT "sequence" FROM %[1]s WHERE "sequence" = ANY(ARRAY(SELECT "sequence" FROM runs)) AND %[2]s AND %[3]s AND %[4]s

@@ -37,7 +37,26 @@ type PublisherConfig struct {
 	// default settings), so a call over the cap is refused with a *ValidationError before any
 	// SQL. Zero means DefaultMaxOrderingKeysPerCall (1000); negative is a configuration error.
 	MaxOrderingKeysPerCall int
+	// OnInserted, when set, is called after a Publish/Enqueue call inserted events, with the
+	// distinct topics of the events it inserted (duplicates of an idempotency key excluded).
+	// Inside a transaction the events are not committed yet: it is the hook for sending
+	// wakeup signals after COMMIT (package wakeup collects them and sends them once the
+	// transaction committed). It runs synchronously; it must be fast.
+	OnInserted func(topics []string)
+	// NotifyChannel, when set, makes every insert statement also run
+	// pg_notify(NotifyChannel, topic) once per distinct topic it inserted, inside the writer's
+	// transaction (PostgreSQL delivers at COMMIT, drops on ROLLBACK, folds duplicates). The
+	// payload is the topic, or "" when the topic is longer than MaxNotifyTopicBytes (a
+	// listener then wakes every relay). Exact, but every notifying COMMIT holds PostgreSQL's
+	// cluster-wide notify-queue lock through its WAL flush, which cuts concurrent write
+	// throughput; package wakeup's after-commit notifier is the default for that reason.
+	// At most 63 bytes (a PostgreSQL identifier).
+	NotifyChannel string
 }
+
+// MaxNotifyTopicBytes is the longest topic sent as a NOTIFY payload (PostgreSQL's limit is
+// 8000 bytes); a longer topic is sent as "" (wake every relay).
+const MaxNotifyTopicBytes = 255 * 4
 
 func (c *PublisherConfig) setDefaults() {
 	if c.MaxOrderingKeysPerCall == 0 {
@@ -49,6 +68,9 @@ func (c *PublisherConfig) setDefaults() {
 func (c PublisherConfig) Validate() error {
 	if c.MaxOrderingKeysPerCall < 0 {
 		return &ConfigError{Field: "PublisherConfig.MaxOrderingKeysPerCall", Reason: "must not be negative"}
+	}
+	if len(c.NotifyChannel) > 63 || strings.ContainsRune(c.NotifyChannel, 0) {
+		return &ConfigError{Field: "PublisherConfig.NotifyChannel", Reason: "at most 63 bytes, no NUL"}
 	}
 	return c.Schema.Validate()
 }
@@ -324,7 +346,8 @@ type insertShape struct {
 	bytea  bool
 	extras string // comma-joined extra column names, sorted
 	seed   int64
-	single bool // one event: scalar parameters instead of arrays
+	single bool   // one event: scalar parameters instead of arrays
+	notify string // NOTIFY channel folded into the statement, "" for none
 }
 
 func (sh insertShape) build() string {
@@ -351,7 +374,8 @@ func (sh insertShape) build() string {
 		fmt.Fprintf(&b, ", locks AS MATERIALIZED (SELECT count(pg_advisory_xact_lock(h)) AS n FROM (SELECT DISTINCT hashtextextended(ordering_key, %d) AS h FROM input WHERE ordering_key IS NOT NULL ORDER BY 1) k)", sh.seed)
 	}
 	returning := `"sequence", "id"::text, "topic", "ordering_key", "idempotency_key", "created_at"`
-	if sh.idem {
+	cte := sh.idem || sh.notify != ""
+	if cte {
 		b.WriteString(", ins AS (")
 	} else {
 		b.WriteString(" ")
@@ -369,23 +393,43 @@ func (sh insertShape) build() string {
 		b.WriteString(" CROSS JOIN locks")
 	}
 	b.WriteString(" ORDER BY i.ord")
-	if !sh.idem {
+	if !cte {
 		b.WriteString(" RETURNING false, " + returning)
 		return b.String()
 	}
-	b.WriteString(` ON CONFLICT ("idempotency_key") DO NOTHING RETURNING ` + returning + `)`)
-	b.WriteString(` SELECT false, ` + returning + ` FROM ins`)
+	if sh.idem {
+		b.WriteString(` ON CONFLICT ("idempotency_key") DO NOTHING`)
+	}
+	b.WriteString(` RETURNING ` + returning + `)`)
+	if sh.notify != "" {
+		// One NOTIFY per distinct topic of the inserted events, inside the writer's
+		// transaction: PostgreSQL delivers it at COMMIT and drops it on ROLLBACK. The final
+		// SELECT reads this CTE, or PostgreSQL would never run it.
+		fmt.Fprintf(&b, `, notified AS MATERIALIZED (SELECT count(pg_notify(%s, CASE WHEN octet_length(t.topic) <= %d THEN t.topic ELSE '' END)) AS n FROM (SELECT DISTINCT "topic" FROM ins) t)`,
+			quoteLiteral(sh.notify), MaxNotifyTopicBytes)
+		b.WriteString(` SELECT false, ` + returning + ` FROM ins CROSS JOIN notified`)
+	} else {
+		b.WriteString(` SELECT false, ` + returning + ` FROM ins`)
+	}
+	if !sh.idem {
+		return b.String()
+	}
 	// Events stored before this statement; rows this statement inserted are not visible here,
 	// so nothing is returned twice.
 	fmt.Fprintf(&b, ` UNION ALL SELECT true, o."sequence", o."id"::text, o."topic", o."ordering_key", o."idempotency_key", o."created_at" FROM %s o WHERE o."idempotency_key" IN (SELECT idempotency_key FROM input WHERE idempotency_key IS NOT NULL)`, sh.table)
 	return b.String()
 }
 
+// quoteLiteral renders s as a PostgreSQL string literal (standard_conforming_strings on).
+func quoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
 func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	sh := insertShape{table: p.s.table, bytea: p.s.cfg.PayloadType == PayloadBytea, seed: p.s.lockSeed}
+	sh := insertShape{table: p.s.table, bytea: p.s.cfg.PayloadType == PayloadBytea, seed: p.s.lockSeed, notify: p.cfg.NotifyChannel}
 	n := len(rows)
 	ids := make([]string, n)
 	topics := make([]string, n)
@@ -517,6 +561,17 @@ func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
 		}
 	}
 	p.logger.Trace("outbox: events written", watermill.LogFields{"table": p.s.table, "events": n, "took": time.Since(start)})
+	if p.cfg.OnInserted != nil {
+		var topics []string
+		for _, ev := range out {
+			if !ev.Duplicate && !slices.Contains(topics, ev.Topic) {
+				topics = append(topics, ev.Topic)
+			}
+		}
+		if len(topics) > 0 {
+			p.cfg.OnInserted(topics)
+		}
+	}
 	return out, nil
 }
 

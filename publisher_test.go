@@ -615,3 +615,60 @@ func TestConfigErrors(t *testing.T) {
 	var _ = (*sql.Tx)(nil)
 	var _ *pgxpool.Pool
 }
+
+func TestNotifyChannelAndOnInserted(t *testing.T) {
+	pool := pgtest.Require(t)
+	cfg := newTable(t)
+	listener, err := pgx.Connect(ctx, pgtest.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(ctx)
+	channel := "outbox_test_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	if _, err := listener.Exec(ctx, "LISTEN "+channel); err != nil {
+		t.Fatal(err)
+	}
+	var inserted [][]string
+	pcfg := outbox.PublisherConfig{Schema: cfg, NotifyChannel: channel, OnInserted: func(topics []string) { inserted = append(inserted, topics) }}
+	publish := func(commit bool, topics ...string) {
+		tx, _ := pool.Begin(ctx)
+		p := mustPublisher(t, tx, pcfg)
+		for _, tp := range topics {
+			for range 3 {
+				if err := p.Publish(tp, outbox.NewMessage([]byte(`1`))); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if commit {
+			tx.Commit(ctx)
+		} else {
+			tx.Rollback(ctx)
+		}
+	}
+	publish(false, "rolled.back")
+	publish(true, "a", "b")
+	var got []string
+	for len(got) < 2 {
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		n, err := listener.WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("after %v: %v", got, err)
+		}
+		got = append(got, n.Payload)
+	}
+	// One notification per topic per transaction (PostgreSQL folds repeats), none for the
+	// rollback, in commit order.
+	if fmt.Sprint(got) != "[a b]" {
+		t.Fatalf("notifications %v", got)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if n, err := listener.WaitForNotification(wctx); err == nil {
+		t.Fatalf("unexpected notification %+v", n)
+	}
+	if fmt.Sprint(inserted) != "[[rolled.back] [rolled.back] [rolled.back] [a] [a] [a] [b] [b] [b]]" {
+		t.Fatalf("OnInserted calls %v", inserted)
+	}
+}

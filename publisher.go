@@ -398,7 +398,7 @@ func (sh insertShape) build() string {
 		return b.String()
 	}
 	if sh.idem {
-		b.WriteString(` ON CONFLICT ("idempotency_key") DO NOTHING`)
+		b.WriteString(` ON CONFLICT ("idempotency_key") WHERE "idempotency_key" IS NOT NULL DO NOTHING`)
 	}
 	b.WriteString(` RETURNING ` + returning + `)`)
 	if sh.notify != "" {

@@ -165,7 +165,7 @@ func (s *schema) statements() []string {
 	"payload"          %s NOT NULL,
 	"headers"          JSONB NOT NULL DEFAULT '{}',
 	"ordering_key"     VARCHAR(255) NULL CHECK ("ordering_key" <> ''),
-	"idempotency_key"  VARCHAR(255) NULL UNIQUE,
+	"idempotency_key"  VARCHAR(255) NULL,
 	"created_at"       TIMESTAMPTZ NOT NULL DEFAULT now(),
 	"attempts"         INT NOT NULL DEFAULT 0,
 	"last_error"       TEXT NULL,
@@ -187,6 +187,9 @@ func (s *schema) statements() []string {
 		// Unpublished keyed events by key: finds each key's head. It must cover dead-lettered
 		// events too, or a dead-lettered head would let its successor through.
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("ordering_key", "sequence") WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL`, s.index("key_idx"), t),
+		// At most one event per idempotency key. Partial, so the common event without a key
+		// costs no index entry; the publisher's ON CONFLICT names the same predicate.
+		fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s ("idempotency_key") WHERE "idempotency_key" IS NOT NULL`, s.index("idempotency_key_idx"), t),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("published_at") WHERE "published_at" IS NOT NULL`, s.index("published_idx"), t),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("dead_lettered_at") WHERE "dead_lettered_at" IS NOT NULL`, s.index("dead_idx"), t),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("topic", "sequence")`, s.index("topic_idx"), t),

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -37,9 +36,11 @@ type Subscriber struct {
 	logger watermill.LoggerAdapter
 
 	closing   chan struct{}
-	closed    atomic.Bool
+	closeMu   sync.RWMutex // held for reading while a subscription starts, for writing by Close
+	closed    bool
 	closeOnce sync.Once
 	wg        sync.WaitGroup
+	warn      func(msg string, err error, fields watermill.LogFields)
 	claims    atomic.Int64
 }
 
@@ -74,8 +75,12 @@ func NewSubscriber(db any, cfg SubscriberConfig, logger watermill.LoggerAdapter)
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	logger = logger.With(watermill.LogFields{"relay": cfg.RelayName, "table": s.table})
-	return &Subscriber{db: ex, s: s, cfg: cfg, excl: excl, logger: logger, closing: make(chan struct{})}, nil
+	scope := watermill.LogFields{"relay": cfg.RelayName, "table": s.table}
+	sub := &Subscriber{db: ex, s: s, cfg: cfg, excl: excl, logger: logger.With(scope), closing: make(chan struct{})}
+	if w, ok := logger.(WarnLogger); ok {
+		sub.warn = func(msg string, err error, fields watermill.LogFields) { w.Warn(msg, err, scope.Add(fields)) }
+	}
+	return sub, nil
 }
 
 // Subscribe returns the messages of the topics that topic selects: an exact name, a prefix
@@ -90,7 +95,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	}
 	out := make(chan *message.Message)
 	sub.emit = func(ctx context.Context, b []*item) bool { return sub.deliverEach(ctx, b, out) }
-	sub.start(func() { close(out) })
+	if err := sub.start(func() { close(out) }); err != nil {
+		return nil, err
+	}
 	return out, nil
 }
 
@@ -112,7 +119,9 @@ func (s *Subscriber) SubscribeBatches(ctx context.Context, topic string) (<-chan
 	}
 	out := make(chan Batch)
 	sub.emit = func(ctx context.Context, b []*item) bool { return sub.deliverBatch(ctx, b, out) }
-	sub.start(func() { close(out) })
+	if err := sub.start(func() { close(out) }); err != nil {
+		return nil, err
+	}
 	return out, nil
 }
 
@@ -122,8 +131,10 @@ func (s *Subscriber) SubscribeBatches(ctx context.Context, topic string) (<-chan
 // returns nil.
 func (s *Subscriber) Close() error {
 	s.closeOnce.Do(func() {
-		s.closed.Store(true)
+		s.closeMu.Lock()
+		s.closed = true
 		close(s.closing)
+		s.closeMu.Unlock()
 	})
 	s.wg.Wait()
 	return nil
@@ -150,9 +161,6 @@ type subscription struct {
 }
 
 func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscription, error) {
-	if s.closed.Load() {
-		return nil, ErrClosed
-	}
 	sel, err := s.selection(topic)
 	if err != nil {
 		return nil, err
@@ -166,8 +174,15 @@ func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscr
 	return sub, nil
 }
 
-func (sub *subscription) start(done func()) {
+// start runs the subscription's goroutines; it returns ErrClosed after Close.
+func (sub *subscription) start(done func()) error {
 	s := sub.s
+	s.closeMu.RLock()
+	defer s.closeMu.RUnlock()
+	if s.closed {
+		sub.cancel()
+		return ErrClosed
+	}
 	s.wg.Add(2)
 	go func() {
 		defer s.wg.Done()
@@ -183,6 +198,7 @@ func (sub *subscription) start(done func()) {
 		defer sub.cancel()
 		sub.run()
 	}()
+	return nil
 }
 
 func (sub *subscription) run() {
@@ -235,17 +251,10 @@ const (
 func (sub *subscription) poll() (int, error) {
 	s := sub.s
 	token := s.cfg.RelayName + "#" + strconv.FormatInt(s.claims.Add(1), 10)
-	t0 := time.Now()
 	items, err := sub.claim(token)
 	if err != nil || len(items) == 0 {
 		return 0, err
 	}
-	t1 := time.Now()
-	defer func() {
-		if dbgTiming {
-			fmt.Fprintf(os.Stderr, "n=%d claim=%s rest=%s\n", len(items), t1.Sub(t0), time.Since(t1))
-		}
-	}()
 	deliver, release := splitRuns(items)
 	for _, it := range release {
 		it.state = stateReleased
@@ -255,12 +264,7 @@ func (sub *subscription) poll() (int, error) {
 		sub.emit(sub.ctx, deliver)
 		stopRenew()
 	}
-	t2 := time.Now()
-	err = sub.mark(token, items)
-	if dbgTiming {
-		fmt.Fprintf(os.Stderr, "deliver=%s mark=%s\n", t2.Sub(t1), time.Since(t2))
-	}
-	return len(items), err
+	return len(items), sub.mark(token, items)
 }
 
 // splitRuns keeps, for each ordering key, only the run that starts at the key's head with no
@@ -700,7 +704,7 @@ UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM failed`,
 					fields["next_attempt_at"] = *next
 				}
 				fields["error"] = it.err.Error()
-				logWarn(s.logger, "outbox: delivery failed, will retry", derr, fields)
+				s.logWarn("outbox: delivery failed, will retry", derr, fields)
 				if h := s.cfg.Hooks.OnFailed; h != nil {
 					h(info)
 				}
@@ -717,15 +721,13 @@ type WarnLogger interface {
 	Warn(msg string, err error, fields watermill.LogFields)
 }
 
-func logWarn(l watermill.LoggerAdapter, msg string, err error, fields watermill.LogFields) {
-	if w, ok := l.(WarnLogger); ok {
-		w.Warn(msg, err, fields)
+func (s *Subscriber) logWarn(msg string, err error, fields watermill.LogFields) {
+	if s.warn != nil {
+		s.warn(msg, err, fields)
 		return
 	}
 	f := fields.Copy()
 	f["severity"] = "WARN"
 	f["error"] = err.Error()
-	l.Info(msg, f)
+	s.logger.Info(msg, f)
 }
-
-var dbgTiming = os.Getenv("OUTBOX_DEBUG_TIMING") != ""

@@ -312,6 +312,10 @@ func (s *Subscriber) buildClaimSQL(filter string) string {
 	// key index can serve them: with a plain "ordering_key" = k the planner may walk the
 	// primary key past every published event of the key.
 	//
+	// Every step reads the previous one's result through a materialized CTE or an array of
+	// primary keys, so no plan can re-run the head search per row (a nested loop over a
+	// re-scanned head search took seconds under concurrent claims).
+	//
 	// Per-key order under SKIP LOCKED (see FACTS of the project): key heads are found without
 	// locking — the oldest claimable keyed events' keys, then a bounded skip scan of the key
 	// index after a cursor — each key's run is read from its head, and the run members are
@@ -324,16 +328,18 @@ func (s *Subscriber) buildClaimSQL(filter string) string {
 	SELECT n."ordering_key", n."sequence" FROM skip s CROSS JOIN LATERAL (SELECT "ordering_key", "sequence" FROM %[1]s WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL AND "ordering_key" > s.k ORDER BY "ordering_key", "sequence" LIMIT 1) n
 ), oldest AS (
 	SELECT DISTINCT "ordering_key" AS k FROM (SELECT "ordering_key" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NOT NULL AND %[3]s AND %[4]s ORDER BY "sequence" LIMIT %[5]d) o
-), heads AS (
+), heads AS MATERIALIZED (
 	SELECT o.k, h."sequence" AS seq FROM oldest o CROSS JOIN LATERAL (
 		SELECT "ordering_key", "sequence" FROM %[1]s WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
 		AND ("ordering_key", "sequence") >= (o.k, 0) ORDER BY "ordering_key", "sequence" LIMIT 1) h
 	WHERE h."ordering_key" = o.k
 	UNION ALL
 	(SELECT k, seq FROM skip LIMIT %[6]d)
-), ok_heads AS (
-	SELECT c.k, c.seq FROM heads c JOIN %[1]s h ON h."sequence" = c.seq
-	WHERE h."dead_lettered_at" IS NULL AND (h."next_attempt_at" IS NULL OR h."next_attempt_at" <= now()) AND (h."lease_until" IS NULL OR h."lease_until" < now()) AND %[7]s
+), ok_heads AS MATERIALIZED (
+	SELECT h."ordering_key" AS k, h."sequence" AS seq FROM %[1]s h
+	WHERE h."sequence" = ANY(ARRAY(SELECT seq FROM heads)) AND h."dead_lettered_at" IS NULL
+		AND (h."next_attempt_at" IS NULL OR h."next_attempt_at" <= now()) AND (h."lease_until" IS NULL OR h."lease_until" < now()) AND %[7]s
+	ORDER BY h."sequence"
 ), runs AS MATERIALIZED (
 	SELECT c.k, r."sequence", r.rn FROM ok_heads c CROSS JOIN LATERAL (
 		SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM %[1]s

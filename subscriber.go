@@ -312,6 +312,10 @@ func (s *Subscriber) buildClaimSQL(filter string) string {
 	// key index can serve them: with a plain "ordering_key" = k the planner may walk the
 	// primary key past every published event of the key.
 	//
+	// The walk of the oldest claimable keyed events locks before its LIMIT (SKIP LOCKED), so a
+	// second relay claiming at the same moment finds other keys instead of the first relay's
+	// whole candidate list (those row locks end with the statement).
+	//
 	// Every step reads the previous one's result through a materialized CTE or an array of
 	// primary keys, so no plan can re-run the head search per row (a nested loop over a
 	// re-scanned head search took seconds under concurrent claims).
@@ -327,7 +331,7 @@ func (s *Subscriber) buildClaimSQL(filter string) string {
 	UNION ALL
 	SELECT n."ordering_key", n."sequence" FROM skip s CROSS JOIN LATERAL (SELECT "ordering_key", "sequence" FROM %[1]s WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL AND "ordering_key" > s.k ORDER BY "ordering_key", "sequence" LIMIT 1) n
 ), oldest AS (
-	SELECT DISTINCT "ordering_key" AS k FROM (SELECT "ordering_key" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NOT NULL AND %[3]s AND %[4]s ORDER BY "sequence" LIMIT %[5]d) o
+	SELECT DISTINCT "ordering_key" AS k FROM (SELECT "ordering_key" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NOT NULL AND %[3]s AND %[4]s ORDER BY "sequence" LIMIT %[5]d FOR UPDATE SKIP LOCKED) o
 ), heads AS MATERIALIZED (
 	SELECT o.k, h."sequence" AS seq FROM oldest o CROSS JOIN LATERAL (
 		SELECT "ordering_key", "sequence" FROM %[1]s WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL

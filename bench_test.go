@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -120,11 +121,17 @@ type drainShape struct {
 // seedBacklog writes n pending events straight with SQL (the write path is measured above).
 func seedBacklog(b *testing.B, pool *pgxpool.Pool, table string, n, keys int) {
 	b.Helper()
+	seedRows(b, pool, table, n, keys, "NULL")
+}
+
+// seedRows inserts n events with published_at set to publishedAt (SQL text).
+func seedRows(b *testing.B, pool *pgxpool.Pool, table string, n, keys int, publishedAt string) {
+	b.Helper()
 	key := "NULL"
 	if keys > 0 {
 		key = fmt.Sprintf("'k' || (g %% %d)", keys)
 	}
-	_, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %q (id, topic, payload, ordering_key) SELECT gen_random_uuid(), 'bench', '{"n":1}', %s FROM generate_series(1, %d) g`, table, key, n))
+	_, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %q (id, topic, payload, ordering_key, published_at) SELECT gen_random_uuid(), 'bench', '{"n":1}', %s, %s FROM generate_series(1, %d) g`, table, key, publishedAt, n))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -135,12 +142,16 @@ func seedBacklog(b *testing.B, pool *pgxpool.Pool, table string, n, keys int) {
 // BatchSize 1000 for several backlog shapes with one and two relays, beside a raw pgx
 // lease-1000/mark loop and watermill-sql v4's subscriber (batch 1000, 10 ms poll) on the same
 // database. Reports events/s. OUTBOX_BENCH_EVENTS sets the backlog (default 100000);
-// OUTBOX_BENCH_HISTORY adds that many published rows first (e.g. 5000000).
+// OUTBOX_BENCH_HISTORY adds that many published rows first (e.g. 5000000);
+// OUTBOX_BENCH_SHAPE runs one shape only (unordered, 1000keys, distinctkeys, 10hotkeys).
 func BenchmarkDrain(b *testing.B) {
 	pool := pgtest.Require(b)
 	n := envInt("OUTBOX_BENCH_EVENTS", 100000)
 	history := envInt("OUTBOX_BENCH_HISTORY", 0)
 	shapes := []drainShape{{"unordered", 0}, {"1000keys", 1000}, {"distinctkeys", n}, {"10hotkeys", 10}}
+	if only := os.Getenv("OUTBOX_BENCH_SHAPE"); only != "" {
+		shapes = slices.DeleteFunc(shapes, func(s drainShape) bool { return s.name != only })
+	}
 	for _, sh := range shapes {
 		for _, relays := range []int{1, 2} {
 			b.Run(fmt.Sprintf("outbox/%s/relays=%d", sh.name, relays), func(b *testing.B) {
@@ -149,8 +160,7 @@ func BenchmarkDrain(b *testing.B) {
 					schema := outbox.SchemaConfig{Table: pgtest.Table(b)}
 					outbox.Migrate(ctx, pool, schema)
 					if history > 0 {
-						seedBacklog(b, pool, schema.Table, history, 0)
-						pool.Exec(ctx, fmt.Sprintf(`UPDATE %q SET published_at = now()`, schema.Table))
+						seedRows(b, pool, schema.Table, history, 0, "now()")
 					}
 					seedBacklog(b, pool, schema.Table, n, sh.keys)
 					b.StartTimer()

@@ -59,6 +59,10 @@ func newExecer(db any) (execer, error) {
 		return nil, &ConfigError{Field: "db", Reason: "nil database handle", Err: ErrUnsupportedDB}
 	case PgxExecutor:
 		_, tx := d.(pgx.Tx)
+		switch d.(type) {
+		case wmsql.PgxTx, *wmsql.PgxTx: // TxFromPgx: Commit/Rollback without a context
+			tx = true
+		}
 		return pgxExecer{d: d, tx: tx}, nil
 	case SQLExecutor:
 		_, tx := d.(*sql.Tx)

@@ -17,7 +17,8 @@ var ErrConfig = errors.New("outbox: invalid configuration")
 // package cannot use is passed to NewPublisher, NewSubscriber or Migrate.
 var ErrUnsupportedDB = errors.New("outbox: unsupported database handle")
 
-// ErrClosed is returned by Subscribe (and the operations of a Subscriber) after Close.
+// ErrClosed is returned by Subscribe and SubscribeBatches after Close. The operations
+// (Backlog, RetryDeadLettered, cleanups) keep working after Close: they only run SQL.
 var ErrClosed = errors.New("outbox: closed")
 
 // ValidationError describes one refused event. Index is the event's position in the Publish,

@@ -18,11 +18,13 @@ const DefaultCleanupBatch = 1000
 // explicitly (no topics and no ids): retrying every dead letter must be asked for with "*".
 var ErrEmptyFilter = errors.New("outbox: empty retry filter: give topics (\"*\" for all) or ids")
 
-// RetryFilter selects dead-lettered events: those whose topic matches any of Topics (patterns as
-// in Subscribe: exact, "prefix*", "*") or whose id is in IDs.
+// RetryFilter selects dead-lettered events: those whose topic matches any of Topics or whose
+// id is in IDs (either condition selects).
 type RetryFilter struct {
+	// Topics are patterns as in Subscribe: exact, "prefix*", or "*" for every topic.
 	Topics []string
-	IDs    []uuid.UUID
+	// IDs are event ids.
+	IDs []uuid.UUID
 }
 
 // RetryDeadLettered gives the selected dead-lettered events fresh attempts (attempts = 0, due
@@ -61,7 +63,9 @@ WHERE "dead_lettered_at" IS NOT NULL AND "published_at" IS NULL AND (%s)`, s.s.t
 
 // CleanupPublished deletes events published more than olderThan ago (database clock), in
 // statements of DefaultCleanupBatch rows so no lock is held long, and returns how many. The
-// relay never runs it by itself. olderThan must not be negative.
+// relay never runs it by itself. Deleting an event frees its idempotency key: keep events at
+// least as long as a producer may retry with the same key. olderThan must not be negative (a
+// *ConfigError). Safe for concurrent use, also after Close.
 func (s *Subscriber) CleanupPublished(ctx context.Context, olderThan time.Duration) (int64, error) {
 	return s.cleanup(ctx, "published_at", olderThan)
 }

@@ -35,7 +35,9 @@ type PublisherConfig struct {
 	// MaxOrderingKeysPerCall caps the distinct ordering keys of one Publish/Enqueue call. Each
 	// key holds one slot of PostgreSQL's shared lock table until COMMIT (about 7.8k slots with
 	// default settings), so a call over the cap is refused with a *ValidationError before any
-	// SQL. Zero means DefaultMaxOrderingKeysPerCall (1000); negative is a configuration error.
+	// SQL. The cap is per call: a transaction that publishes many calls with fresh keys should
+	// stay well below the lock table's size. Zero means DefaultMaxOrderingKeysPerCall (1000);
+	// negative is a configuration error.
 	MaxOrderingKeysPerCall int
 	// OnInserted, when set, is called after a Publish/Enqueue call inserted events, with the
 	// distinct topics of the events it inserted (duplicates of an idempotency key excluded).
@@ -121,12 +123,20 @@ func NewPublisher(db any, cfg PublisherConfig, logger watermill.LoggerAdapter) (
 // sequences unless another writer interleaves). The context is the first message's. A message
 // whose idempotency key is already stored is skipped without error. Errors: a *ValidationError
 // (before any SQL: the caller's transaction stays usable), or the database error wrapped with
-// context.
+// context — which, inside a transaction, aborts it (PostgreSQL): an event id that is already
+// stored (give a re-published message a new id, e.g. with NewMessage), or an extra-column
+// value the column type refuses. EnqueueMany runs in a savepoint instead. In REPEATABLE READ
+// or SERIALIZABLE transactions a concurrent insert of the same idempotency key fails with a
+// serialization error (SQLSTATE 40001): retry the transaction.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	_, err := p.PublishEvents(msgs[0].Context(), topic, msgs...)
+	ctx := context.Background()
+	if msgs[0] != nil {
+		ctx = msgs[0].Context()
+	}
+	_, err := p.PublishEvents(ctx, topic, msgs...)
 	return err
 }
 

@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"regexp"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -106,10 +107,7 @@ func (c SchemaConfig) compile() (*schema, error) {
 	if len(parts) == 2 {
 		s.schemaPfx = pgx.Identifier{parts[0]}.Sanitize() + "."
 	}
-	s.indexBase = s.tableName
-	if len(s.indexBase) > 40 {
-		s.indexBase = s.indexBase[:40]
-	}
+	s.indexBase = indexBase(s.tableName)
 	for i, col := range c.ExtraColumns {
 		field := fmt.Sprintf("SchemaConfig.ExtraColumns[%d]", i)
 		if !columnNameRe.MatchString(col.Name) {
@@ -130,6 +128,24 @@ func (c SchemaConfig) compile() (*schema, error) {
 	h.Write([]byte(s.table))
 	s.lockSeed = int64(h.Sum64())
 	return s, nil
+}
+
+// indexBase derives the prefix of the table's index names: the table name when it is short
+// enough for every suffix to fit PostgreSQL's 63-byte identifiers, else its first 30 bytes (cut
+// on a character boundary) plus a hash of the whole name, so long names that share a prefix
+// never share index names.
+func indexBase(table string) string {
+	const maxBase = 40 // longest suffix is "_idempotency_key_idx" (20 bytes)
+	if len(table) <= maxBase {
+		return table
+	}
+	cut := 30
+	for cut > 0 && !utf8.RuneStart(table[cut]) {
+		cut--
+	}
+	h := fnv.New32a()
+	h.Write([]byte(table))
+	return fmt.Sprintf("%s_%08x", table[:cut], h.Sum32())
 }
 
 func isBuiltinColumn(name string) bool {

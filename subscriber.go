@@ -1,6 +1,8 @@
 package outbox
 
 import (
+	cryptorand "crypto/rand"
+	"encoding/hex"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -42,11 +44,14 @@ type Subscriber struct {
 	wg        sync.WaitGroup
 	warn      func(msg string, err error, fields watermill.LogFields)
 	claims    atomic.Int64
+	// tokenPrefix is RelayName plus a random nonce of this Subscriber: fencing tokens stay
+	// unique even when two processes share a RelayName.
+	tokenPrefix string
 }
 
 // NewSubscriber returns a Subscriber reading the outbox table through db: a *pgxpool.Pool,
-// *pgx.Conn (not shared with other goroutines), *sql.DB (pgx stdlib driver) or a watermill-sql
-// v4 Beginner (BeginnerFromPgx, BeginnerFromStdSQL). A transaction is refused: the relay runs
+// *sql.DB (pgx stdlib driver) or a watermill-sql v4 Beginner (BeginnerFromPgx over a pool,
+// BeginnerFromStdSQL). A *pgx.Conn is refused (it runs one statement at a time). A transaction is refused: the relay runs
 // each statement on its own. A nil logger means watermill.NopLogger. Errors: a *ConfigError
 // for an invalid config or handle. It runs no SQL.
 //
@@ -68,6 +73,9 @@ func NewSubscriber(db any, cfg SubscriberConfig, logger watermill.LoggerAdapter)
 	if ex.inTx() {
 		return nil, &ConfigError{Field: "db", Reason: "the subscriber needs a pool or DB, not a transaction", Err: ErrUnsupportedDB}
 	}
+	if _, single := db.(*pgx.Conn); single {
+		return nil, &ConfigError{Field: "db", Reason: "a *pgx.Conn runs one statement at a time; the subscriber runs several at once: use a *pgxpool.Pool", Err: ErrUnsupportedDB}
+	}
 	excl := make([]topicFilter, len(cfg.ExcludeTopics))
 	for i, p := range cfg.ExcludeTopics {
 		excl[i], _ = parseTopicPattern("", p)
@@ -76,7 +84,10 @@ func NewSubscriber(db any, cfg SubscriberConfig, logger watermill.LoggerAdapter)
 		logger = watermill.NopLogger{}
 	}
 	scope := watermill.LogFields{"relay": cfg.RelayName, "table": s.table}
-	sub := &Subscriber{db: ex, s: s, cfg: cfg, excl: excl, logger: logger.With(scope), closing: make(chan struct{})}
+	var nonce [6]byte
+	_, _ = cryptorand.Read(nonce[:])
+	sub := &Subscriber{db: ex, s: s, cfg: cfg, excl: excl, logger: logger.With(scope), closing: make(chan struct{}),
+		tokenPrefix: cfg.RelayName + "#" + hex.EncodeToString(nonce[:]) + "#"}
 	if w, ok := logger.(WarnLogger); ok {
 		sub.warn = func(msg string, err error, fields watermill.LogFields) { w.Warn(msg, err, scope.Add(fields)) }
 	}
@@ -104,8 +115,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 // Batch is a claimed batch for destinations that take many messages per call (Kafka): the
 // messages in sequence order, so one ordering key's events appear in order. Ack or Nack every
 // message; the subscriber waits for all (up to DeliveryTimeout) before marking. After the first
-// failed message of an ordering key, the key's later messages that were not acked are released
-// without counting an attempt, and stay held behind the failed one.
+// failed message of an ordering key, the key's later messages are released without counting
+// an attempt — even those the destination acked, which are delivered again after the failed
+// one — so the outbox never records a key's events out of order.
 type Batch struct {
 	Messages []*message.Message
 }
@@ -208,14 +220,14 @@ func (sub *subscription) run() {
 		wake = s.cfg.Wakeup.Listen(sub.ctx, sub.sel.match)
 	}
 	for sub.ctx.Err() == nil {
-		n, err := sub.poll()
+		again, err := sub.poll()
 		if err != nil {
 			if sub.ctx.Err() != nil {
 				return
 			}
 			s.logger.Error("outbox: poll failed", err, nil)
 		}
-		if n > 0 && err == nil {
+		if again && err == nil {
 			continue
 		}
 		timer := time.NewTimer(s.cfg.PollInterval)
@@ -247,13 +259,14 @@ const (
 	stateAbandoned        // emitted, no answer before close: stays leased
 )
 
-// poll claims one batch, delivers it and writes its marks. It returns the number claimed.
-func (sub *subscription) poll() (int, error) {
+// poll claims one batch, delivers it and writes its marks. It reports whether to poll again
+// at once: events were claimed, or keys remain unexamined.
+func (sub *subscription) poll() (again bool, err error) {
 	s := sub.s
-	token := s.cfg.RelayName + "#" + strconv.FormatInt(s.claims.Add(1), 10)
-	items, err := sub.claim(token)
+	token := s.tokenPrefix + strconv.FormatInt(s.claims.Add(1), 10)
+	items, more, err := sub.claim(token)
 	if err != nil || len(items) == 0 {
-		return 0, err
+		return more, err
 	}
 	deliver, release := splitRuns(items)
 	for _, it := range release {
@@ -264,7 +277,7 @@ func (sub *subscription) poll() (int, error) {
 		sub.emit(sub.ctx, deliver)
 		stopRenew()
 	}
-	return len(items), sub.mark(token, items)
+	return true, sub.mark(token, items)
 }
 
 // splitRuns keeps, for each ordering key, only the run that starts at the key's head with no
@@ -320,6 +333,10 @@ func (s *Subscriber) buildClaimSQL(filter string) string {
 	// primary keys, so no plan can re-run the head search per row (a nested loop over a
 	// re-scanned head search took seconds under concurrent claims).
 	//
+	// The last row of the result carries the skip scan's last key and how many keys it saw:
+	// the next claim resumes after that key, so every key is looked at within a few polls
+	// however many keys are blocked (dead-lettered or backing off) before it.
+	//
 	// Per-key order under SKIP LOCKED (see FACTS of the project): key heads are found without
 	// locking — the oldest claimable keyed events' keys, then a bounded skip scan of the key
 	// index after a cursor — each key's run is read from its head, and the run members are
@@ -330,6 +347,8 @@ func (s *Subscriber) buildClaimSQL(filter string) string {
 	(SELECT "ordering_key", "sequence" FROM %[1]s WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL AND "ordering_key" > $1 ORDER BY "ordering_key", "sequence" LIMIT 1)
 	UNION ALL
 	SELECT n."ordering_key", n."sequence" FROM skip s CROSS JOIN LATERAL (SELECT "ordering_key", "sequence" FROM %[1]s WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL AND "ordering_key" > s.k ORDER BY "ordering_key", "sequence" LIMIT 1) n
+), scanned AS MATERIALIZED (
+	SELECT k, seq FROM skip LIMIT %[6]d
 ), oldest AS (
 	SELECT DISTINCT "ordering_key" AS k FROM (SELECT "ordering_key" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NOT NULL AND %[3]s AND %[4]s ORDER BY "sequence" LIMIT %[5]d FOR UPDATE SKIP LOCKED) o
 ), heads AS MATERIALIZED (
@@ -338,7 +357,7 @@ func (s *Subscriber) buildClaimSQL(filter string) string {
 		AND ("ordering_key", "sequence") >= (o.k, 0) ORDER BY "ordering_key", "sequence" LIMIT 1) h
 	WHERE h."ordering_key" = o.k
 	UNION ALL
-	(SELECT k, seq FROM skip LIMIT %[6]d)
+	SELECT k, seq FROM scanned
 ), ok_heads AS MATERIALIZED (
 	SELECT h."ordering_key" AS k, h."sequence" AS seq FROM %[1]s h
 	WHERE h."sequence" = ANY(ARRAY(SELECT seq FROM heads)) AND h."dead_lettered_at" IS NULL
@@ -362,45 +381,62 @@ func (s *Subscriber) buildClaimSQL(filter string) string {
 	FROM (SELECT "sequence" FROM keyed UNION ALL SELECT "sequence" FROM unordered) u
 	LEFT JOIN (SELECT "sequence", min(rn) AS rn FROM runs GROUP BY "sequence") r ON r."sequence" = u."sequence"
 	ORDER BY 1 LIMIT %[5]d
+), upd AS (
+	UPDATE %[1]s o SET "lease_until" = now() + $2 * interval '1 microsecond', "leased_by" = $3
+	FROM picked p WHERE o."sequence" = p."sequence" AND o."sequence" = ANY(ARRAY(SELECT "sequence" FROM picked))
+	RETURNING o."sequence", o."id"::text AS id, o."topic", %[9]s AS payload, o."headers"::text AS headers, o."ordering_key", o."created_at", o."attempts", o."last_error", p.rn%[10]s
 )
-UPDATE %[1]s o SET "lease_until" = now() + $2 * interval '1 microsecond', "leased_by" = $3
-FROM picked p WHERE o."sequence" = p."sequence" AND o."sequence" = ANY(ARRAY(SELECT "sequence" FROM picked))
-RETURNING o."sequence", o."id"::text, o."topic", %[9]s, o."headers"::text, o."ordering_key", o."created_at", o."attempts", o."last_error", p.rn%[10]s`,
-		t, pending, claimable, filter, batch, keyScan, hfilter, run, payload, extra.String())
+SELECT false, upd.*, NULL::text, NULL::bigint FROM upd
+UNION ALL
+SELECT true%[11]s, (SELECT max(k) FROM scanned), (SELECT count(*) FROM scanned)`,
+		t, pending, claimable, filter, batch, keyScan, hfilter, run, payload, extra.String(), strings.Repeat(", NULL", 10+len(s.s.cfg.ExtraColumns)))
 }
 
-func (sub *subscription) claim(token string) ([]*item, error) {
+// claim leases the next batch. more reports that the key skip scan stopped at its KeyScan
+// bound, so keys after the cursor are still unexamined and the next poll should not wait.
+func (sub *subscription) claim(token string) (items []*item, more bool, err error) {
 	s := sub.s
 	args := append([]any{sub.cursor, s.cfg.LeaseDuration.Microseconds(), token}, sub.args...)
 	rs, err := s.db.query(sub.ctx, sub.claimSQL, s.db.oneShot(args)...)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: claim from %s: %w", s.s.table, err)
+		return nil, false, fmt.Errorf("outbox: claim from %s: %w", s.s.table, err)
 	}
 	defer rs.Close()
-	var items []*item
-	maxKey := ""
+	var (
+		cursor  *string
+		scanned *int64
+	)
 	for rs.Next() {
 		var (
-			ev        Event
-			id, hdrs  string
+			marker    bool
+			seq       *int64
+			id, hdrs  *string
+			topic     *string
 			okey, le  *string
-			rank      int64
+			created   *time.Time
+			attempts  *int
+			rank      *int64
+			payload   []byte
 			extraVals = make([]any, len(s.s.cfg.ExtraColumns))
 		)
-		dest := []any{&ev.Sequence, &id, &ev.Topic, &ev.Payload, &hdrs, &okey, &ev.CreatedAt, &ev.Attempts, &le, &rank}
+		dest := []any{&marker, &seq, &id, &topic, &payload, &hdrs, &okey, &created, &attempts, &le, &rank}
 		for i := range extraVals {
 			dest = append(dest, &extraVals[i])
 		}
+		dest = append(dest, &cursor, &scanned)
 		if err := rs.Scan(dest...); err != nil {
-			return nil, fmt.Errorf("outbox: claim from %s: scan: %w", s.s.table, err)
+			return nil, false, fmt.Errorf("outbox: claim from %s: scan: %w", s.s.table, err)
 		}
-		ev.ID, _ = uuid.Parse(id)
-		if err := json.Unmarshal([]byte(hdrs), &ev.Headers); err != nil {
+		if marker {
+			continue
+		}
+		ev := Event{Sequence: *seq, Topic: *topic, Payload: payload, CreatedAt: *created, Attempts: *attempts}
+		ev.ID, _ = uuid.Parse(*id)
+		if err := json.Unmarshal([]byte(*hdrs), &ev.Headers); err != nil {
 			ev.Headers = map[string]string{"outbox-headers-error": err.Error()}
 		}
 		if okey != nil {
 			ev.OrderingKey = *okey
-			maxKey = max(maxKey, *okey)
 		}
 		if le != nil {
 			ev.LastError = *le
@@ -411,20 +447,21 @@ func (sub *subscription) claim(token string) ([]*item, error) {
 				ev.Extra[c.Name] = extraVals[i]
 			}
 		}
-		items = append(items, &item{ev: &ev, rank: rank})
+		items = append(items, &item{ev: &ev, rank: *rank})
 	}
 	if err := rs.Err(); err != nil {
-		return nil, fmt.Errorf("outbox: claim from %s: %w", s.s.table, err)
+		return nil, false, fmt.Errorf("outbox: claim from %s: %w", s.s.table, err)
 	}
 	sort.Slice(items, func(i, j int) bool { return items[i].ev.Sequence < items[j].ev.Sequence })
-	// Resume the key skip scan after the last key reached; start over when a claim is short.
-	if len(items) < s.cfg.BatchSize {
-		sub.cursor = ""
+	// Resume the key skip scan after the last key it reached; start over once it reached the
+	// end of the keys.
+	if scanned != nil && *scanned >= int64(s.cfg.KeyScan) && cursor != nil {
+		sub.cursor, more = *cursor, true
 	} else {
-		sub.cursor = maxKey
+		sub.cursor = ""
 	}
 	s.logger.Trace("outbox: claimed", watermill.LogFields{"events": len(items), "token": token})
-	return items, nil
+	return items, more, nil
 }
 
 // newMessage builds the Watermill message of an event (SPEC §4.2).
@@ -577,7 +614,10 @@ func (sub *subscription) deliverBatch(ctx context.Context, items []*item, out ch
 		if k == "" || it.state == stateAbandoned {
 			continue
 		}
-		if failedKey[k] && it.state != stateAcked {
+		if failedKey[k] {
+			// Even when the destination acked it: marking it published would put it before
+			// the failed event it follows. It is delivered again after that one (at least
+			// once, in order).
 			it.state, it.err = stateReleased, nil
 			continue
 		}
@@ -664,7 +704,7 @@ func (sub *subscription) mark(token string, items []*item) error {
 	UPDATE %[1]s o SET "attempts" = o."attempts" + 1,
 		"last_error" = ($4::text[])[array_position($3::bigint[], o."sequence")],
 		"dead_lettered_at" = CASE WHEN o."attempts" + 1 >= %[2]d THEN now() END,
-		"next_attempt_at" = CASE WHEN o."attempts" + 1 < %[2]d THEN now() + LEAST(%[3]d * power(2::float8, o."attempts"), %[4]d::float8)
+		"next_attempt_at" = CASE WHEN o."attempts" + 1 < %[2]d THEN now() + LEAST(%[3]d * power(2::float8, LEAST(o."attempts", 62)), %[4]d::float8)
 			* ($5::float8[])[array_position($3::bigint[], o."sequence")] * interval '1 microsecond' END,
 		"lease_until" = NULL, "leased_by" = NULL
 	WHERE o."sequence" = ANY($3::bigint[]) AND %[5]s RETURNING o."sequence", o."attempts", o."next_attempt_at" AS next, o."dead_lettered_at" IS NOT NULL AS dead
@@ -679,49 +719,58 @@ UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM failed`,
 	if err != nil {
 		return fmt.Errorf("outbox: mark batch %s: %w", token, err)
 	}
-	defer rs.Close()
+	type markResult struct {
+		seq      int64
+		attempts int
+		next     *time.Time
+		dead     bool
+		now      time.Time
+	}
+	var results []markResult
 	for rs.Next() {
-		var (
-			seq      int64
-			attempts int
-			next     *time.Time
-			dead     bool
-			now      time.Time
-		)
-		if err := rs.Scan(&seq, &attempts, &next, &dead, &now); err != nil {
+		var r markResult
+		if err := rs.Scan(&r.seq, &r.attempts, &r.next, &r.dead, &r.now); err != nil {
+			rs.Close()
 			return fmt.Errorf("outbox: mark batch %s: %w", token, err)
 		}
-		it := byseq[seq]
+		results = append(results, r)
+	}
+	rs.Close()
+	if err := rs.Err(); err != nil {
+		return fmt.Errorf("outbox: mark batch %s: %w", token, err)
+	}
+	// Logs and hooks run after the connection went back to the pool.
+	for _, r := range results {
+		it := byseq[r.seq]
 		ev := it.ev
 		switch it.state {
 		case stateAcked:
 			s.logger.Debug("outbox: delivered", watermill.LogFields{"event_id": ev.ID.String(), "topic": ev.Topic})
 			if h := s.cfg.Hooks.OnDelivered; h != nil {
-				h(DeliveredInfo{EventID: ev.ID.String(), Topic: ev.Topic, Attempts: attempts + 1, Delay: now.Sub(ev.CreatedAt)})
+				h(DeliveredInfo{EventID: ev.ID.String(), Topic: ev.Topic, Attempts: r.attempts + 1, Delay: r.now.Sub(ev.CreatedAt)})
 			}
 		case stateFailed:
 			derr := &DeliveryError{EventID: ev.ID.String(), Topic: ev.Topic, Err: it.err}
-			info := FailedInfo{EventID: ev.ID.String(), Topic: ev.Topic, Attempts: attempts, Err: derr, At: now}
-			fields := watermill.LogFields{"event_id": ev.ID.String(), "topic": ev.Topic, "attempts": attempts}
-			if dead {
+			info := FailedInfo{EventID: ev.ID.String(), Topic: ev.Topic, Attempts: r.attempts, Err: derr, At: r.now}
+			fields := watermill.LogFields{"event_id": ev.ID.String(), "topic": ev.Topic, "attempts": r.attempts}
+			if r.dead {
 				s.logger.Error("outbox: dead-lettered", derr, fields)
 				if h := s.cfg.Hooks.OnDeadLettered; h != nil {
 					h(info)
 				}
-			} else {
-				if next != nil {
-					info.NextAttemptAt = *next
-					fields["next_attempt_at"] = *next
-				}
-				fields["error"] = it.err.Error()
-				s.logWarn("outbox: delivery failed, will retry", derr, fields)
-				if h := s.cfg.Hooks.OnFailed; h != nil {
-					h(info)
-				}
+				continue
+			}
+			if r.next != nil {
+				info.NextAttemptAt = *r.next
+				fields["next_attempt_at"] = *r.next
+			}
+			s.logWarn("outbox: delivery failed, will retry", derr, fields)
+			if h := s.cfg.Hooks.OnFailed; h != nil {
+				h(info)
 			}
 		}
 	}
-	return rs.Err()
+	return nil
 }
 
 // WarnLogger is an optional extension of watermill.LoggerAdapter (which has no WARN level in

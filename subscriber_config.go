@@ -44,21 +44,23 @@ type SubscriberConfig struct {
 	// Default 5; at least 1.
 	MaxAttempts int
 	// RetryBase and RetryMax shape the backoff: a failed event is tried again after
-	// min(RetryBase·2^(attempts−1), RetryMax) with ±10% jitter. Defaults 1s and 300s;
-	// RetryMax must be ≥ RetryBase.
+	// min(RetryBase·2^(attempts−1), RetryMax) with ±10% jitter. RetryBase defaults to 1s;
+	// RetryMax defaults to max(300s, RetryBase) and, when set, must be ≥ RetryBase.
 	RetryBase time.Duration
 	RetryMax  time.Duration
 	// LeaseDuration is how long a claim leases its events; the lease is renewed three times
 	// per LeaseDuration while a batch is out. Default 60s; at least 1s.
 	LeaseDuration time.Duration
 	// DeliveryTimeout is how long an emitted message may stay neither acked nor nacked before
-	// it counts as failed (ErrDeliveryTimeout). Default 30s; must be below LeaseDuration.
+	// it counts as failed (ErrDeliveryTimeout). Default min(30s, LeaseDuration/2); must be
+	// below LeaseDuration.
 	DeliveryTimeout time.Duration
 	// Concurrency is how many messages one subscription has out (emitted, not yet acked or
 	// nacked) at once. Default 10.
 	Concurrency int
-	// RelayName identifies this relay in leased_by (with a claim number appended as fencing
-	// token). Default "host:pid:random".
+	// RelayName identifies this relay in leased_by. The fencing token written there is
+	// RelayName, a random nonce of this Subscriber and a claim number, so it stays unique even
+	// when processes share a name. Default "host:pid:random".
 	RelayName string
 	// ExcludeTopics are topic patterns (exact, "prefix*", "*") never delivered by this
 	// subscriber, so relays of different topics share one table.
@@ -79,7 +81,8 @@ type Wakeup interface {
 }
 
 // Hooks observe the relay. Each function is called synchronously from the subscription's
-// goroutine after the marks are written, so it must be fast and safe for concurrent use.
+// goroutine after the marks are written (no database connection is held meanwhile), so it
+// must be fast and safe for concurrent use, and must not call the Subscriber's Close.
 type Hooks struct {
 	// OnDelivered is called for each event marked published.
 	OnDelivered func(DeliveredInfo)
@@ -95,7 +98,7 @@ type DeliveredInfo struct {
 	Topic   string
 	// Attempts is the number of deliveries it took, 1 for the first.
 	Attempts int
-	// Delay is the time from created_at to the mark (relay clock against database clock).
+	// Delay is the time from created_at to the mark, both read from the database clock.
 	Delay time.Duration
 }
 

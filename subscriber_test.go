@@ -218,7 +218,8 @@ func TestFailingHeadHoldsOnlyItsKey(t *testing.T) {
 		return len(dead) == 1
 	})
 	mu.Lock()
-	if len(failures) != 2 || dead[0].EventID != bad1 || dead[0].Attempts != 3 || !errors.Is(dead[0].Err, dead[0].Err) {
+	var deadErr *outbox.DeliveryError
+	if len(failures) != 2 || dead[0].EventID != bad1 || dead[0].Attempts != 3 || !errors.As(dead[0].Err, &deadErr) || deadErr.Err.Error() != "broker says no" {
 		t.Fatalf("failures %+v dead %+v", failures, dead)
 	}
 	for i, f := range failures {

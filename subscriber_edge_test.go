@@ -1,0 +1,176 @@
+package outbox_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/internal/pgtest"
+)
+
+// TestNoStarvationBehindBlockedKeys: a thousand dead-lettered keys, each with a waiting
+// successor, sort before a healthy key; the key skip scan must still reach it.
+func TestNoStarvationBehindBlockedKeys(t *testing.T) {
+	schema := newTable(t)
+	pool := pgtest.Require(t)
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`
+		INSERT INTO %[1]q (id, topic, payload, ordering_key) SELECT gen_random_uuid(), 't', '1', 'a' || lpad(g::text, 5, '0') FROM generate_series(1, 1000) g;
+		INSERT INTO %[1]q (id, topic, payload, ordering_key) SELECT gen_random_uuid(), 't', '2', 'a' || lpad(g::text, 5, '0') FROM generate_series(1, 1000) g;
+		UPDATE %[1]q SET dead_lettered_at = now(), attempts = 5 WHERE sequence <= (SELECT min(sequence) + 999 FROM %[1]q);
+		INSERT INTO %[1]q (id, topic, payload, ordering_key) VALUES (gen_random_uuid(), 't', '3', 'zzz');`, schema.Table)); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastCfg(schema)
+	cfg.KeyScan = 100
+	ch, _ := newSub(t, cfg).Subscribe(ctx, "t")
+	rec := &recorder{}
+	rec.consume(ch, ack)
+	pgtest.Eventually(t, 20*time.Second, "healthy key zzz delivered", func() bool {
+		return count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE ordering_key = 'zzz' AND published_at IS NOT NULL`, schema.Table)) == 1
+	})
+	for _, d := range rec.all() {
+		if d.key != "zzz" {
+			t.Fatalf("event of blocked key %s delivered", d.key)
+		}
+	}
+}
+
+// TestBackoffHugeAttempts: a retry-for-ever configuration keeps marking (no numeric overflow
+// in the backoff) and acks of the same batch are written.
+func TestBackoffHugeAttempts(t *testing.T) {
+	schema := newTable(t)
+	pool := pgtest.Require(t)
+	seed(t, schema, "t", 3, []string{""})
+	pool.Exec(ctx, fmt.Sprintf(`UPDATE %q SET attempts = 5000 WHERE sequence = (SELECT min(sequence) FROM %[1]q)`, schema.Table))
+	cfg := fastCfg(schema)
+	cfg.MaxAttempts = 1 << 30
+	ch, _ := newSub(t, cfg).Subscribe(ctx, "t")
+	(&recorder{}).consume(ch, func(m *message.Message) error {
+		if m.Metadata.Get(outbox.MetadataAttempt) == "5001" {
+			return errors.New("still down")
+		}
+		return nil
+	})
+	pgtest.Eventually(t, 10*time.Second, "failure recorded with backoff capped at RetryMax, acks written", func() bool {
+		return count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE (attempts = 5001 AND next_attempt_at BETWEEN now() AND now() + interval '2 seconds') OR published_at IS NOT NULL`, schema.Table)) == 3
+	})
+}
+
+func TestEnqueueManySavepointThroughWatermillTx(t *testing.T) {
+	schema := newTable(t, func(c *outbox.SchemaConfig) { c.ExtraColumns = []outbox.Column{{Name: "n", Type: "INT NULL"}} })
+	pool := pgtest.Require(t)
+	tx, _ := pool.Begin(ctx)
+	defer tx.Rollback(ctx)
+	p := mustPublisher(t, wmsql.TxFromPgx(tx), outbox.PublisherConfig{Schema: schema})
+	if _, err := p.Enqueue(ctx, outbox.EventInput{Topic: "t", Payload: 1, ExtraColumns: map[string]any{"n": "x"}}); err == nil {
+		t.Fatal("want a database error")
+	}
+	if _, err := p.Enqueue(ctx, outbox.EventInput{Topic: "t", Payload: 2}); err != nil {
+		t.Fatalf("transaction unusable after the savepoint rollback: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := outbox.NewSubscriber(wmsql.TxFromPgx(tx), outbox.SubscriberConfig{}, nil); !errors.Is(err, outbox.ErrUnsupportedDB) {
+		t.Fatalf("watermill-sql tx accepted by the subscriber: %v", err)
+	}
+	conn, err := pgx.Connect(ctx, pgtest.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := outbox.NewSubscriber(conn, outbox.SubscriberConfig{}, nil); !errors.Is(err, outbox.ErrUnsupportedDB) {
+		t.Fatalf("*pgx.Conn accepted by the subscriber: %v", err)
+	}
+}
+
+// TestFencingSameRelayName: two subscribers configured with one RelayName still fence each
+// other (tokens carry a per-subscriber nonce).
+func TestFencingSameRelayName(t *testing.T) {
+	schema := newTable(t)
+	pool := pgtest.Require(t)
+	seed(t, schema, "t", 1, []string{""})
+	cfg := fastCfg(schema)
+	cfg.RelayName = "relay"
+	subA := newSub(t, cfg)
+	chA, _ := subA.Subscribe(ctx, "t")
+	msgA := <-chA
+	pool.Exec(ctx, fmt.Sprintf(`UPDATE %q SET lease_until = now() - interval '1 second'`, schema.Table))
+	chB, _ := newSub(t, cfg).Subscribe(ctx, "t")
+	(&recorder{}).consume(chB, ack)
+	pgtest.Eventually(t, 10*time.Second, "B published", func() bool {
+		return count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL`, schema.Table)) == 1
+	})
+	outbox.SetNackError(msgA, errors.New("late"))
+	msgA.Nack()
+	subA.Close()
+	if n := count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE attempts = 0 AND last_error IS NULL AND published_at IS NOT NULL`, schema.Table)); n != 1 {
+		t.Fatal("A's late nack changed the event B published")
+	}
+}
+
+func TestLongTableNamesDoNotShareIndexes(t *testing.T) {
+	pool := pgtest.Require(t)
+	prefix := strings.Repeat("é", 25) // 50 bytes, shared by both names
+	for _, suffix := range []string{"_a", "_b"} {
+		cfg := outbox.SchemaConfig{Table: prefix + suffix}
+		t.Cleanup(func() { pool.Exec(ctx, `DROP TABLE IF EXISTS `+pgx.Identifier{cfg.Table}.Sanitize()) })
+		if err := outbox.Migrate(ctx, pool, cfg); err != nil {
+			t.Fatal(err)
+		}
+		if n := count(t, `SELECT count(*) FROM pg_indexes WHERE tablename = $1`, cfg.Table); n != 9 {
+			t.Fatalf("%s has %d indexes, want 9", cfg.Table, n)
+		}
+		m := outbox.NewMessage([]byte(`1`))
+		outbox.SetIdempotencyKey(m, "k")
+		if err := mustPublisher(t, pool, outbox.PublisherConfig{Schema: cfg}).Publish("t", m); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestSubscribeBatchesKeepsKeyOrder: in a batch, an ack after a failed event of the same key
+// is not recorded as published (it would overtake the failed one); other keys are unaffected.
+func TestSubscribeBatchesKeepsKeyOrder(t *testing.T) {
+	schema := newTable(t)
+	seed(t, schema, "t", 6, []string{"a", "b"}) // a: 1st,3rd,5th; b: 2nd,4th,6th
+	cfg := fastCfg(schema)
+	cfg.RetryBase = 10 * time.Second
+	cfg.RetryMax = 10 * time.Second
+	sub := newSub(t, cfg)
+	ch, err := sub.SubscribeBatches(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := <-ch
+	if len(b.Messages) != 6 {
+		t.Fatalf("batch of %d", len(b.Messages))
+	}
+	for i, m := range b.Messages {
+		if i == 0 { // first event of key a fails
+			m.Nack()
+			continue
+		}
+		m.Ack()
+	}
+	sub.Close()
+	var got []string
+	rows, _ := pgtest.Require(t).Query(ctx, fmt.Sprintf(`SELECT ordering_key || ':' || (CASE WHEN published_at IS NOT NULL THEN 'published' WHEN attempts > 0 THEN 'failed' ELSE 'pending' END) FROM %q ORDER BY sequence`, schema.Table))
+	for rows.Next() {
+		var s string
+		rows.Scan(&s)
+		got = append(got, s)
+	}
+	rows.Close()
+	want := "[a:failed b:published a:pending b:published a:pending b:published]"
+	if fmt.Sprint(got) != want {
+		t.Fatalf("states %v, want %s", got, want)
+	}
+}

@@ -1,9 +1,9 @@
 package outbox
 
 import (
+	"context"
 	cryptorand "crypto/rand"
 	"encoding/hex"
-	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"

@@ -273,9 +273,11 @@ func (sub *subscription) poll() (again bool, err error) {
 		it.state = stateReleased
 	}
 	if len(deliver) > 0 {
-		stopRenew := sub.renewWhileOut(token, items)
-		sub.emit(sub.ctx, deliver)
+		bctx, lost := context.WithCancel(sub.ctx)
+		stopRenew := sub.renewWhileOut(token, items, lost)
+		sub.emit(bctx, deliver)
 		stopRenew()
+		lost()
 	}
 	return true, sub.mark(token, items)
 }
@@ -629,8 +631,9 @@ func (sub *subscription) deliverBatch(ctx context.Context, items []*item, out ch
 }
 
 // renewWhileOut renews the batch's lease three times per LeaseDuration until the returned
-// function is called.
-func (sub *subscription) renewWhileOut(token string, items []*item) (stop func()) {
+// function is called. When a renewal finds the lease no longer held (it expired and another
+// relay took the events over), it calls lost, which stops emitting the rest of the batch.
+func (sub *subscription) renewWhileOut(token string, items []*item, lost func()) (stop func()) {
 	s := sub.s
 	seqs := make([]int64, len(items))
 	for i, it := range items {
@@ -650,10 +653,16 @@ func (sub *subscription) renewWhileOut(token string, items []*item) (stop func()
 				return
 			case <-t.C:
 				ctx, cancel := context.WithTimeout(context.Background(), s.cfg.LeaseDuration/3)
-				_, err := s.db.exec(ctx, q, s.db.oneShot([]any{s.cfg.LeaseDuration.Microseconds(), seqs, token})...)
+				n, err := s.db.exec(ctx, q, s.db.oneShot([]any{s.cfg.LeaseDuration.Microseconds(), seqs, token})...)
 				cancel()
-				if err != nil {
+				switch {
+				case err != nil:
 					s.logger.Error("outbox: lease renewal failed", err, watermill.LogFields{"token": token})
+				case n < int64(len(seqs)):
+					s.logger.Error("outbox: lease lost; the rest of the batch is left to the relay that took it over", nil,
+						watermill.LogFields{"token": token, "held": n, "claimed": len(seqs)})
+					lost()
+					return
 				}
 			}
 		}

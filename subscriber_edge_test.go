@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
@@ -173,4 +175,67 @@ func TestSubscribeBatchesKeepsKeyOrder(t *testing.T) {
 	if fmt.Sprint(got) != want {
 		t.Fatalf("states %v, want %s", got, want)
 	}
+}
+
+// TestLeaseLostStopsEmitting: when a renewal finds the batch's lease taken over, the relay
+// emits nothing more of that batch and changes nothing.
+func TestLeaseLostStopsEmitting(t *testing.T) {
+	schema := newTable(t)
+	pool := pgtest.Require(t)
+	seed(t, schema, "t", 3, []string{"k"})
+	cfg := fastCfg(schema)
+	cfg.LeaseDuration, cfg.DeliveryTimeout = 1500*time.Millisecond, time.Second
+	cfg.MaxRunPerKey = 3
+	logs := &errorLog{}
+	sub, err := outbox.NewSubscriber(pool, cfg, logs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	ch, _ := sub.Subscribe(ctx, "t")
+	first := <-ch
+	// Another relay takes the events over.
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`UPDATE %q SET leased_by = 'someone-else', lease_until = now() + interval '1 minute'`, schema.Table)); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.Eventually(t, 5*time.Second, "the next renewal notices the loss", func() bool {
+		return logs.has("outbox: lease lost")
+	})
+	first.Ack()
+	// The batch ends (the second event of the key is never emitted) and the next poll finds
+	// nothing claimable: the channel stays silent until Close closes it.
+	sub.Close()
+	for m := range ch {
+		t.Fatalf("emitted sequence %s after the lease was lost", m.Metadata.Get(outbox.MetadataSequence))
+	}
+	if n := count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL OR leased_by <> 'someone-else'`, schema.Table)); n != 0 {
+		t.Fatalf("%d events changed by the relay that lost its lease", n)
+	}
+}
+
+// errorLog records the messages logged at ERROR; safe for concurrent use.
+type errorLog struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (l *errorLog) Error(msg string, err error, fields watermill.LogFields) {
+	l.mu.Lock()
+	l.msgs = append(l.msgs, msg)
+	l.mu.Unlock()
+}
+func (l *errorLog) Info(string, watermill.LogFields)                 {}
+func (l *errorLog) Debug(string, watermill.LogFields)                {}
+func (l *errorLog) Trace(string, watermill.LogFields)                {}
+func (l *errorLog) With(watermill.LogFields) watermill.LoggerAdapter { return l }
+
+func (l *errorLog) has(prefix string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, m := range l.msgs {
+		if strings.HasPrefix(m, prefix) {
+			return true
+		}
+	}
+	return false
 }

@@ -202,8 +202,13 @@ func TestLeaseLostStopsEmitting(t *testing.T) {
 		return logs.has("outbox: lease lost")
 	})
 	first.Ack()
-	// The batch ends (the second event of the key is never emitted) and the next poll finds
-	// nothing claimable: the channel stays silent until Close closes it.
+	// Without the loss the key's second event would be emitted right after this ack. A
+	// negative check needs a bound: half a second is ample for a channel hand-off.
+	select {
+	case m := <-ch:
+		t.Fatalf("emitted sequence %s after the lease was lost", m.Metadata.Get(outbox.MetadataSequence))
+	case <-time.After(500 * time.Millisecond):
+	}
 	sub.Close()
 	for m := range ch {
 		t.Fatalf("emitted sequence %s after the lease was lost", m.Metadata.Get(outbox.MetadataSequence))

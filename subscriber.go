@@ -327,6 +327,10 @@ func (s *Subscriber) buildClaimSQL(filter string) string {
 	// key index can serve them: with a plain "ordering_key" = k the planner may walk the
 	// primary key past every published event of the key.
 	//
+	// Only the gap-free start of each run is leased (a member's rank equals the number of its
+	// key's members locked up to it): when another relay holds a key's head, this claim
+	// leases nothing of that key instead of stranding its later events.
+	//
 	// The walk of the oldest claimable keyed events locks before its LIMIT (SKIP LOCKED), so a
 	// second relay claiming at the same moment finds other keys instead of the first relay's
 	// whole candidate list (those row locks end with the statement).
@@ -379,9 +383,12 @@ func (s *Subscriber) buildClaimSQL(filter string) string {
 	SELECT "sequence" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NULL AND %[3]s AND %[4]s
 	ORDER BY "sequence" LIMIT %[5]d FOR UPDATE SKIP LOCKED
 ), picked AS MATERIALIZED (
-	SELECT u."sequence", COALESCE(r.rn, 0) AS rn
-	FROM (SELECT "sequence" FROM keyed UNION ALL SELECT "sequence" FROM unordered) u
-	LEFT JOIN (SELECT "sequence", min(rn) AS rn FROM runs GROUP BY "sequence") r ON r."sequence" = u."sequence"
+	SELECT "sequence", rn FROM (
+		SELECT r."sequence", r.rn, count(*) OVER (PARTITION BY r.k ORDER BY r.rn) AS locked
+		FROM runs r JOIN keyed l ON l."sequence" = r."sequence"
+	) x WHERE x.locked = x.rn
+	UNION ALL
+	SELECT "sequence", 0 FROM unordered
 	ORDER BY 1 LIMIT %[5]d
 ), upd AS (
 	UPDATE %[1]s o SET "lease_until" = now() + $2 * interval '1 microsecond', "leased_by" = $3

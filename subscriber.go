@@ -392,8 +392,10 @@ func (s *Subscriber) buildClaimSQL(filter string) string {
 	ORDER BY 1 LIMIT %[5]d
 ), upd AS (
 	UPDATE %[1]s o SET "lease_until" = now() + $2 * interval '1 microsecond', "leased_by" = $3
-	FROM picked p WHERE o."sequence" = p."sequence" AND o."sequence" = ANY(ARRAY(SELECT "sequence" FROM picked))
-	RETURNING o."sequence", o."id"::text AS id, o."topic", %[9]s AS payload, o."headers"::text AS headers, o."ordering_key", o."created_at", o."attempts", o."last_error", p.rn%[10]s
+	FROM (SELECT ARRAY(SELECT "sequence" FROM picked ORDER BY 1) AS seqs, ARRAY(SELECT rn FROM picked ORDER BY "sequence") AS rns) p
+	WHERE o."sequence" = ANY(p.seqs)
+	RETURNING o."sequence", o."id"::text AS id, o."topic", %[9]s AS payload, o."headers"::text AS headers, o."ordering_key", o."created_at", o."attempts", o."last_error",
+		p.rns[array_position(p.seqs, o."sequence")] AS rn%[10]s
 )
 SELECT false, upd.*, NULL::text, NULL::bigint FROM upd
 UNION ALL
@@ -508,9 +510,15 @@ func (sub *subscription) await(ctx context.Context, it *item, timeout <-chan str
 	case <-timeout:
 		it.state, it.err = stateFailed, ErrDeliveryTimeout
 	case <-ctx.Done():
+		// An answer given before the stop counts, whichever the select saw first.
 		select {
 		case <-it.msg.Acked():
 			it.state = stateAcked
+		case <-it.msg.Nacked():
+			it.state, it.err = stateFailed, it.hold.get()
+			if it.err == nil {
+				it.err = ErrNacked
+			}
 		default:
 			it.state = stateAbandoned
 		}
@@ -620,7 +628,13 @@ func (sub *subscription) deliverBatch(ctx context.Context, items []*item, out ch
 	failedKey := map[string]bool{}
 	for _, it := range items {
 		k := it.ev.OrderingKey
-		if k == "" || it.state == stateAbandoned {
+		if k == "" {
+			continue
+		}
+		if it.state == stateAbandoned {
+			// Unanswered at the stop: it stays leased and is delivered again, so nothing of
+			// its key after it may be recorded as published.
+			failedKey[k] = true
 			continue
 		}
 		if failedKey[k] {

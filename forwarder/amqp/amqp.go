@@ -1,0 +1,492 @@
+// Package amqp is the RabbitMQ (AMQP 0-9-1) destination of the outbox forwarder, on
+// rabbitmq/amqp091-go with watermill-amqp/v2's message format.
+//
+// Unlike watermill-amqp's publisher (confirms off in every preset, mandatory off, returns
+// ignored), a Publisher here: publishes persistent messages (delivery mode 2) through an
+// existing exchange (the default exchange when Config.Exchange is empty), with the topic as
+// routing key by default; puts every channel in confirm mode and waits for the broker's ack of
+// each message; and sets mandatory, handling basic.return, so a message that no queue takes is
+// a failure (*ReturnedError, errors.Is(err, ErrUnroutable)) — retried with backoff and
+// dead-lettered by the outbox — never "delivered". A batch is pipelined on one channel and the
+// confirms are awaited together.
+//
+// What lands on RabbitMQ is readable by the stock watermill-amqp subscriber with its
+// DefaultMarshaler: the event id is the message UUID (header _watermill_message_uuid), the
+// headers and outbox-* values are the metadata (AMQP headers), the payload is the body. The
+// AMQP message-id property is the event id too (it matches returns to messages).
+package amqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/forwarder"
+)
+
+// DefaultChannels is Config.Channels' default.
+const DefaultChannels = 4
+
+// ErrUnroutable is matched (errors.Is) by every *ReturnedError.
+var ErrUnroutable = errors.New("outbox amqp: message returned unroutable")
+
+// ErrNacked is the cause of a message the broker answered with basic.nack.
+var ErrNacked = errors.New("outbox amqp: message nacked by the broker")
+
+// ErrClosed is returned for a publish after Close.
+var ErrClosed = errors.New("outbox amqp: publisher closed")
+
+// ErrChannelClosed is the cause of a message whose channel closed before the broker confirmed
+// it (for example publishing to an exchange that does not exist: 404 NOT_FOUND); Unwrap of the
+// wrapping error gives the broker's *amqp091.Error when known.
+var ErrChannelClosed = errors.New("outbox amqp: channel closed before the broker confirmed the message")
+
+// ReturnedError is the error of a message the broker returned (basic.return) because no queue
+// took it: mandatory is set, so this is a failure, not a delivery. It matches ErrUnroutable.
+type ReturnedError struct {
+	ReplyCode  uint16
+	ReplyText  string
+	Exchange   string
+	RoutingKey string
+}
+
+// Error describes the return: reply code and text, exchange and routing key.
+func (e *ReturnedError) Error() string {
+	return fmt.Sprintf("outbox amqp: message returned by the broker: %d %s (exchange %q, routing key %q)",
+		e.ReplyCode, e.ReplyText, e.Exchange, e.RoutingKey)
+}
+
+// Is reports whether target is ErrUnroutable.
+func (e *ReturnedError) Is(target error) bool { return target == ErrUnroutable }
+
+// Config configures a Publisher. Exactly one of URL and Connection is required.
+type Config struct {
+	// URL of the broker, e.g. "amqp://guest:guest@127.0.0.1:5672/". The Publisher dials it,
+	// redials when the connection drops (at the next publish) and closes it on Close.
+	URL string
+	// AMQPConfig is used to dial URL (TLS, heartbeat, vhost…); nil means amqp091's defaults.
+	AMQPConfig *amqp091.Config
+	// Connection is a connection of yours to use instead of URL. Close does not close it, and
+	// the Publisher does not redial it: after it drops, publishes fail until you build a new
+	// Publisher.
+	Connection *amqp091.Connection
+
+	// Exchange is the existing exchange to publish through; "" is the default exchange (the
+	// routing key is then a queue name). It is never declared: a missing exchange makes each
+	// publish fail (ErrChannelClosed) and the events retry and dead-letter.
+	Exchange string
+	// RoutingKey maps the destination topic and message to the routing key; nil means the
+	// topic. It must be safe for concurrent use.
+	RoutingKey func(topic string, msg *message.Message) string
+	// Marshaler turns a message into a publishing; nil means watermill-amqp's
+	// DefaultMarshaler{}. The delivery mode is set to persistent whatever it returns.
+	Marshaler wmamqp.Marshaler
+	// Channels is how many confirm-mode channels publish at once (each publish call uses one
+	// channel for its whole batch), 1..1024. Default 4.
+	Channels int
+}
+
+func (c *Config) setDefaults() {
+	if c.Channels == 0 {
+		c.Channels = DefaultChannels
+	}
+	if c.Marshaler == nil {
+		c.Marshaler = wmamqp.DefaultMarshaler{}
+	}
+}
+
+// Validate returns an *outbox.ConfigError (errors.Is(err, outbox.ErrConfig)) naming the first
+// invalid field, or nil.
+func (c Config) Validate() error {
+	c.setDefaults()
+	bad := func(field, reason string) error {
+		return &outbox.ConfigError{Field: "amqp.Config." + field, Reason: reason}
+	}
+	switch {
+	case c.URL == "" && c.Connection == nil:
+		return bad("URL", "URL or Connection is required")
+	case c.URL != "" && c.Connection != nil:
+		return bad("Connection", "give URL or Connection, not both")
+	case c.Channels < 1 || c.Channels > 1024:
+		return bad("Channels", fmt.Sprintf("%d outside 1..1024", c.Channels))
+	}
+	return nil
+}
+
+// Publisher publishes to RabbitMQ with confirms and mandatory routing. It implements
+// message.Publisher and forwarder.BatchPublisher and is safe for concurrent use.
+type Publisher struct {
+	cfg    Config
+	logger watermill.LoggerAdapter
+	sem    chan struct{}        // one slot per channel in use
+	idle   chan *confirmChannel // channels ready for reuse
+
+	mu     sync.Mutex
+	conn   *amqp091.Connection
+	own    bool
+	closed bool
+	inUse  map[*confirmChannel]bool
+}
+
+// NewPublisher returns a Publisher; with Config.URL it dials the broker first. A nil logger
+// means watermill.NopLogger. Errors: an *outbox.ConfigError for an invalid cfg, or the dial
+// error.
+func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	p := &Publisher{
+		cfg: cfg, logger: logger.With(watermill.LogFields{"exchange": cfg.Exchange}),
+		sem: make(chan struct{}, cfg.Channels), idle: make(chan *confirmChannel, cfg.Channels),
+		conn: cfg.Connection, own: cfg.Connection == nil, inUse: map[*confirmChannel]bool{},
+	}
+	if p.own {
+		conn, err := p.dial()
+		if err != nil {
+			return nil, err
+		}
+		p.conn = conn
+	}
+	return p, nil
+}
+
+func (p *Publisher) dial() (*amqp091.Connection, error) {
+	var (
+		conn *amqp091.Connection
+		err  error
+	)
+	if p.cfg.AMQPConfig != nil {
+		conn, err = amqp091.DialConfig(p.cfg.URL, *p.cfg.AMQPConfig)
+	} else {
+		conn, err = amqp091.Dial(p.cfg.URL)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("outbox amqp: dial: %w", err)
+	}
+	return conn, nil
+}
+
+// Publish sends msgs to topic (routing key per Config.RoutingKey) through the exchange on one
+// channel and waits for every confirm. It returns nil when each message was confirmed and
+// routed, otherwise the per-message errors joined, each naming its message UUID.
+func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	batch := make([]forwarder.Outgoing, len(msgs))
+	for i, m := range msgs {
+		batch[i] = forwarder.Outgoing{Topic: topic, Message: m}
+	}
+	var errs []error
+	for i, err := range p.PublishBatch(msgs[0].Context(), batch) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("message %s: %w", msgs[i].UUID, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// PublishBatch implements forwarder.BatchPublisher: it publishes the batch in order on one
+// confirm-mode channel with mandatory set, then waits for all confirms. A message is a success
+// only when the broker acked it and did not return it. A message that cannot be marshaled
+// fails unsent and its ordering key's later messages are held back (forwarder.ErrHeldBack).
+// When ctx ends first, the unanswered messages fail with ctx's error and the channel is
+// discarded. (Spreading a batch over several channels measured no faster here: the broker's
+// persistence of one queue is the limit.)
+func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing) []error {
+	errs := make([]error, len(batch))
+	fail := func(err error) []error {
+		for i := range errs {
+			if errs[i] == nil {
+				errs[i] = err
+			}
+		}
+		return errs
+	}
+	cc, err := p.acquire(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	discard := false
+	defer func() { p.release(cc, discard) }()
+
+	dcs := make([]*amqp091.DeferredConfirmation, len(batch))
+	ids := make([]string, len(batch))
+	held := map[string]bool{}
+	for i, o := range batch {
+		key := o.Message.Metadata.Get(outbox.MetadataOrderingKey)
+		if key != "" && held[key] {
+			errs[i] = forwarder.ErrHeldBack
+			continue
+		}
+		pub, err := p.cfg.Marshaler.Marshal(o.Message)
+		if err != nil {
+			errs[i] = fmt.Errorf("outbox amqp: marshal: %w", err)
+			if key != "" {
+				held[key] = true
+			}
+			continue
+		}
+		pub.DeliveryMode = amqp091.Persistent
+		if pub.MessageId == "" {
+			pub.MessageId = o.Message.UUID
+		}
+		rk := o.Topic
+		if p.cfg.RoutingKey != nil {
+			rk = p.cfg.RoutingKey(o.Topic, o.Message)
+		}
+		dc, err := cc.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, rk, true, false, pub)
+		if err != nil {
+			errs[i] = fmt.Errorf("outbox amqp: publish: %w", err)
+			if key != "" {
+				held[key] = true
+			}
+			continue
+		}
+		dcs[i], ids[i] = dc, pub.MessageId
+	}
+	for i, dc := range dcs {
+		if dc == nil {
+			continue
+		}
+		ack, err := dc.WaitContext(ctx)
+		switch {
+		case err != nil:
+			errs[i] = err
+			discard = true
+		case !ack && cc.ch.IsClosed():
+			errs[i] = cc.closeError()
+			discard = true
+		case !ack:
+			errs[i] = ErrNacked
+		}
+	}
+	// A return precedes its message's ack, so every acked message's return is in by now. On a
+	// discarded channel, returns of unanswered messages may still come: it is not reused.
+	returned := map[string]amqp091.Return{}
+	for _, r := range cc.takeReturns() {
+		returned[r.MessageId] = r
+	}
+	for i := range batch {
+		if errs[i] != nil || dcs[i] == nil {
+			continue
+		}
+		if r, ok := returned[ids[i]]; ok {
+			errs[i] = &ReturnedError{ReplyCode: r.ReplyCode, ReplyText: r.ReplyText, Exchange: r.Exchange, RoutingKey: r.RoutingKey}
+		}
+	}
+	return errs
+}
+
+// Close closes the Publisher's channels and, when it dialed the connection itself, the
+// connection; publishes in flight fail. A Connection from Config is left open. Idempotent.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	chans := make([]*confirmChannel, 0, len(p.inUse))
+	for cc := range p.inUse {
+		chans = append(chans, cc)
+	}
+	conn, own := p.conn, p.own
+	p.mu.Unlock()
+	for _, cc := range chans {
+		cc.close()
+	}
+	for {
+		select {
+		case cc := <-p.idle:
+			cc.close()
+			continue
+		default:
+		}
+		break
+	}
+	if own && conn != nil && !conn.IsClosed() {
+		if err := conn.Close(); err != nil && !errors.Is(err, amqp091.ErrClosed) {
+			return fmt.Errorf("outbox amqp: close connection: %w", err)
+		}
+	}
+	return nil
+}
+
+// acquire returns a channel for one publish call (a live idle one or a new one).
+func (p *Publisher) acquire(ctx context.Context) (*confirmChannel, error) {
+	select {
+	case p.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	for {
+		var cc *confirmChannel
+		select {
+		case cc = <-p.idle:
+		default:
+		}
+		if cc == nil {
+			break
+		}
+		if !cc.ch.IsClosed() {
+			p.mu.Lock()
+			closed := p.closed
+			if !closed {
+				p.inUse[cc] = true
+			}
+			p.mu.Unlock()
+			if closed {
+				cc.close()
+				<-p.sem
+				return nil, ErrClosed
+			}
+			return cc, nil
+		}
+		cc.close()
+	}
+	cc, err := p.open()
+	if err != nil {
+		<-p.sem
+		return nil, err
+	}
+	return cc, nil
+}
+
+func (p *Publisher) release(cc *confirmChannel, discard bool) {
+	p.mu.Lock()
+	delete(p.inUse, cc)
+	closed := p.closed
+	p.mu.Unlock()
+	if discard || closed || cc.ch.IsClosed() {
+		cc.close()
+	} else {
+		p.idle <- cc
+	}
+	<-p.sem
+}
+
+// open opens a confirm-mode channel, redialing an own connection that dropped.
+func (p *Publisher) open() (*confirmChannel, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, ErrClosed
+	}
+	if p.conn == nil || p.conn.IsClosed() {
+		if !p.own {
+			return nil, fmt.Errorf("outbox amqp: open channel: %w", amqp091.ErrClosed)
+		}
+		conn, err := p.dial()
+		if err != nil {
+			return nil, err
+		}
+		p.logger.Info("outbox amqp: reconnected", nil)
+		p.conn = conn
+	}
+	ch, err := p.conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("outbox amqp: open channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		return nil, fmt.Errorf("outbox amqp: confirm mode: %w", err)
+	}
+	cc := newConfirmChannel(ch)
+	p.inUse[cc] = true
+	return cc, nil
+}
+
+// confirmChannel is a confirm-mode channel with its returns collected by a goroutine.
+type confirmChannel struct {
+	ch       *amqp091.Channel
+	closes   chan *amqp091.Error
+	barrier  chan chan []amqp091.Return
+	stop     chan struct{}
+	stopOnce sync.Once
+	done     chan struct{}
+
+	mu       sync.Mutex
+	closeErr *amqp091.Error
+}
+
+func newConfirmChannel(ch *amqp091.Channel) *confirmChannel {
+	cc := &confirmChannel{
+		ch:      ch,
+		closes:  ch.NotifyClose(make(chan *amqp091.Error, 1)),
+		barrier: make(chan chan []amqp091.Return),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	// amqp091 hands a basic.return to this (unbuffered) channel before it processes the
+	// broker's ack of the same message, so once a confirm is seen, its return (if any) has
+	// been received here, and takeReturns (served by this same goroutine) includes it.
+	returns := ch.NotifyReturn(make(chan amqp091.Return))
+	go func() {
+		defer close(cc.done)
+		var got []amqp091.Return
+		for {
+			select {
+			case r, ok := <-returns:
+				if !ok {
+					returns = nil
+					continue
+				}
+				got = append(got, r)
+			case reply := <-cc.barrier:
+				reply <- got
+				got = nil
+			case <-cc.stop:
+				return
+			}
+		}
+	}()
+	return cc
+}
+
+// takeReturns returns and forgets the returns received so far.
+func (cc *confirmChannel) takeReturns() []amqp091.Return {
+	reply := make(chan []amqp091.Return, 1)
+	select {
+	case cc.barrier <- reply:
+		return <-reply
+	case <-cc.done:
+		return nil
+	}
+}
+
+// closeError is the error of a channel that closed: amqp091 queues the broker's reason on
+// NotifyClose before it fails the pending confirms.
+func (cc *confirmChannel) closeError() error {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if cc.closeErr == nil {
+		select {
+		case e := <-cc.closes:
+			cc.closeErr = e
+		default:
+		}
+	}
+	if cc.closeErr != nil {
+		return fmt.Errorf("%w: %w", ErrChannelClosed, cc.closeErr)
+	}
+	return ErrChannelClosed
+}
+
+func (cc *confirmChannel) close() {
+	cc.stopOnce.Do(func() {
+		_ = cc.ch.Close()
+		close(cc.stop)
+	})
+}

@@ -1,0 +1,472 @@
+// Package kafka is the Kafka destination of the outbox forwarder: a Watermill publisher on
+// watermill-kafka/v3's message format and IBM/sarama's producer that publishes a whole batch
+// in one SendMessages call (one produce request per broker for many events), with a result per
+// message, so the forwarder marks published only the events that Kafka acknowledged.
+//
+// Guarantees on top of watermill-kafka's own publisher: the ordering key is the Kafka message
+// key (the events of one key land in one partition, in order); acks = all (RequiredAcks =
+// WaitForAll); idempotent producer (no duplicates or reordering from the producer's own
+// retries); unordered events have no key (Sarama spreads them over the partitions).
+//
+// What lands on Kafka is readable by the stock watermill-kafka subscriber with its
+// DefaultMarshaler: the event id is the message UUID (header _watermill_message_uuid), the
+// headers and outbox-* values are the metadata (record headers), the payload is the value.
+//
+// The partition of a key is Sarama's hash partitioner's choice (FNV-1a), not the Java client's
+// murmur2: the events of one key share a partition, but another producer writing the same key
+// may pick a different one. Sarama sends one call as one or more produce requests per broker;
+// when the broker refuses a whole record batch (too large for the topic, see
+// Config.DisableTopicLimits), a later request may already have written later events of the same
+// keys: the outbox then does not mark those published and delivers them again after the failed
+// one (receivers see a repeat, out of order once), so the outbox's own record stays in order.
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/forwarder"
+)
+
+// ErrClosed is returned for a publish after Close.
+var ErrClosed = errors.New("outbox kafka: publisher closed")
+
+// ErrMessageTooLarge is the cause of a message larger than the producer's
+// Producer.MaxMessageBytes or the topic's max.message.bytes, refused before sending (it also matches
+// sarama.ErrMessageSizeTooLarge with errors.Is). The ordering key's later messages of the
+// batch are held back (forwarder.ErrHeldBack).
+var ErrMessageTooLarge = fmt.Errorf("outbox kafka: message larger than Producer.MaxMessageBytes: %w", sarama.ErrMessageSizeTooLarge)
+
+// Marshaler is watermill-kafka's DefaultMarshaler with the event's ordering key (metadata
+// outbox-ordering-key) as the Kafka message key; an event without one has no key. Unmarshal is
+// the DefaultMarshaler's, so the stock subscriber reads the messages.
+type Marshaler struct{}
+
+// Marshal implements wmkafka.Marshaler.
+func (Marshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
+	pm, err := wmkafka.DefaultMarshaler{}.Marshal(topic, msg)
+	if err != nil {
+		return nil, err
+	}
+	if k := msg.Metadata.Get(outbox.MetadataOrderingKey); k != "" {
+		pm.Key = sarama.StringEncoder(k)
+	}
+	return pm, nil
+}
+
+// Unmarshal implements wmkafka.Unmarshaler (watermill-kafka's DefaultMarshaler).
+func (Marshaler) Unmarshal(m *sarama.ConsumerMessage) (*message.Message, error) {
+	return wmkafka.DefaultMarshaler{}.Unmarshal(m)
+}
+
+// Config configures a Publisher.
+type Config struct {
+	// Brokers are the bootstrap brokers ("host:port"); required.
+	Brokers []string
+
+	// Marshaler turns a message into a Kafka message. Default Marshaler{} (watermill-kafka's
+	// format, ordering key as message key). A custom one should keep the ordering key as the
+	// key, or one key's events may land in different partitions.
+	Marshaler wmkafka.Marshaler
+
+	// SaramaConfig is the producer configuration; nil means DefaultSaramaConfig(). It must keep
+	// the relay's guarantees: Producer.RequiredAcks = WaitForAll, Producer.Idempotent = true
+	// (which Sarama ties to Net.MaxOpenRequests = 1, Producer.Retry.Max ≥ 1 and Version ≥
+	// 0.11), Producer.Return.Successes = true; otherwise it is a configuration error. Set
+	// Producer.MaxMessageBytes at or below the broker's (topic's) max.message.bytes: it caps
+	// each record batch, and a message above it is refused before sending without affecting
+	// other ordering keys. Keep Producer.Timeout·(Retry.Max+1) below the outbox
+	// SubscriberConfig.DeliveryTimeout. It is not modified.
+	SaramaConfig *sarama.Config
+
+	// DisableTopicLimits turns off the per-topic size limit lookup. By default the Publisher
+	// asks the cluster once per topic for its max.message.bytes (DescribeConfigs; a failure
+	// just leaves Producer.MaxMessageBytes in force) and, where the topic's limit is below
+	// Producer.MaxMessageBytes, refuses larger messages before sending and splits a batch
+	// into SendMessages calls that each fit the limit — otherwise the broker would refuse
+	// whole record batches, with the order of a key broken between a refused batch and a
+	// later accepted one.
+	DisableTopicLimits bool
+}
+
+// DefaultSaramaConfig returns the producer configuration used when Config.SaramaConfig is nil:
+// Sarama's defaults (MaxMessageBytes 1 MiB, below Kafka's default max.message.bytes) plus
+// RequiredAcks = WaitForAll, Idempotent = true, Net.MaxOpenRequests = 1, Retry.Max = 5,
+// Return.Successes = true and ClientID "watermill-outbox".
+func DefaultSaramaConfig() *sarama.Config {
+	c := sarama.NewConfig()
+	c.ClientID = "watermill-outbox"
+	c.Producer.RequiredAcks = sarama.WaitForAll
+	c.Producer.Idempotent = true
+	c.Net.MaxOpenRequests = 1
+	c.Producer.Retry.Max = 5
+	c.Producer.Return.Successes = true
+	c.Producer.Return.Errors = true
+	return c
+}
+
+// Validate returns an *outbox.ConfigError (errors.Is(err, outbox.ErrConfig)) naming the first
+// invalid field, or nil.
+func (c Config) Validate() error {
+	bad := func(field, reason string, err error) error {
+		return &outbox.ConfigError{Field: "kafka.Config." + field, Reason: reason, Err: err}
+	}
+	if len(c.Brokers) == 0 {
+		return bad("Brokers", "at least one broker is required", nil)
+	}
+	sc := c.SaramaConfig
+	if sc == nil {
+		return nil
+	}
+	switch {
+	case sc.Producer.RequiredAcks != sarama.WaitForAll:
+		return bad("SaramaConfig.Producer.RequiredAcks", "must be WaitForAll (acks = all)", nil)
+	case !sc.Producer.Idempotent:
+		return bad("SaramaConfig.Producer.Idempotent", "must be true", nil)
+	case !sc.Producer.Return.Successes:
+		return bad("SaramaConfig.Producer.Return.Successes", "must be true", nil)
+	}
+	if err := sc.Validate(); err != nil {
+		return bad("SaramaConfig", "rejected by Sarama", err)
+	}
+	return nil
+}
+
+// Publisher publishes to Kafka. It implements message.Publisher and forwarder.BatchPublisher,
+// and is safe for concurrent use.
+type Publisher struct {
+	client    sarama.Client
+	producer  sarama.SyncProducer
+	marshaler wmkafka.Marshaler
+	maxBytes  int
+	version   int // record format version for size checks
+	limits    bool
+	logger    watermill.LoggerAdapter
+
+	mu     sync.RWMutex // held for reading by every send, for writing by Close
+	closed bool
+
+	limitMu sync.Mutex
+	admin   sarama.ClusterAdmin
+	limit   map[string]int // topic → effective max bytes
+}
+
+// recordBatchOverhead is the size of a Kafka v2 record batch header, which counts against
+// max.message.bytes together with the records.
+const recordBatchOverhead = 61
+
+// NewPublisher connects a Sarama sync producer to cfg.Brokers. A nil logger means
+// watermill.NopLogger. Errors: an *outbox.ConfigError for an invalid cfg, or Sarama's error when
+// it cannot reach the brokers.
+func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	sc := cfg.SaramaConfig
+	if sc == nil {
+		sc = DefaultSaramaConfig()
+	}
+	m := cfg.Marshaler
+	if m == nil {
+		m = Marshaler{}
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	client, err := sarama.NewClient(cfg.Brokers, sc)
+	if err != nil {
+		return nil, fmt.Errorf("outbox kafka: create client: %w", err)
+	}
+	prod, err := sarama.NewSyncProducerFromClient(client)
+	if err != nil {
+		_ = client.Close()
+		return nil, fmt.Errorf("outbox kafka: create producer: %w", err)
+	}
+	version := 1
+	if sc.Version.IsAtLeast(sarama.V0_11_0_0) {
+		version = 2
+	}
+	return &Publisher{client: client, producer: prod, marshaler: m, maxBytes: sc.Producer.MaxMessageBytes, version: version,
+		limits: !cfg.DisableTopicLimits, logger: logger, limit: map[string]int{}}, nil
+}
+
+// Publish sends msgs to topic in one SendMessages call and waits for Kafka's acknowledgements.
+// It returns nil when every message was acknowledged, otherwise the per-message errors joined
+// (each naming its message UUID); an ordering key's messages after a refused one are not sent.
+func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	batch := make([]forwarder.Outgoing, len(msgs))
+	for i, m := range msgs {
+		batch[i] = forwarder.Outgoing{Topic: topic, Message: m}
+	}
+	var errs []error
+	for i, err := range p.PublishBatch(msgs[0].Context(), batch) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("message %s: %w", msgs[i].UUID, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// PublishBatch implements forwarder.BatchPublisher: the messages go out in one SendMessages
+// call (Sarama groups them into one produce request per broker), or in a few consecutive calls
+// that each fit a topic limit below Producer.MaxMessageBytes (see Config.DisableTopicLimits),
+// and each gets Kafka's own result. A message that cannot be marshaled or exceeds the limit
+// fails without being sent, and its ordering key's later messages are held back
+// (forwarder.ErrHeldBack), as they are after a failure in an earlier call. When the broker
+// still refuses a record batch as too large (MESSAGE_TOO_LARGE covers every message of the
+// partition's batch), those messages are sent again one per request, so only the oversized one
+// fails and other keys are not charged an attempt. When ctx ends first, the messages not yet
+// answered fail with ctx's error (Sarama may still deliver them: at least once).
+func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing) []error {
+	errs := make([]error, len(batch))
+	held := map[string]int{} // ordering key → index of its first failure
+	keyOf := func(i int) string { return batch[i].Message.Metadata.Get(outbox.MetadataOrderingKey) }
+	hold := func(i int) {
+		if k := keyOf(i); k != "" {
+			if f, ok := held[k]; !ok || i < f {
+				held[k] = i
+			}
+		}
+	}
+	isHeld := func(i int) bool {
+		f, ok := held[keyOf(i)]
+		return ok && i > f
+	}
+	type chunk struct {
+		pms []*sarama.ProducerMessage
+		idx []int
+	}
+	var chunks []*chunk
+	cur, curBytes, chunkMax := &chunk{}, 0, p.maxBytes
+	for i, o := range batch {
+		if isHeld(i) {
+			errs[i] = forwarder.ErrHeldBack
+			continue
+		}
+		limit := p.topicLimit(o.Topic)
+		pm, size, err := p.marshal(o, limit)
+		if err != nil {
+			errs[i] = err
+			hold(i)
+			continue
+		}
+		if limit < p.maxBytes {
+			// Cut so that no partition's record batch of one call can exceed the limit.
+			if len(cur.pms) > 0 && (curBytes+size > min(chunkMax, limit)-recordBatchOverhead) {
+				chunks = append(chunks, cur)
+				cur, curBytes, chunkMax = &chunk{}, 0, p.maxBytes
+			}
+			chunkMax = min(chunkMax, limit)
+		}
+		cur.pms = append(cur.pms, pm)
+		cur.idx = append(cur.idx, i)
+		curBytes += size
+	}
+	if len(cur.pms) > 0 {
+		chunks = append(chunks, cur)
+	}
+	tooLarge := 0
+	for _, c := range chunks {
+		pms, idx := c.pms, c.idx
+		if len(held) > 0 { // drop the messages of keys that failed in an earlier call
+			pms, idx = nil, nil
+			for j, i := range c.idx {
+				if isHeld(i) {
+					errs[i] = forwarder.ErrHeldBack
+					continue
+				}
+				pms, idx = append(pms, c.pms[j]), append(idx, i)
+			}
+		}
+		if len(pms) == 0 {
+			continue
+		}
+		var refused []int
+		for j, err := range p.send(ctx, pms) {
+			i := idx[j]
+			errs[i] = err
+			if err == nil {
+				continue
+			}
+			if errors.Is(err, sarama.ErrMessageSizeTooLarge) {
+				refused = append(refused, i)
+			} else {
+				hold(i)
+			}
+		}
+		if len(refused) > 0 {
+			tooLarge += len(refused)
+			p.isolate(ctx, batch, errs, refused, hold, isHeld)
+		}
+	}
+	p.logger.Trace("outbox kafka: batch sent", watermill.LogFields{"messages": len(batch), "calls": len(chunks), "too_large": tooLarge})
+	return errs
+}
+
+// topicLimit returns the largest message (and record batch) topic takes: Producer.MaxMessageBytes,
+// or the topic's max.message.bytes when that is lower (looked up once per topic).
+func (p *Publisher) topicLimit(topic string) int {
+	if !p.limits {
+		return p.maxBytes
+	}
+	p.limitMu.Lock()
+	defer p.limitMu.Unlock()
+	if l, ok := p.limit[topic]; ok {
+		return l
+	}
+	if p.admin == nil {
+		admin, err := sarama.NewClusterAdminFromClient(nopCloseClient{p.client})
+		if err != nil {
+			p.logger.Debug("outbox kafka: no cluster admin for topic limits", watermill.LogFields{"error": err.Error()})
+			return p.maxBytes
+		}
+		p.admin = admin
+	}
+	entries, err := p.admin.DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: topic, ConfigNames: []string{"max.message.bytes"}})
+	if err != nil {
+		// Not cached: the topic may not exist yet, or the lookup is not allowed.
+		p.logger.Debug("outbox kafka: topic limit lookup failed", watermill.LogFields{"topic": topic, "error": err.Error()})
+		return p.maxBytes
+	}
+	l := p.maxBytes
+	for _, e := range entries {
+		if n, err := strconv.Atoi(e.Value); e.Name == "max.message.bytes" && err == nil && n > 0 {
+			l = min(l, n)
+		}
+	}
+	p.limit[topic] = l
+	return l
+}
+
+// nopCloseClient keeps the cluster admin from closing the shared client.
+type nopCloseClient struct{ sarama.Client }
+
+func (nopCloseClient) Close() error { return nil }
+
+// isolate sends the messages at idx (refused in a record batch that was too large) one per
+// request, in batch order, holding back a key after its first failure.
+func (p *Publisher) isolate(ctx context.Context, batch []forwarder.Outgoing, errs []error, idx []int, hold func(int), isHeld func(int) bool) {
+	for _, i := range idx {
+		if isHeld(i) {
+			errs[i] = forwarder.ErrHeldBack
+			continue
+		}
+		pm, _, err := p.marshal(batch[i], p.topicLimit(batch[i].Topic))
+		if err == nil {
+			err = p.send(ctx, []*sarama.ProducerMessage{pm})[0]
+		}
+		errs[i] = err
+		if err != nil {
+			hold(i)
+		}
+	}
+}
+
+// marshal returns the Kafka message of o and its size, refusing one above limit.
+func (p *Publisher) marshal(o forwarder.Outgoing, limit int) (*sarama.ProducerMessage, int, error) {
+	pm, err := p.marshaler.Marshal(o.Topic, o.Message)
+	if err != nil {
+		return nil, 0, fmt.Errorf("outbox kafka: marshal: %w", err)
+	}
+	size := pm.ByteSize(p.version)
+	if limit < p.maxBytes {
+		limit -= recordBatchOverhead // the broker counts the batch header too
+	}
+	if size > limit {
+		return nil, 0, fmt.Errorf("%w (%d > %d bytes)", ErrMessageTooLarge, size, limit)
+	}
+	return pm, size, nil
+}
+
+// send runs one SendMessages call and returns a result per message.
+func (p *Publisher) send(ctx context.Context, pms []*sarama.ProducerMessage) []error {
+	res := make([]error, len(pms))
+	if err := ctx.Err(); err != nil {
+		for i := range res {
+			res[i] = err
+		}
+		return res
+	}
+	done := make(chan struct{})
+	var perrs sarama.ProducerErrors
+	var sendErr error
+	p.mu.RLock()
+	if p.closed {
+		p.mu.RUnlock()
+		for i := range res {
+			res[i] = ErrClosed
+		}
+		return res
+	}
+	go func() {
+		defer close(done)
+		defer p.mu.RUnlock()
+		err := p.producer.SendMessages(pms)
+		if !errors.As(err, &perrs) {
+			sendErr = err
+		}
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		for i := range res {
+			res[i] = ctx.Err()
+		}
+		return res
+	}
+	if sendErr != nil {
+		for i := range res {
+			res[i] = sendErr
+		}
+		return res
+	}
+	if len(perrs) == 0 {
+		return res
+	}
+	pos := make(map[*sarama.ProducerMessage]int, len(pms))
+	for i, pm := range pms {
+		pos[pm] = i
+	}
+	for _, pe := range perrs {
+		if i, ok := pos[pe.Msg]; ok {
+			res[i] = pe.Err
+		}
+	}
+	return res
+}
+
+// Close closes the producer after the sends in flight have finished. Idempotent; later
+// publishes fail with ErrClosed.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	err := p.producer.Close()
+	p.limitMu.Lock()
+	if p.admin != nil {
+		_ = p.admin.Close() // the client is closed below
+	}
+	p.limitMu.Unlock()
+	if cerr := p.client.Close(); err == nil && cerr != nil && !errors.Is(cerr, sarama.ErrClosedClient) {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("outbox kafka: close producer: %w", err)
+	}
+	return nil
+}

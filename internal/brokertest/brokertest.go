@@ -1,0 +1,121 @@
+// Package brokertest is the broker side of the integration-test harness: RabbitMQ and Redis on
+// loopback, Kafka as an in-process kfake cluster, and an address where nothing listens.
+//
+// Like pgtest, a missing service skips the test with a message locally but fails it when the
+// environment variable CI is "true", so a green CI never means "nothing ran".
+package brokertest
+
+import (
+	"context"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+// Defaults used when the environment variables are unset.
+const (
+	DefaultAMQPURL   = "amqp://guest:guest@127.0.0.1:5672/"
+	DefaultRedisAddr = "127.0.0.1:6379"
+)
+
+// AMQPURL returns OUTBOX_TEST_AMQP_URL or DefaultAMQPURL.
+func AMQPURL() string {
+	if v := os.Getenv("OUTBOX_TEST_AMQP_URL"); v != "" {
+		return v
+	}
+	return DefaultAMQPURL
+}
+
+// RedisAddr returns OUTBOX_TEST_REDIS_ADDR or DefaultRedisAddr.
+func RedisAddr() string {
+	if v := os.Getenv("OUTBOX_TEST_REDIS_ADDR"); v != "" {
+		return v
+	}
+	return DefaultRedisAddr
+}
+
+func unavailable(tb testing.TB, what, where string, err error) {
+	tb.Helper()
+	if os.Getenv("CI") == "true" {
+		tb.Fatalf("%s at %s unreachable and CI=true: %v", what, where, err)
+	}
+	tb.Skipf("%s at %s unreachable (in CI this fails): %v", what, where, err)
+}
+
+var (
+	amqpOnce sync.Once
+	amqpErr  error
+)
+
+// RequireRabbitMQ returns the broker URL after checking once per binary that it accepts a
+// connection; otherwise it skips tb (fails it when CI=true).
+func RequireRabbitMQ(tb testing.TB) string {
+	tb.Helper()
+	amqpOnce.Do(func() {
+		conn, err := amqp091.DialConfig(AMQPURL(), amqp091.Config{Dial: amqp091.DefaultDial(5 * time.Second)})
+		if err != nil {
+			amqpErr = err
+			return
+		}
+		amqpErr = conn.Close()
+	})
+	if amqpErr != nil {
+		unavailable(tb, "RabbitMQ", AMQPURL(), amqpErr)
+	}
+	return AMQPURL()
+}
+
+var (
+	redisOnce sync.Once
+	redisErr  error
+)
+
+// RequireRedis returns the Redis address after checking once per binary that it answers PING;
+// otherwise it skips tb (fails it when CI=true).
+func RequireRedis(tb testing.TB) string {
+	tb.Helper()
+	redisOnce.Do(func() {
+		c := redis.NewClient(&redis.Options{Addr: RedisAddr(), MaxRetries: -1})
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		redisErr = c.Ping(ctx).Err()
+	})
+	if redisErr != nil {
+		unavailable(tb, "Redis", RedisAddr(), redisErr)
+	}
+	return RedisAddr()
+}
+
+// Kafka starts an in-process kfake cluster listening on loopback with opts and closes it when
+// tb ends. Topics are not auto-created unless opts include kfake.AllowAutoTopicCreation.
+func Kafka(tb testing.TB, opts ...kfake.Opt) *kfake.Cluster {
+	tb.Helper()
+	c, err := kfake.NewCluster(opts...) // kfake listens on 127.0.0.1
+
+	if err != nil {
+		tb.Fatalf("kfake: %v", err)
+	}
+	tb.Cleanup(c.Close)
+	return c
+}
+
+// ClosedPort returns a loopback "host:port" where nothing listens (a port just released).
+func ClosedPort(tb testing.TB) string {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		tb.Fatal(err)
+	}
+	return addr
+}

@@ -1,0 +1,317 @@
+// Package router is a Watermill message.Publisher that sends each message to the publisher of
+// its topic (SPEC §6): an exact topic route first, otherwise the first matching pattern route in
+// declared order, otherwise the default. A topic that no route takes is an error (ErrNoRoute),
+// so an outbox event with such a topic is retried and dead-lettered, never marked delivered.
+//
+//	pub, err := router.New(router.Config{
+//		Routes: []router.Route{
+//			{Topic: "orders.audit", Publisher: webhookPub}, // exact: wins over "orders.*"
+//			{Topic: "orders.*", Publisher: kafkaPub},
+//			{Topic: "billing.*", Publisher: amqpPub},
+//		},
+//		Default: redisPub, // optional
+//	}, logger)
+//
+// The Publisher also implements forwarder.BatchPublisher: a batch is split by destination and
+// each part goes to its publisher in one PublishBatch call when that publisher takes batches.
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/forwarder"
+)
+
+// ErrNoRoute is matched (errors.Is) by every *NoRouteError: no route takes the topic and there
+// is no default.
+var ErrNoRoute = errors.New("router: no route for topic")
+
+// ErrClosed is returned by Publish after Close.
+var ErrClosed = errors.New("router: closed")
+
+// NoRouteError is the error of a Publish to a topic that no route takes. It matches ErrNoRoute.
+type NoRouteError struct {
+	Topic string
+}
+
+// Error names the topic.
+func (e *NoRouteError) Error() string { return fmt.Sprintf("router: no route for topic %q", e.Topic) }
+
+// Is reports whether target is ErrNoRoute.
+func (e *NoRouteError) Is(target error) bool { return target == ErrNoRoute }
+
+// Route sends the messages of the topics that Topic selects to Publisher.
+type Route struct {
+	// Topic is an exact topic ("orders.paid"), a prefix pattern ending in '*' ("orders.*"), or
+	// "*" for every topic (then later routes and the default are never reached). '*' elsewhere
+	// and '?' are configuration errors; other characters are ordinary.
+	Topic string
+	// Publisher receives the messages; required.
+	Publisher message.Publisher
+}
+
+// Config configures a Publisher. The zero value routes nothing (every Publish fails with
+// ErrNoRoute).
+type Config struct {
+	// Routes in declared order. Exact routes win over patterns wherever they are declared;
+	// among patterns the first match wins. Two routes with the same Topic are a configuration
+	// error.
+	Routes []Route
+	// Default receives the topics no route takes; nil means such topics fail with ErrNoRoute.
+	Default message.Publisher
+	// CloseDestinations makes Close close every destination publisher (each once). Default
+	// false: the destinations belong to the caller.
+	CloseDestinations bool
+}
+
+// Validate returns an *outbox.ConfigError (errors.Is(err, outbox.ErrConfig)) naming the first
+// invalid route, or nil.
+func (c Config) Validate() error {
+	seen := map[string]bool{}
+	for i, r := range c.Routes {
+		field := fmt.Sprintf("router.Config.Routes[%d]", i)
+		if r.Publisher == nil {
+			return &outbox.ConfigError{Field: field + ".Publisher", Reason: "nil publisher"}
+		}
+		if _, err := parsePattern(r.Topic); err != nil {
+			return &outbox.ConfigError{Field: field + ".Topic", Reason: err.Error()}
+		}
+		if seen[r.Topic] {
+			return &outbox.ConfigError{Field: field + ".Topic", Reason: fmt.Sprintf("%q is routed twice", r.Topic)}
+		}
+		seen[r.Topic] = true
+	}
+	return nil
+}
+
+type pattern struct {
+	prefix string
+	index  int // in Config.Routes
+}
+
+func parsePattern(topic string) (pfx string, err error) {
+	switch star := strings.IndexByte(topic, '*'); {
+	case topic == "":
+		return "", errors.New("empty topic")
+	case strings.ContainsRune(topic, '?'):
+		return "", fmt.Errorf("%q: '?' is not supported", topic)
+	case star >= 0 && star != len(topic)-1:
+		return "", fmt.Errorf("%q: '*' is allowed only at the end", topic)
+	}
+	return topic, nil
+}
+
+// Publisher routes each message to the publisher of its topic. It is safe for concurrent use
+// when its destinations are.
+type Publisher struct {
+	exact    map[string]int // topic → index in Config.Routes
+	patterns []pattern
+	def      message.Publisher
+	cfg      Config
+	logger   watermill.LoggerAdapter
+
+	mu     sync.RWMutex
+	closed bool
+}
+
+// New returns a Publisher for cfg. A nil logger means watermill.NopLogger. Errors: an
+// *outbox.ConfigError from cfg.Validate.
+func New(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	cfg.Routes = append([]Route(nil), cfg.Routes...)
+	p := &Publisher{exact: map[string]int{}, def: cfg.Default, cfg: cfg, logger: logger}
+	for i, r := range cfg.Routes {
+		if strings.HasSuffix(r.Topic, "*") {
+			p.patterns = append(p.patterns, pattern{prefix: strings.TrimSuffix(r.Topic, "*"), index: i})
+		} else {
+			p.exact[r.Topic] = i
+		}
+	}
+	return p, nil
+}
+
+// Route returns the publisher that topic goes to, or a *NoRouteError.
+func (p *Publisher) Route(topic string) (message.Publisher, error) {
+	i := p.route(topic)
+	if i < 0 {
+		return nil, &NoRouteError{Topic: topic}
+	}
+	return p.dest(i), nil
+}
+
+// route returns the index of topic's destination: a position in cfg.Routes, len(cfg.Routes)
+// for the default, or -1 for none.
+func (p *Publisher) route(topic string) int {
+	if i, ok := p.exact[topic]; ok {
+		return i
+	}
+	for _, pt := range p.patterns {
+		if strings.HasPrefix(topic, pt.prefix) {
+			return pt.index
+		}
+	}
+	if p.def != nil {
+		return len(p.cfg.Routes)
+	}
+	return -1
+}
+
+func (p *Publisher) dest(i int) message.Publisher {
+	if i == len(p.cfg.Routes) {
+		return p.def
+	}
+	return p.cfg.Routes[i].Publisher
+}
+
+// Publish sends msgs to the publisher of topic and returns its error unchanged. Errors: a
+// *NoRouteError (errors.Is(err, ErrNoRoute)) when no route takes topic, ErrClosed after Close.
+func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return ErrClosed
+	}
+	i := p.route(topic)
+	if i < 0 {
+		return &NoRouteError{Topic: topic}
+	}
+	return p.dest(i).Publish(topic, msgs...)
+}
+
+// PublishBatch implements forwarder.BatchPublisher: it splits batch by route, keeping each
+// route's messages in batch order, and sends each part with one PublishBatch call
+// when the destination is a forwarder.BatchPublisher, otherwise one Publish per message
+// (holding back an ordering key's later messages after a failure). Parts of different
+// routes go out concurrently. A message no route takes gets a *NoRouteError.
+func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing) []error {
+	errs := make([]error, len(batch))
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		for i := range errs {
+			errs[i] = ErrClosed
+		}
+		return errs
+	}
+	type part struct {
+		pub message.Publisher
+		idx []int
+	}
+	var parts []*part
+	byRoute := map[int]*part{}
+	for i, o := range batch {
+		r := p.route(o.Topic)
+		if r < 0 {
+			errs[i] = &NoRouteError{Topic: o.Topic}
+			continue
+		}
+		pt := byRoute[r]
+		if pt == nil {
+			pt = &part{pub: p.dest(r)}
+			byRoute[r] = pt
+			parts = append(parts, pt)
+		}
+		pt.idx = append(pt.idx, i)
+	}
+	var wg sync.WaitGroup
+	for _, pt := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sub := make([]forwarder.Outgoing, len(pt.idx))
+			for j, i := range pt.idx {
+				sub[j] = batch[i]
+			}
+			res := publishPart(ctx, pt.pub, sub)
+			for j, i := range pt.idx {
+				errs[i] = res[j]
+			}
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+func publishPart(ctx context.Context, pub message.Publisher, part []forwarder.Outgoing) []error {
+	if bp, ok := pub.(forwarder.BatchPublisher); ok {
+		res := bp.PublishBatch(ctx, part)
+		out := make([]error, len(part))
+		for j := range out {
+			if j < len(res) {
+				out[j] = res[j]
+			} else {
+				out[j] = forwarder.ErrMissingResult
+			}
+		}
+		return out
+	}
+	out := make([]error, len(part))
+	failed := map[string]bool{}
+	for j, o := range part {
+		key := o.Message.Metadata.Get(outbox.MetadataOrderingKey)
+		if key != "" && failed[key] {
+			out[j] = forwarder.ErrHeldBack
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			out[j] = err
+		} else {
+			out[j] = pub.Publish(o.Topic, o.Message)
+		}
+		if out[j] != nil && key != "" {
+			failed[key] = true
+		}
+	}
+	return out
+}
+
+// Close marks the Publisher closed (later Publish calls fail with ErrClosed) and, with
+// Config.CloseDestinations, closes every destination once and returns their errors joined.
+// Idempotent.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	if !p.cfg.CloseDestinations {
+		return nil
+	}
+	var errs []error
+	seen := map[any]bool{}
+	for i := range len(p.cfg.Routes) + 1 {
+		pub := p.dest(i)
+		if pub == nil {
+			continue
+		}
+		// A publisher of a comparable type is closed once however many routes it serves;
+		// others (a forwarder.Func) once per route.
+		var key any = i
+		if reflect.TypeOf(pub).Comparable() {
+			key = pub
+		}
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		if err := pub.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

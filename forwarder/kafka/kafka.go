@@ -44,7 +44,7 @@ var ErrClosed = errors.New("outbox kafka: publisher closed")
 // Producer.MaxMessageBytes or the topic's max.message.bytes, refused before sending (it also matches
 // sarama.ErrMessageSizeTooLarge with errors.Is). The ordering key's later messages of the
 // batch are held back (forwarder.ErrHeldBack).
-var ErrMessageTooLarge = fmt.Errorf("outbox kafka: message larger than Producer.MaxMessageBytes: %w", sarama.ErrMessageSizeTooLarge)
+var ErrMessageTooLarge = fmt.Errorf("outbox kafka: message larger than Producer.MaxMessageBytes or the topic's max.message.bytes: %w", sarama.ErrMessageSizeTooLarge)
 
 // Marshaler is watermill-kafka's DefaultMarshaler with the event's ordering key (metadata
 // outbox-ordering-key) as the Kafka message key; an event without one has no key. Unmarshal is

@@ -170,6 +170,10 @@ type subscription struct {
 	emit     func(ctx context.Context, b []*item) bool
 	ctx      context.Context
 	cancel   context.CancelFunc
+	// marking is closed when the previous batch's marks are written; nil before the first.
+	// Marks run while the next claim does: that batch's events stay leased (so no claim takes
+	// them, nor a later event of their keys) until the marks land.
+	marking chan struct{}
 }
 
 func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscription, error) {
@@ -213,8 +217,16 @@ func (sub *subscription) start(done func()) error {
 	return nil
 }
 
+// waitMarks waits until the previous batch's marks are written.
+func (sub *subscription) waitMarks() {
+	if sub.marking != nil {
+		<-sub.marking
+	}
+}
+
 func (sub *subscription) run() {
 	s := sub.s
+	defer sub.waitMarks()
 	var wake <-chan struct{}
 	if s.cfg.Wakeup != nil {
 		wake = s.cfg.Wakeup.Listen(sub.ctx, sub.sel.match)
@@ -265,6 +277,16 @@ func (sub *subscription) poll() (again bool, err error) {
 	s := sub.s
 	token := s.tokenPrefix + strconv.FormatInt(s.claims.Add(1), 10)
 	items, more, err := sub.claim(token)
+	if err == nil && len(items) == 0 && sub.marking != nil {
+		select {
+		case <-sub.marking:
+		default:
+			// The previous batch's marks are still being written, and its keys' next
+			// events wait for them: poll again as soon as they land.
+			sub.waitMarks()
+			return true, nil
+		}
+	}
 	if err != nil || len(items) == 0 {
 		return more, err
 	}
@@ -279,7 +301,16 @@ func (sub *subscription) poll() (again bool, err error) {
 		stopRenew()
 		lost()
 	}
-	return true, sub.mark(token, items)
+	sub.waitMarks()
+	done := make(chan struct{})
+	sub.marking = done
+	go func() {
+		defer close(done)
+		if err := sub.mark(token, items); err != nil {
+			s.logger.Error("outbox: writing marks failed; the events are delivered again after their lease", err, watermill.LogFields{"token": token})
+		}
+	}()
+	return true, nil
 }
 
 // splitRuns keeps, for each ordering key, only the run that starts at the key's head with no

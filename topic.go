@@ -89,3 +89,33 @@ func (s topicSelection) match(topic string) bool {
 	}
 	return true
 }
+
+// TopicPattern is a compiled topic pattern as Subscribe, ExcludeTopics and RetryFilter take
+// them: an exact name, a prefix pattern ending in '*' ("library.*"), or "*" for every topic;
+// '_' and '%' are ordinary characters. The zero value matches nothing. Safe for concurrent use.
+type TopicPattern struct {
+	f     topicFilter
+	valid bool
+}
+
+// ParseTopicPattern compiles pattern. Errors: a *ConfigError (Field "topic") for an empty
+// pattern, a '?', a '*' anywhere but at the end, invalid UTF-8, a NUL or more than
+// MaxTextLength characters.
+func ParseTopicPattern(pattern string) (TopicPattern, error) {
+	f, err := parseTopicPattern("topic", pattern)
+	if err != nil {
+		return TopicPattern{}, err
+	}
+	return TopicPattern{f: f, valid: true}, nil
+}
+
+// Match reports whether topic is selected by the pattern.
+func (p TopicPattern) Match(topic string) bool { return p.valid && p.f.match(topic) }
+
+// Exact returns the topic and true when the pattern names one topic (no '*').
+func (p TopicPattern) Exact() (string, bool) {
+	if !p.valid || p.f.all || p.f.isPfx {
+		return "", false
+	}
+	return p.f.exact, true
+}

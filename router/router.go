@@ -21,7 +21,6 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"strings"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -82,8 +81,12 @@ func (c Config) Validate() error {
 		if r.Publisher == nil {
 			return &outbox.ConfigError{Field: field + ".Publisher", Reason: "nil publisher"}
 		}
-		if _, err := parsePattern(r.Topic); err != nil {
-			return &outbox.ConfigError{Field: field + ".Topic", Reason: err.Error()}
+		if _, err := outbox.ParseTopicPattern(r.Topic); err != nil {
+			var ce *outbox.ConfigError
+			if errors.As(err, &ce) {
+				return &outbox.ConfigError{Field: field + ".Topic", Reason: ce.Reason}
+			}
+			return err
 		}
 		if seen[r.Topic] {
 			return &outbox.ConfigError{Field: field + ".Topic", Reason: fmt.Sprintf("%q is routed twice", r.Topic)}
@@ -94,20 +97,8 @@ func (c Config) Validate() error {
 }
 
 type pattern struct {
-	prefix string
-	index  int // in Config.Routes
-}
-
-func parsePattern(topic string) (pfx string, err error) {
-	switch star := strings.IndexByte(topic, '*'); {
-	case topic == "":
-		return "", errors.New("empty topic")
-	case strings.ContainsRune(topic, '?'):
-		return "", fmt.Errorf("%q: '?' is not supported", topic)
-	case star >= 0 && star != len(topic)-1:
-		return "", fmt.Errorf("%q: '*' is allowed only at the end", topic)
-	}
-	return topic, nil
+	match outbox.TopicPattern
+	index int // in Config.Routes
 }
 
 // Publisher routes each message to the publisher of its topic. It is safe for concurrent use
@@ -135,10 +126,11 @@ func New(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
 	cfg.Routes = append([]Route(nil), cfg.Routes...)
 	p := &Publisher{exact: map[string]int{}, def: cfg.Default, cfg: cfg, logger: logger}
 	for i, r := range cfg.Routes {
-		if strings.HasSuffix(r.Topic, "*") {
-			p.patterns = append(p.patterns, pattern{prefix: strings.TrimSuffix(r.Topic, "*"), index: i})
+		tp, _ := outbox.ParseTopicPattern(r.Topic) // checked by Validate
+		if exact, ok := tp.Exact(); ok {
+			p.exact[exact] = i
 		} else {
-			p.exact[r.Topic] = i
+			p.patterns = append(p.patterns, pattern{match: tp, index: i})
 		}
 	}
 	return p, nil
@@ -160,7 +152,7 @@ func (p *Publisher) route(topic string) int {
 		return i
 	}
 	for _, pt := range p.patterns {
-		if strings.HasPrefix(topic, pt.prefix) {
+		if pt.match.Match(topic) {
 			return pt.index
 		}
 	}

@@ -1,0 +1,334 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "modernc.org/sqlite" // registers the pure-Go "sqlite" database/sql driver
+
+	"github.com/watermill-outbox/outbox"
+)
+
+// dbForms lists the accepted --db forms, for error messages.
+const dbForms = "postgres://user:password@host:5432/dbname (or postgresql://…) for PostgreSQL; " +
+	"sqlite://PATH, sqlite:PATH, file:PATH or a path ending in .db, .sqlite or .sqlite3 for SQLite"
+
+// connectTimeout bounds connecting to PostgreSQL when the DSN sets no connect_timeout.
+const connectTimeout = 5 * time.Second
+
+// dbKind is the database behind a --db URL.
+type dbKind int
+
+const (
+	kindPostgres dbKind = iota
+	kindSQLite
+)
+
+func (k dbKind) String() string {
+	if k == kindSQLite {
+		return "SQLite"
+	}
+	return "PostgreSQL"
+}
+
+// dbURL is a parsed --db value.
+type dbURL struct {
+	// raw is the value as given; shown is the same with any password removed.
+	raw, shown string
+	kind       dbKind
+	// pg is the pool configuration (kindPostgres).
+	pg *pgxpool.Config
+	// path is the SQLite file (kindSQLite).
+	path string
+}
+
+// parseDBURL parses a --db value. Errors name the accepted forms.
+func parseDBURL(s string) (dbURL, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return dbURL{}, &usageError{fmt.Errorf("no database given: pass --db URL or set OUTBOX_DB (accepted: %s)", dbForms)}
+	}
+	lower := strings.ToLower(s)
+	switch {
+	case strings.HasPrefix(lower, "postgres://"), strings.HasPrefix(lower, "postgresql://"):
+		shown := s
+		if u, err := url.Parse(s); err == nil {
+			shown = u.Redacted()
+		} else {
+			return dbURL{}, &usageError{fmt.Errorf("database URL %q is not a valid URL (%v): use %s", redactDSN(s), err, dbForms)}
+		}
+		cfg, err := pgxpool.ParseConfig(s)
+		if err != nil {
+			return dbURL{}, &usageError{fmt.Errorf("database URL %q is not a valid PostgreSQL URL (%s): use %s", shown, oneLine(errText(err)), dbForms)}
+		}
+		if cfg.ConnConfig.ConnectTimeout == 0 {
+			cfg.ConnConfig.ConnectTimeout = connectTimeout
+		}
+		return dbURL{raw: s, shown: shown, kind: kindPostgres, pg: cfg}, nil
+	case strings.HasPrefix(lower, "sqlite://"):
+		return sqliteURL(s, s[len("sqlite://"):])
+	case strings.HasPrefix(lower, "sqlite:"):
+		return sqliteURL(s, s[len("sqlite:"):])
+	case strings.HasPrefix(lower, "file:"):
+		return sqliteURL(s, s[len("file:"):])
+	case !strings.Contains(s, "://") && (strings.HasSuffix(lower, ".db") || strings.HasSuffix(lower, ".sqlite") || strings.HasSuffix(lower, ".sqlite3")):
+		return sqliteURL(s, s)
+	}
+	return dbURL{}, &usageError{fmt.Errorf("database URL %q is not supported: use %s", redactDSN(s), dbForms)}
+}
+
+// sqliteURL builds the dbURL of an SQLite path; a query string ("?mode=ro") is dropped because
+// the outbox sets its own pragmas (outbox.SQLiteDSN).
+func sqliteURL(raw, path string) (dbURL, error) {
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	if path == "" || path == ":memory:" || strings.HasPrefix(path, ":memory:") {
+		return dbURL{}, &usageError{fmt.Errorf("database URL %q names no SQLite file (an in-memory database is not shared between connections): use %s", raw, dbForms)}
+	}
+	return dbURL{raw: raw, shown: raw, kind: kindSQLite, path: path}, nil
+}
+
+// redactDSN hides a password in s when s parses as a URL.
+func redactDSN(s string) string {
+	if u, err := url.Parse(s); err == nil && u.User != nil {
+		return u.Redacted()
+	}
+	return s
+}
+
+// errText is err's text without pgx's connection-string prefix, which can carry the password.
+func errText(err error) string {
+	s := err.Error()
+	if i := strings.Index(s, "cannot parse `"); i >= 0 {
+		if j := strings.Index(s[i+len("cannot parse `"):], "`: "); j >= 0 {
+			return s[:i] + "cannot parse the URL: " + s[i+len("cannot parse `")+j+3:]
+		}
+	}
+	return s
+}
+
+// database is an open --db with the outbox table's schema.
+type database struct {
+	url    dbURL
+	schema outbox.SchemaConfig
+	pool   *pgxpool.Pool // kindPostgres
+	sqlDB  *sql.DB       // kindSQLite
+}
+
+// openOptions say how openDB treats a database that does not exist yet.
+type openOptions struct {
+	// create allows creating a missing SQLite file (migrate, demo); otherwise a missing file is
+	// reported as a missing outbox table.
+	create bool
+}
+
+// openDB connects to u and checks that the connection works. Errors are one line and name
+// the fix.
+func openDB(ctx context.Context, u dbURL, table string, opts openOptions) (*database, error) {
+	d := &database{url: u, schema: schemaFor(u.kind, table)}
+	if err := d.schema.Validate(); err != nil {
+		return nil, &usageError{fmt.Errorf("--table %q: %v", table, err)}
+	}
+	switch u.kind {
+	case kindPostgres:
+		pool, err := pgxpool.NewWithConfig(ctx, u.pg)
+		if err != nil {
+			return nil, d.connectError(err)
+		}
+		pctx, cancel := context.WithTimeout(ctx, 2*connectTimeout)
+		defer cancel()
+		if err := pool.Ping(pctx); err != nil {
+			pool.Close()
+			return nil, d.connectError(err)
+		}
+		d.pool = pool
+	case kindSQLite:
+		st, err := os.Stat(u.path)
+		switch {
+		case err == nil && st.IsDir():
+			return nil, fmt.Errorf("SQLite path %q is a directory: give the database file, e.g. --db sqlite://%s", u.path, strings.TrimSuffix(u.path, "/")+"/outbox.db")
+		case errors.Is(err, os.ErrNotExist) && !opts.create:
+			return nil, fmt.Errorf("SQLite file %q does not exist, so it has no outbox table: create it with %s", u.path, d.migrateHint())
+		}
+		db, err := sql.Open("sqlite", sqliteDSN(u.path))
+		if err == nil {
+			err = db.PingContext(ctx)
+			if err != nil {
+				_ = db.Close()
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("cannot open SQLite file %q (%s): check that its directory exists and is writable", u.path, oneLine(err.Error()))
+		}
+		d.sqlDB = db
+	}
+	return d, nil
+}
+
+// connectError turns a PostgreSQL connection failure into a one-line message with the fix.
+func (d *database) connectError(err error) error {
+	where := d.hostPort()
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return fmt.Errorf("PostgreSQL at %s refused the connection (%s, SQLSTATE %s): check the user, password and database name in --db %s", where, pgErr.Message, pgErr.Code, d.url.shown)
+	}
+	cause := errText(err)
+	var opErr *net.OpError
+	if errors.As(err, &opErr) {
+		cause = opErr.Error()
+	} else if errors.Is(err, context.DeadlineExceeded) {
+		cause = "timed out"
+	}
+	return fmt.Errorf("cannot connect to PostgreSQL at %s (%s): check that the server runs and that --db %s names the right host, port and database", where, oneLine(cause), d.url.shown)
+}
+
+// hostPort is the PostgreSQL server's address as host:port (or the socket path).
+func (d *database) hostPort() string {
+	if d.url.pg == nil {
+		return d.url.path
+	}
+	c := d.url.pg.ConnConfig
+	return net.JoinHostPort(c.Host, strconv.Itoa(int(c.Port)))
+}
+
+// where names the database for messages.
+func (d *database) where() string {
+	if d.url.kind == kindSQLite {
+		return fmt.Sprintf("SQLite file %q", d.url.path)
+	}
+	return fmt.Sprintf("PostgreSQL at %s/%s", d.hostPort(), d.url.pg.ConnConfig.Database)
+}
+
+// migrateHint is the command that creates the outbox table of d.
+func (d *database) migrateHint() string {
+	h := "`outbox migrate --db " + shellQuote(d.url.shown)
+	if t := d.schema.Table; t != "" && t != outbox.DefaultTable {
+		h += " --table " + shellQuote(t)
+	}
+	return h + "`"
+}
+
+// shellQuote quotes s for a POSIX shell when it holds anything but safe characters.
+func shellQuote(s string) string {
+	safe := true
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./:@%+=,", r)) {
+			safe = false
+			break
+		}
+	}
+	if safe && s != "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// requireTable returns a one-line error naming `outbox migrate` when the outbox table is missing.
+func (d *database) requireTable(ctx context.Context) error {
+	err := checkTable(ctx, d)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, errTableNotFound) {
+		return fmt.Errorf("outbox table %q not found in %s: create it with %s", d.tableName(), d.where(), d.migrateHint())
+	}
+	return d.queryError("checking the outbox table", err)
+}
+
+// queryError wraps a failed statement with what was being done and where.
+func (d *database) queryError(doing string, err error) error {
+	return fmt.Errorf("%s in %s: %s", doing, d.where(), oneLine(err.Error()))
+}
+
+// tableName is the outbox table's name.
+func (d *database) tableName() string {
+	if d.schema.Table == "" {
+		return outbox.DefaultTable
+	}
+	return d.schema.Table
+}
+
+// handle is the database handle for the outbox package: a *pgxpool.Pool or a *sql.DB.
+func (d *database) handle() any {
+	if d.pool != nil {
+		return d.pool
+	}
+	return d.sqlDB
+}
+
+// Close closes the pool or DB.
+func (d *database) Close() {
+	if d.pool != nil {
+		d.pool.Close()
+	}
+	if d.sqlDB != nil {
+		_ = d.sqlDB.Close()
+	}
+}
+
+// exec runs one statement outside any transaction ($1, $2 … placeholders in both dialects).
+func (d *database) exec(ctx context.Context, query string, args ...any) error {
+	if d.pool != nil {
+		_, err := d.pool.Exec(ctx, query, args...)
+		return err
+	}
+	_, err := d.sqlDB.ExecContext(ctx, query, args...)
+	return err
+}
+
+// txExec runs a statement inside a transaction of inTx.
+type txExec func(query string, args ...any) error
+
+// inTx runs fn in a transaction: tx is the handle for outbox.NewPublisher (pgx.Tx or *sql.Tx),
+// exec runs business statements in it. It commits when fn returns nil and rolls back
+// otherwise, returning fn's error.
+func (d *database) inTx(ctx context.Context, fn func(tx any, exec txExec) error) error {
+	if d.pool != nil {
+		return pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+			return fn(tx, func(q string, args ...any) error {
+				_, err := tx.Exec(ctx, q, args...)
+				return err
+			})
+		})
+	}
+	tx, err := d.sqlDB.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx, func(q string, args ...any) error {
+		_, err := tx.ExecContext(ctx, q, args...)
+		return err
+	}); err != nil {
+		return errors.Join(err, ignoreDone(tx.Rollback()))
+	}
+	return tx.Commit()
+}
+
+// ignoreDone drops sql.ErrTxDone (a rollback after the driver already ended the transaction).
+func ignoreDone(err error) error {
+	if errors.Is(err, sql.ErrTxDone) {
+		return nil
+	}
+	return err
+}
+
+// quoteIdent quotes a possibly schema-qualified table name as an SQL identifier.
+func quoteIdent(name string) string {
+	parts := strings.Split(name, ".")
+	for i, p := range parts {
+		parts[i] = `"` + strings.ReplaceAll(p, `"`, `""`) + `"`
+	}
+	return strings.Join(parts, ".")
+}

@@ -1,0 +1,444 @@
+package main
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/forwarder"
+	"github.com/watermill-outbox/outbox/wakeup"
+)
+
+// demoFlags are the demo's settings.
+type demoFlags struct {
+	db, dbFile, to string
+	writers        int
+	transactions   int
+	keys           int
+	rollbackRate   float64
+	failRate       float64
+	deadline       time.Duration
+	quiet, keep    bool
+	secret         string
+	allow          []string
+}
+
+// demoEvents are the topics a demo order goes through; a transaction writes the first 1–3.
+var demoEvents = []string{"demo.order.placed", "demo.order.paid", "demo.order.shipped"}
+
+// errRollback makes a demo transaction roll back on purpose.
+var errRollback = errors.New("rolled back on purpose")
+
+func newDemoCmd() *cobra.Command {
+	var f demoFlags
+	cmd := &cobra.Command{
+		Use:   "demo [--db URL | --db-file PATH] [--to URL]",
+		Short: "Run the outbox end to end with no set-up and check its guarantees",
+		Long: `demo shows the outbox at work and checks its guarantees, with no server to set up.
+
+Writers commit transactions that each insert an order row and publish 1–3 events through the
+outbox in the same transaction, with the customer as ordering key; some transactions roll back
+on purpose after publishing. Meanwhile a relay delivers the events to a sink. By default the
+database is an SQLite file in a temporary directory and the sink is an HTTP receiver on
+127.0.0.1 that verifies every request's HMAC signature and refuses some requests on purpose
+(--fail-rate), so the relay retries them.
+
+The report says how many events were committed, rolled back and delivered, the duplicates,
+the per-key order violations, the latency from COMMIT to receipt and the throughput. Its last
+line is
+
+  delivered=N committed=N duplicates=D reordered=0 rolled_back_delivered=0
+
+and the exit status is non-zero when a committed event was not delivered within --deadline,
+an event of a rolled-back transaction was delivered, or a key's events arrived out of order.
+Duplicates are allowed (delivery is at least once) and reported.
+
+--to sends the events elsewhere and reads them back with the broker's stock Watermill
+subscriber: kafka://host:9092, amqp://user:password@host:5672/, redis://host:6379. With
+http(s)://… the demo counts what the relay recorded as delivered.
+
+--db takes a PostgreSQL URL (postgres://…) or an SQLite file; the demo creates its own tables
+(named outbox_demo_<id> and demo_orders_<id> unless the database is the temporary file) and
+drops them at the end unless --keep is given.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runDemo(cmd.Context(), f, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.db, "db", "", "database URL (postgres://… or sqlite://PATH); default: an SQLite file in a temporary directory")
+	fl.StringVar(&f.dbFile, "db-file", "", "SQLite file to use instead of a temporary one (created when missing)")
+	fl.StringVar(&f.to, "to", "", "sink: kafka://host:9092, amqp://user:password@host:5672/, redis://host:6379 or http(s)://…; default: a signature-checking HTTP receiver on 127.0.0.1")
+	fl.IntVar(&f.writers, "writers", 4, "concurrent writers")
+	fl.IntVar(&f.transactions, "transactions", 2000, "transactions in all, spread over the writers")
+	fl.IntVar(&f.keys, "keys", 50, "customers (ordering keys), spread over the writers")
+	fl.Float64Var(&f.rollbackRate, "rollback-rate", 0.1, "fraction of transactions rolled back on purpose after publishing, 0..1")
+	fl.Float64Var(&f.failRate, "fail-rate", 0.02, "fraction of requests the built-in receiver refuses with 503 on purpose (they are retried), 0..0.5")
+	fl.DurationVar(&f.deadline, "deadline", 30*time.Second, "how long to wait for delivery after the last commit, a Go duration")
+	fl.BoolVar(&f.quiet, "quiet", false, "no progress bar (it is also off when stderr is not a terminal)")
+	fl.BoolVar(&f.keep, "keep", false, "keep the tables (and the temporary SQLite file) after the demo, and print where")
+	fl.StringVar(&f.secret, "secret", "", "webhook signing secret for --to http(s)://…; empty = a random one (the built-in receiver always uses a random one)")
+	fl.StringSliceVar(&f.allow, "allow-prefix", nil, "for --to http(s)://…: private or loopback range the relay may reach (CIDR, e.g. 127.0.0.0/8)")
+	return cmd
+}
+
+func (f demoFlags) validate() error {
+	switch {
+	case f.writers < 1 || f.writers > 64:
+		return &usageError{fmt.Errorf("--writers %d: give 1..64", f.writers)}
+	case f.transactions < 1:
+		return &usageError{fmt.Errorf("--transactions %d: give at least 1", f.transactions)}
+	case f.keys < f.writers:
+		return &usageError{fmt.Errorf("--keys %d: give at least --writers (%d), each writer owns its keys", f.keys, f.writers)}
+	case f.rollbackRate < 0 || f.rollbackRate > 1:
+		return &usageError{fmt.Errorf("--rollback-rate %g: give 0..1", f.rollbackRate)}
+	case f.failRate < 0 || f.failRate > 0.5:
+		return &usageError{fmt.Errorf("--fail-rate %g: give 0..0.5", f.failRate)}
+	case f.deadline <= 0:
+		return &usageError{fmt.Errorf("--deadline %s: give a positive duration", f.deadline)}
+	case f.db != "" && f.dbFile != "":
+		return &usageError{fmt.Errorf("give --db or --db-file, not both")}
+	}
+	return nil
+}
+
+// randomHex returns n random bytes as hex.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = crand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err error) {
+	if err := f.validate(); err != nil {
+		return err
+	}
+	var dest destURL
+	if f.to != "" {
+		if dest, err = parseDestURL(f.to); err != nil {
+			return err
+		}
+	}
+	// The database.
+	runID := randomHex(4)
+	var (
+		u       dbURL
+		tempDir string
+	)
+	switch {
+	case f.db != "":
+		if u, err = parseDBURL(f.db); err != nil {
+			return err
+		}
+	case f.dbFile != "":
+		u = dbURL{raw: f.dbFile, shown: f.dbFile, kind: kindSQLite, path: f.dbFile}
+	default:
+		if tempDir, err = os.MkdirTemp("", "outbox-demo-"); err != nil {
+			return fmt.Errorf("creating a temporary directory: %v (set TMPDIR or use --db-file)", err)
+		}
+		path := filepath.Join(tempDir, "demo.db")
+		u = dbURL{raw: path, shown: path, kind: kindSQLite, path: path}
+		defer func() {
+			if !f.keep {
+				_ = os.RemoveAll(tempDir)
+			}
+		}()
+	}
+	table, business := "outbox_demo_"+runID, "demo_orders_"+runID
+	if tempDir != "" {
+		table, business = outbox.DefaultTable, "demo_orders"
+	}
+	d, err := openDB(ctx, u, table, openOptions{create: true})
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := outbox.Migrate(ctx, d.handle(), d.schema); err != nil {
+		return d.queryError("creating the outbox table", err)
+	}
+	if err := d.exec(ctx, fmt.Sprintf(`CREATE TABLE %s (id TEXT PRIMARY KEY, customer TEXT NOT NULL, seq INTEGER NOT NULL, amount_cents INTEGER NOT NULL)`, quoteIdent(business))); err != nil {
+		return d.queryError("creating the demo table", err)
+	}
+	defer func() {
+		if f.keep || tempDir != "" {
+			return
+		}
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = d.exec(cctx, "DROP TABLE IF EXISTS "+quoteIdent(business))
+		_ = d.exec(cctx, "DROP TABLE IF EXISTS "+quoteIdent(table))
+	}()
+
+	tr := newTracker()
+	logger := watermill.NopLogger{}
+
+	// The sink, then the relay into it.
+	destTopic := "outbox-demo-" + runID
+	var s *demoSink
+	if f.to == "" {
+		s, err = startReceiver(tr, f.failRate)
+	} else {
+		s, err = startBrokerSink(ctx, dest, destTopic, f, tr, logger)
+	}
+	if err != nil {
+		return err
+	}
+	defer s.close()
+
+	w := wakeup.NewInProcess()
+	defer w.Close()
+	sub, err := outbox.NewSubscriber(d.handle(), outbox.SubscriberConfig{
+		Schema:       d.schema,
+		PollInterval: 200 * time.Millisecond,
+		BatchSize:    500,
+		MaxAttempts:  10,
+		RetryBase:    50 * time.Millisecond,
+		RetryMax:     time.Second,
+		Concurrency:  32,
+		Wakeup:       w,
+		Hooks: outbox.Hooks{OnDelivered: func(info outbox.DeliveredInfo) {
+			tr.marked.Add(1)
+			if s.countMarked {
+				tr.receive(info.EventID, s.payloadOf(info.EventID), time.Now())
+			}
+		}},
+	}, logger)
+	if err != nil {
+		return err
+	}
+	var fcfg forwarder.Config
+	if s.fixedTopic != "" {
+		fcfg.Topic = func(string, *message.Message) string { return s.fixedTopic }
+	}
+	fwd, err := forwarder.New(sub, s.pub, fcfg, logger)
+	if err != nil {
+		return err
+	}
+	relayCtx, stopRelay := context.WithCancel(ctx)
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- fwd.Run(relayCtx) }()
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			stopRelay()
+			_ = fwd.Close()
+			<-relayDone
+		}
+	}
+	defer stop()
+
+	fmt.Fprintf(stderr, "outbox demo: %d writers, %d transactions over %d keys, %s → %s\n", f.writers, f.transactions, f.keys, d.where(), s.name)
+	bar := startProgress(stderr, f.quiet, tr)
+
+	// The writers.
+	werr := writeDemo(ctx, d, business, w, f, tr, s)
+	var waitErr error
+	if werr == nil {
+		waitErr = waitDelivered(ctx, sub, tr, f.deadline, s.countMarked)
+	}
+	bar.stop()
+	stop()
+	s.close()
+	if werr != nil {
+		return werr
+	}
+	if waitErr != nil && !errors.Is(waitErr, context.DeadlineExceeded) {
+		return waitErr
+	}
+
+	r := tr.report()
+	header := []string{fmt.Sprintf("outbox demo: %s → %s", d.where(), s.name)}
+	var extra []string
+	if s.receiver {
+		extra = append(extra, fmt.Sprintf("signatures          %d verified, %d rejected; %d requests refused on purpose (503) and retried", tr.verified.Load(), tr.rejected.Load(), tr.refused.Load()))
+	}
+	extra = append(extra, fmt.Sprintf("relay               %d events marked published", tr.marked.Load()))
+	if f.keep {
+		extra = append(extra, fmt.Sprintf("kept                outbox status --db %s --table %s", shellQuote(u.shown), table))
+	}
+	r.print(stdout, header, extra)
+	if msg := r.failure(f.deadline); msg != "" {
+		return &failedError{msg}
+	}
+	return nil
+}
+
+// writeDemo runs the writers and returns the first error other than a purposeful rollback.
+func writeDemo(ctx context.Context, d *database, business string, w *wakeup.InProcess, f demoFlags, tr *tracker, s *demoSink) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg   sync.WaitGroup
+		once sync.Once
+		ferr error
+	)
+	insert := fmt.Sprintf(`INSERT INTO %s (id, customer, seq, amount_cents) VALUES ($1, $2, $3, $4)`, quoteIdent(business))
+	for wr := range f.writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var own []string
+			for k := wr; k < f.keys; k += f.writers {
+				own = append(own, fmt.Sprintf("customer-%03d", k))
+			}
+			seq := map[string]int{}
+			rng := rand.New(rand.NewPCG(rand.Uint64(), uint64(wr)))
+			for n := wr; n < f.transactions && ctx.Err() == nil; n += f.writers {
+				cust := own[rng.IntN(len(own))]
+				events := 1 + rng.IntN(len(demoEvents))
+				rollback := rng.Float64() < f.rollbackRate
+				order := fmt.Sprintf("order-%06d", n)
+				amount := 100 + rng.IntN(100000)
+				var (
+					ids  []string
+					evs  []demoPayload
+					coll = wakeup.NewCollector(w)
+				)
+				start := time.Now()
+				tr.wrote(start)
+				err := d.inTx(ctx, func(tx any, exec txExec) error {
+					if err := exec(insert, order, cust, seq[cust]+events, amount); err != nil {
+						return err
+					}
+					pub, err := outbox.NewPublisher(tx, coll.PublisherConfig(outbox.PublisherConfig{Schema: d.schema}), nil)
+					if err != nil {
+						return err
+					}
+					for i := range events {
+						p := demoPayload{Order: order, Customer: cust, Seq: seq[cust] + i + 1, Event: demoEvents[i], AmountCents: amount}
+						body, _ := json.Marshal(p)
+						msg := outbox.NewMessage(body)
+						outbox.SetOrderingKey(msg, cust)
+						msg.Metadata.Set("source", "outbox demo")
+						if err := pub.Publish(demoEvents[i], msg); err != nil {
+							return err
+						}
+						ids, evs = append(ids, msg.UUID), append(evs, p)
+						s.remember(msg.UUID, body)
+					}
+					if rollback {
+						return errRollback
+					}
+					return nil
+				})
+				switch {
+				case err == nil:
+					coll.Committed()
+					seq[cust] += events
+					tr.commit(ids, evs, time.Now())
+				case errors.Is(err, errRollback):
+					coll.Discard()
+					tr.rollback(ids)
+				default:
+					coll.Discard()
+					once.Do(func() {
+						ferr = d.queryError(fmt.Sprintf("writer %d: transaction for %s", wr, order), err)
+						cancel()
+					})
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return ferr
+}
+
+// waitDelivered waits until every committed event has arrived and nothing is pending, or
+// deadline passes (context.DeadlineExceeded).
+func waitDelivered(ctx context.Context, sub *outbox.Subscriber, tr *tracker, deadline time.Duration, marked bool) error {
+	ctx, cancel := context.WithTimeout(ctx, deadline)
+	defer cancel()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if tr.missing() == 0 {
+			b, err := sub.Backlog(ctx)
+			if err == nil && b.Pending == 0 {
+				return nil
+			}
+			if err != nil && ctx.Err() == nil {
+				return fmt.Errorf("reading the backlog: %s", oneLine(err.Error()))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// progress is the demo's progress bar (delivered of committed) on stderr.
+type progress struct {
+	done chan struct{}
+	wg   sync.WaitGroup
+	bar  *progressbar.ProgressBar
+}
+
+// startProgress starts the bar unless quiet or stderr is not a terminal.
+func startProgress(stderr io.Writer, quiet bool, tr *tracker) *progress {
+	p := &progress{done: make(chan struct{})}
+	f, isFile := stderr.(*os.File)
+	if quiet || !isFile || !term.IsTerminal(int(f.Fd())) {
+		return p
+	}
+	p.bar = progressbar.NewOptions64(1,
+		progressbar.OptionSetWriter(stderr),
+		progressbar.OptionSetDescription("delivered/committed"),
+		progressbar.OptionShowCount(),
+		progressbar.OptionShowIts(),
+		progressbar.OptionSetItsString("events"),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionClearOnFinish(),
+	)
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			p.bar.ChangeMax64(max(1, tr.nCommitted.Load()))
+			_ = p.bar.Set64(tr.nReceived.Load())
+			select {
+			case <-p.done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return p
+}
+
+// stop ends the bar and clears its line.
+func (p *progress) stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	close(p.done)
+	p.wg.Wait()
+	if p.bar != nil {
+		_ = p.bar.Clear()
+		_ = p.bar.Exit()
+	}
+}

@@ -1,0 +1,232 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// demoPayload is the body of every demo event.
+type demoPayload struct {
+	Order    string `json:"order"`
+	Customer string `json:"customer"`
+	// Seq counts the committed events of the customer (the ordering key): 1, 2, 3 …
+	Seq         int    `json:"seq"`
+	Event       string `json:"event"`
+	AmountCents int    `json:"amount_cents"`
+}
+
+// committedEvent is what the tracker knows about a committed event.
+type committedEvent struct {
+	key      string
+	seq      int
+	commitAt time.Time
+}
+
+// tracker records what the writers committed and rolled back and what arrived at the sink,
+// and turns it into the demo's report. Safe for concurrent use.
+type tracker struct {
+	mu         sync.Mutex
+	committed  map[string]committedEvent
+	rolledBack map[string]struct{}
+	// received holds the first receipt time of each event id.
+	received map[string]time.Time
+	// lastSeq is the highest Seq received per ordering key.
+	lastSeq    map[string]int
+	duplicates int
+	reordered  int
+	malformed  int
+	firstWrite time.Time
+	lastWrite  time.Time
+
+	// Counters read by the progress bar without the lock.
+	nCommitted atomic.Int64
+	nReceived  atomic.Int64
+	nTx        atomic.Int64
+	nTxRolled  atomic.Int64
+	verified   atomic.Int64
+	rejected   atomic.Int64
+	refused    atomic.Int64
+	marked     atomic.Int64
+}
+
+func newTracker() *tracker {
+	return &tracker{
+		committed:  map[string]committedEvent{},
+		rolledBack: map[string]struct{}{},
+		received:   map[string]time.Time{},
+		lastSeq:    map[string]int{},
+	}
+}
+
+// wrote records the start of a write.
+func (t *tracker) wrote(start time.Time) {
+	t.mu.Lock()
+	if t.firstWrite.IsZero() || start.Before(t.firstWrite) {
+		t.firstWrite = start
+	}
+	t.mu.Unlock()
+}
+
+// commit records the events of a committed transaction.
+func (t *tracker) commit(ids []string, evs []demoPayload, at time.Time) {
+	t.mu.Lock()
+	for i, id := range ids {
+		t.committed[id] = committedEvent{key: evs[i].Customer, seq: evs[i].Seq, commitAt: at}
+	}
+	if at.After(t.lastWrite) {
+		t.lastWrite = at
+	}
+	t.mu.Unlock()
+	t.nTx.Add(1)
+	t.nCommitted.Add(int64(len(ids)))
+}
+
+// rollback records the events of a rolled-back transaction.
+func (t *tracker) rollback(ids []string) {
+	t.mu.Lock()
+	for _, id := range ids {
+		t.rolledBack[id] = struct{}{}
+	}
+	t.mu.Unlock()
+	t.nTx.Add(1)
+	t.nTxRolled.Add(1)
+}
+
+// receive records one arrival of event id with its payload. A repeat is a duplicate; a first
+// arrival whose Seq is not above the key's highest so far is an order violation.
+func (t *tracker) receive(id string, payload []byte, at time.Time) {
+	var p demoPayload
+	ok := json.Unmarshal(payload, &p) == nil && p.Customer != "" && p.Seq > 0
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, seen := t.received[id]; seen {
+		t.duplicates++
+		return
+	}
+	t.received[id] = at
+	t.nReceived.Add(1)
+	if !ok {
+		t.malformed++
+		return
+	}
+	if p.Seq <= t.lastSeq[p.Customer] {
+		t.reordered++
+	} else {
+		t.lastSeq[p.Customer] = p.Seq
+	}
+}
+
+// missing counts committed events not received yet.
+func (t *tracker) missing() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for id := range t.committed {
+		if _, ok := t.received[id]; !ok {
+			n++
+		}
+	}
+	return n
+}
+
+// demoReport is the outcome of a demo run.
+type demoReport struct {
+	Transactions, TxRolledBack          int
+	Committed, RolledBack               int
+	Delivered, Duplicates, Reordered    int
+	Missing, RolledBackDelivered, Other int
+	Keys                                int
+	P50, P99, Max                       time.Duration
+	WriteRate, Throughput               float64
+	Elapsed                             time.Duration
+}
+
+// report computes the demo's report from what was recorded.
+func (t *tracker) report() demoReport {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r := demoReport{
+		Transactions: int(t.nTx.Load()), TxRolledBack: int(t.nTxRolled.Load()),
+		Committed: len(t.committed), RolledBack: len(t.rolledBack),
+		Duplicates: t.duplicates, Reordered: t.reordered, Keys: len(t.lastSeq),
+	}
+	var lat []time.Duration
+	var last time.Time
+	for id, at := range t.received {
+		if at.After(last) {
+			last = at
+		}
+		if c, ok := t.committed[id]; ok {
+			r.Delivered++
+			lat = append(lat, max(0, at.Sub(c.commitAt)))
+			continue
+		}
+		if _, ok := t.rolledBack[id]; ok {
+			r.RolledBackDelivered++
+			continue
+		}
+		r.Other++
+	}
+	r.Missing = r.Committed - r.Delivered
+	slices.Sort(lat)
+	if n := len(lat); n > 0 {
+		r.P50 = lat[n*50/100]
+		r.P99 = lat[min(n-1, n*99/100)]
+		r.Max = lat[n-1]
+	}
+	if w := t.lastWrite.Sub(t.firstWrite); w > 0 {
+		r.WriteRate = float64(r.Committed) / w.Seconds()
+	}
+	if !last.IsZero() {
+		r.Elapsed = last.Sub(t.firstWrite)
+		if r.Elapsed > 0 {
+			r.Throughput = float64(r.Delivered) / r.Elapsed.Seconds()
+		}
+	}
+	return r
+}
+
+// ok reports whether the run met the outbox's guarantees.
+func (r demoReport) ok() bool {
+	return r.Missing == 0 && r.RolledBackDelivered == 0 && r.Reordered == 0
+}
+
+// failure is the one-line reason a run failed, "" when it did not.
+func (r demoReport) failure(deadline time.Duration) string {
+	switch {
+	case r.RolledBackDelivered > 0:
+		return fmt.Sprintf("demo failed: %d events of rolled-back transactions were delivered", r.RolledBackDelivered)
+	case r.Reordered > 0:
+		return fmt.Sprintf("demo failed: %d events arrived out of order for their ordering key", r.Reordered)
+	case r.Missing > 0:
+		return fmt.Sprintf("demo failed: %d of %d committed events were not delivered within --deadline %s", r.Missing, r.Committed, deadline)
+	}
+	return ""
+}
+
+// print writes the report; its last line is the machine-checkable summary.
+func (r demoReport) print(w io.Writer, header []string, extra []string) {
+	for _, h := range header {
+		fmt.Fprintln(w, h)
+	}
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
+	fmt.Fprintf(w, "  transactions        %d (%d committed, %d rolled back on purpose)\n", r.Transactions, r.Transactions-r.TxRolledBack, r.TxRolledBack)
+	fmt.Fprintf(w, "  events written      %d committed, %d rolled back\n", r.Committed, r.RolledBack)
+	fmt.Fprintf(w, "  delivered           %d unique of %d committed (%d missing), %d duplicates\n", r.Delivered, r.Committed, r.Missing, r.Duplicates)
+	fmt.Fprintf(w, "  order               %d violations over %d ordering keys\n", r.Reordered, r.Keys)
+	fmt.Fprintf(w, "  rolled back         %d delivered (must be 0)\n", r.RolledBackDelivered)
+	if r.Other > 0 {
+		fmt.Fprintf(w, "  unexpected          %d events neither written nor rolled back by this run\n", r.Other)
+	}
+	for _, e := range extra {
+		fmt.Fprintln(w, "  "+e)
+	}
+	fmt.Fprintf(w, "  latency             p50 %s, p99 %s, max %s (commit → receipt)\n", ms(r.P50), ms(r.P99), ms(r.Max))
+	fmt.Fprintf(w, "  throughput          %.0f events/s delivered over %s (writers: %.0f events/s)\n", r.Throughput, r.Elapsed.Round(time.Millisecond), r.WriteRate)
+	fmt.Fprintf(w, "delivered=%d committed=%d duplicates=%d reordered=%d rolled_back_delivered=%d\n", r.Delivered, r.Committed, r.Duplicates, r.Reordered, r.RolledBackDelivered)
+}

@@ -1,0 +1,450 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/spf13/cobra"
+
+	"github.com/watermill-outbox/outbox"
+)
+
+// dbFlags are the --db and --table flags every database command takes.
+type dbFlags struct {
+	db, table string
+}
+
+func (f *dbFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.db, "db", "", "database URL: postgres://user:password@host:5432/dbname, sqlite://PATH or a path ending in .db (required)")
+	cmd.Flags().StringVar(&f.table, "table", outbox.DefaultTable, "outbox table name, optionally schema-qualified on PostgreSQL")
+}
+
+// open parses --db and connects. Unless create is set, the outbox table must exist.
+func (f *dbFlags) open(ctx context.Context, create bool) (*database, error) {
+	u, err := parseDBURL(f.db)
+	if err != nil {
+		return nil, err
+	}
+	d, err := openDB(ctx, u, f.table, openOptions{create: create})
+	if err != nil {
+		return nil, err
+	}
+	if !create {
+		if err := d.requireTable(ctx); err != nil {
+			d.Close()
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+// subscriber returns an outbox Subscriber for the operations (it runs no relay).
+func (d *database) subscriber() (*outbox.Subscriber, error) {
+	return outbox.NewSubscriber(d.handle(), outbox.SubscriberConfig{Schema: d.schema}, nil)
+}
+
+func newMigrateCmd() *cobra.Command {
+	var f dbFlags
+	cmd := &cobra.Command{
+		Use:   "migrate --db URL [--table NAME]",
+		Short: "Create or upgrade the outbox table and its indexes (idempotent)",
+		Long: `migrate creates the outbox table and its indexes, or adds what an older version lacks.
+It is idempotent and safe to run from several processes at once. For SQLite it creates the
+database file when it does not exist.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			d, err := f.open(ctx, true)
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			if err := outbox.Migrate(ctx, d.handle(), d.schema); err != nil {
+				return d.queryError(fmt.Sprintf("migrating outbox table %q", d.tableName()), err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "outbox table %q is ready in %s\n", d.tableName(), d.where())
+			return nil
+		},
+	}
+	f.register(cmd)
+	return withEnv(cmd)
+}
+
+func newStatusCmd() *cobra.Command {
+	var (
+		f      dbFlags
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "status --db URL [--json]",
+		Short: "Show the backlog: pending events, oldest pending age, dead letters, per topic",
+		Long: `status shows the outbox backlog: how many events wait for delivery (pending), how old the
+oldest of them is, and how many were dead-lettered — in total and per topic (topics with nothing
+pending and no dead letters are left out).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			d, err := f.open(ctx, false)
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			sub, err := d.subscriber()
+			if err != nil {
+				return err
+			}
+			defer sub.Close()
+			total, err := sub.Backlog(ctx)
+			if err != nil {
+				return d.queryError("reading the backlog", err)
+			}
+			topics, err := backlogByTopic(ctx, d, sub)
+			if err != nil {
+				return d.queryError("reading the backlog per topic", err)
+			}
+			return printStatus(cmd.OutOrStdout(), total, topics, asJSON)
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	return withEnv(cmd)
+}
+
+// statusJSON is status --json's output.
+type statusJSON struct {
+	Pending                 int64       `json:"pending"`
+	OldestPendingAgeSeconds float64     `json:"oldest_pending_age_seconds"`
+	DeadLettered            int64       `json:"dead_lettered"`
+	Topics                  []topicJSON `json:"topics"`
+}
+
+type topicJSON struct {
+	Topic                   string  `json:"topic"`
+	Pending                 int64   `json:"pending"`
+	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
+	DeadLettered            int64   `json:"dead_lettered"`
+}
+
+func printStatus(w io.Writer, total outbox.Backlog, topics []topicBacklog, asJSON bool) error {
+	if asJSON {
+		out := statusJSON{Pending: total.Pending, OldestPendingAgeSeconds: total.OldestPendingAge.Seconds(), DeadLettered: total.DeadLettered, Topics: []topicJSON{}}
+		for _, t := range topics {
+			out.Topics = append(out.Topics, topicJSON{Topic: t.Topic, Pending: t.Pending, OldestPendingAgeSeconds: t.OldestPendingAge.Seconds(), DeadLettered: t.DeadLettered})
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "TOPIC\tPENDING\tOLDEST PENDING\tDEAD-LETTERED")
+	for _, t := range topics {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\n", t.Topic, t.Pending, formatAge(t.OldestPendingAge), t.DeadLettered)
+	}
+	fmt.Fprintf(tw, "TOTAL\t%d\t%s\t%d\n", total.Pending, formatAge(total.OldestPendingAge), total.DeadLettered)
+	return tw.Flush()
+}
+
+// formatAge prints an age rounded to what a reader needs; "-" for none.
+func formatAge(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "-"
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+// deadFlags are the filter flags of the dead subcommands.
+type deadFlags struct {
+	dbFlags
+	topics    []string
+	ids       []string
+	olderThan time.Duration
+}
+
+func (f *deadFlags) register(cmd *cobra.Command) {
+	f.dbFlags.register(cmd)
+	cmd.Flags().StringSliceVar(&f.topics, "topic", nil, "select dead letters whose topic matches PATTERN: exact, a prefix ending in '*' (\"orders.*\"), or '*' for all; repeatable or comma-separated")
+	cmd.Flags().StringSliceVar(&f.ids, "id", nil, "select the dead letter with this event id (UUID); repeatable or comma-separated")
+	cmd.Flags().DurationVar(&f.olderThan, "older-than", 0, "only dead letters dead-lettered more than this long ago, a Go duration (\"24h\"); 0 = any age")
+}
+
+// filter builds the dead-letter filter; with all set and no --topic/--id it selects every topic.
+func (f *deadFlags) filter(all bool) (deadFilter, error) {
+	var flt deadFilter
+	for _, t := range f.topics {
+		if _, err := outbox.ParseTopicPattern(t); err != nil {
+			return flt, &usageError{fmt.Errorf("--topic %q is not a topic pattern: use an exact topic, a prefix ending in '*' (\"orders.*\") or '*' for all", t)}
+		}
+		flt.Topics = append(flt.Topics, t)
+	}
+	for _, s := range f.ids {
+		id, err := uuid.Parse(strings.TrimSpace(s))
+		if err != nil {
+			return flt, &usageError{fmt.Errorf("--id %q is not a UUID: give event ids as shown by `outbox dead list`", s)}
+		}
+		flt.IDs = append(flt.IDs, id)
+	}
+	if f.olderThan < 0 {
+		return flt, &usageError{fmt.Errorf("--older-than %s is negative: give a duration such as 24h, or 0 for any age", f.olderThan)}
+	}
+	flt.OlderThan = f.olderThan
+	if len(flt.Topics) == 0 && len(flt.IDs) == 0 {
+		if !all {
+			return flt, &usageError{fmt.Errorf("select dead letters with --topic PATTERN (--topic '*' for every topic) or --id UUID")}
+		}
+		flt.Topics = []string{"*"}
+	}
+	return flt, nil
+}
+
+func newDeadCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "dead",
+		Short: "List, retry or purge dead-lettered events",
+		Long: `dead acts on dead-lettered events: those whose deliveries failed --max-attempts times.
+The filters select by topic pattern and/or event id (either selects), and --older-than narrows
+to events dead-lettered more than that long ago.`,
+	}
+	cmd.AddCommand(newDeadListCmd(), newDeadRetryCmd(), newDeadPurgeCmd())
+	return cmd
+}
+
+func newDeadListCmd() *cobra.Command {
+	var (
+		f      deadFlags
+		limit  int
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "list --db URL [--topic PATTERN]… [--id UUID]… [--older-than DURATION]",
+		Short: "List dead-lettered events (all topics unless filtered)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			flt, err := f.filter(true)
+			if err != nil {
+				return err
+			}
+			if limit < 1 {
+				return &usageError{fmt.Errorf("--limit %d: give at least 1", limit)}
+			}
+			ctx := cmd.Context()
+			d, err := f.open(ctx, false)
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			sub, err := d.subscriber()
+			if err != nil {
+				return err
+			}
+			defer sub.Close()
+			dls, err := listDead(ctx, d, sub, flt, limit+1)
+			if err != nil {
+				return d.queryError("listing dead letters", err)
+			}
+			more := len(dls) > limit
+			if more {
+				dls = dls[:limit]
+			}
+			return printDead(cmd.OutOrStdout(), cmd.ErrOrStderr(), dls, more, limit, asJSON)
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().IntVar(&limit, "limit", 100, "list at most this many, oldest first")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (one array) instead of a table")
+	return withEnv(cmd)
+}
+
+// deadJSON is one entry of dead list --json.
+type deadJSON struct {
+	ID             string            `json:"id"`
+	Sequence       int64             `json:"sequence"`
+	Topic          string            `json:"topic"`
+	OrderingKey    string            `json:"ordering_key,omitempty"`
+	Attempts       int               `json:"attempts"`
+	LastError      string            `json:"last_error,omitempty"`
+	CreatedAt      time.Time         `json:"created_at"`
+	DeadLetteredAt time.Time         `json:"dead_lettered_at"`
+	Headers        map[string]string `json:"headers,omitempty"`
+	Payload        json.RawMessage   `json:"payload,omitempty"`
+}
+
+func printDead(w, errw io.Writer, dls []deadLetter, more bool, limit int, asJSON bool) error {
+	if asJSON {
+		out := []deadJSON{}
+		for _, dl := range dls {
+			e := deadJSON{ID: dl.ID.String(), Sequence: dl.Sequence, Topic: dl.Topic, OrderingKey: dl.OrderingKey, Attempts: dl.Attempts,
+				LastError: dl.LastError, CreatedAt: dl.CreatedAt.UTC(), DeadLetteredAt: dl.DeadLetteredAt.UTC(), Headers: dl.Headers}
+			if json.Valid(dl.Payload) {
+				e.Payload = dl.Payload
+			}
+			out = append(out, e)
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(out); err != nil {
+			return err
+		}
+	} else {
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tTOPIC\tORDERING KEY\tATTEMPTS\tDEAD-LETTERED AT\tLAST ERROR")
+		for _, dl := range dls {
+			key := dl.OrderingKey
+			if key == "" {
+				key = "-"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", dl.ID, dl.Topic, key, dl.Attempts,
+				dl.DeadLetteredAt.UTC().Format(time.RFC3339), clip(oneLine(dl.LastError), 100))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if more {
+		fmt.Fprintf(errw, "outbox: showing the oldest %d dead letters; there are more (raise --limit or narrow --topic/--older-than)\n", limit)
+	}
+	return nil
+}
+
+// clip shortens s to n runes with an ellipsis.
+func clip(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
+}
+
+func newDeadRetryCmd() *cobra.Command {
+	var f deadFlags
+	cmd := &cobra.Command{
+		Use:   "retry --db URL (--topic PATTERN | --id UUID)… [--older-than DURATION]",
+		Short: "Give the selected dead letters fresh attempts (--topic '*' for all)",
+		Long: `retry gives the selected dead-lettered events fresh attempts: attempts reset to 0, due now,
+last_error kept. The events of their ordering keys that waited behind them follow in order.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			flt, err := f.filter(false)
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			d, err := f.open(ctx, false)
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			sub, err := d.subscriber()
+			if err != nil {
+				return err
+			}
+			defer sub.Close()
+			n, err := retryDead(ctx, d, sub, flt)
+			if err != nil {
+				return d.queryError("retrying dead letters", err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "retried %d dead-lettered events\n", n)
+			return nil
+		},
+	}
+	f.register(cmd)
+	return withEnv(cmd)
+}
+
+func newDeadPurgeCmd() *cobra.Command {
+	var f deadFlags
+	cmd := &cobra.Command{
+		Use:   "purge --db URL (--topic PATTERN | --id UUID)… [--older-than DURATION]",
+		Short: "Delete the selected dead letters for good (--topic '*' for all)",
+		Long: `purge deletes the selected dead-lettered events. Their ordering keys are then no longer held:
+later events of those keys are delivered. This cannot be undone.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			flt, err := f.filter(false)
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			d, err := f.open(ctx, false)
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			sub, err := d.subscriber()
+			if err != nil {
+				return err
+			}
+			defer sub.Close()
+			n, err := purgeDead(ctx, d, sub, flt)
+			if err != nil {
+				return d.queryError("purging dead letters", err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "purged %d dead-lettered events\n", n)
+			return nil
+		},
+	}
+	f.register(cmd)
+	return withEnv(cmd)
+}
+
+func newCleanupCmd() *cobra.Command {
+	var (
+		f                         dbFlags
+		publishedOlder, deadOlder time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "cleanup --db URL --published-older-than DURATION [--dead-older-than DURATION]",
+		Short: "Delete delivered (and optionally dead-lettered) events older than a duration",
+		Long: `cleanup deletes events published more than --published-older-than ago and, when
+--dead-older-than is given, events dead-lettered more than that long ago, in small batches so no
+lock is held long. Deleting an event frees its idempotency key: keep events at least as long as
+a producer may retry with the same key. The relay never cleans up by itself.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !cmd.Flags().Changed("published-older-than") {
+				return &usageError{fmt.Errorf("--published-older-than is required, e.g. --published-older-than 168h (7 days)")}
+			}
+			if publishedOlder < 0 || deadOlder < 0 {
+				return &usageError{fmt.Errorf("durations must not be negative")}
+			}
+			ctx := cmd.Context()
+			d, err := f.open(ctx, false)
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			sub, err := d.subscriber()
+			if err != nil {
+				return err
+			}
+			defer sub.Close()
+			n, err := sub.CleanupPublished(ctx, publishedOlder)
+			if err != nil {
+				return d.queryError("deleting published events", err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "deleted %d published events older than %s\n", n, publishedOlder)
+			if cmd.Flags().Changed("dead-older-than") {
+				n, err := sub.CleanupDeadLettered(ctx, deadOlder)
+				if err != nil {
+					return d.queryError("deleting dead-lettered events", err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "deleted %d dead-lettered events older than %s\n", n, deadOlder)
+			}
+			return nil
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().DurationVar(&publishedOlder, "published-older-than", 0, "delete events published more than this long ago, a Go duration (\"168h\"); required")
+	cmd.Flags().DurationVar(&deadOlder, "dead-older-than", 0, "also delete events dead-lettered more than this long ago (\"720h\"); unset = keep dead letters")
+	return withEnv(cmd)
+}

@@ -1,0 +1,234 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/spf13/cobra"
+
+	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/forwarder"
+)
+
+// relayFlags are the outbox.SubscriberConfig settings as flags.
+type relayFlags struct {
+	batchSize       int
+	pollInterval    time.Duration
+	maxAttempts     int
+	retryBase       time.Duration
+	retryMax        time.Duration
+	lease           time.Duration
+	deliveryTimeout time.Duration
+	concurrency     int
+	relayName       string
+	exclude         []string
+}
+
+func (f *relayFlags) register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.IntVar(&f.batchSize, "batch-size", outbox.DefaultBatchSize, fmt.Sprintf("events leased per claim, 1..%d", outbox.MaxBatchSize))
+	fl.DurationVar(&f.pollInterval, "poll-interval", outbox.DefaultPollInterval, "wait between polls that found nothing, a Go duration")
+	fl.IntVar(&f.maxAttempts, "max-attempts", outbox.DefaultMaxAttempts, "failed deliveries after which an event is dead-lettered, at least 1")
+	fl.DurationVar(&f.retryBase, "retry-base", outbox.DefaultRetryBase, "first retry delay; the n-th failure waits min(retry-base·2^(n-1), retry-max) ±10%")
+	fl.DurationVar(&f.retryMax, "retry-max", outbox.DefaultRetryMax, "longest retry delay, at least --retry-base")
+	fl.DurationVar(&f.lease, "lease", outbox.DefaultLeaseDuration, "how long a claim leases its events (renewed while they are out), at least 1s")
+	fl.DurationVar(&f.deliveryTimeout, "delivery-timeout", 0, "how long one delivery may take before it counts as failed, below --lease; 0 = min(30s, lease/2)")
+	fl.IntVar(&f.concurrency, "concurrency", outbox.DefaultConcurrency, "deliveries in flight at once per subscription (different ordering keys)")
+	fl.StringVar(&f.relayName, "relay-name", "", "name of this relay in leased_by; empty = host:pid:random")
+	fl.StringSliceVar(&f.exclude, "exclude", nil, "topic pattern never relayed (exact, \"prefix*\" or \"*\"); repeatable or comma-separated")
+}
+
+// config returns the SubscriberConfig of the flags, validated. A bad value is a usage error
+// naming the flag.
+func (f *relayFlags) config(schema outbox.SchemaConfig) (outbox.SubscriberConfig, error) {
+	cfg := outbox.SubscriberConfig{
+		Schema:          schema,
+		BatchSize:       f.batchSize,
+		PollInterval:    f.pollInterval,
+		MaxAttempts:     f.maxAttempts,
+		RetryBase:       f.retryBase,
+		RetryMax:        f.retryMax,
+		LeaseDuration:   f.lease,
+		DeliveryTimeout: f.deliveryTimeout,
+		Concurrency:     f.concurrency,
+		RelayName:       f.relayName,
+		ExcludeTopics:   f.exclude,
+	}
+	// Zero means "default" in SubscriberConfig; on the command line 0 is a mistake, except for
+	// --delivery-timeout whose default is derived from --lease.
+	for name, v := range map[string]int64{"batch-size": int64(f.batchSize), "poll-interval": int64(f.pollInterval), "max-attempts": int64(f.maxAttempts),
+		"retry-base": int64(f.retryBase), "retry-max": int64(f.retryMax), "lease": int64(f.lease), "concurrency": int64(f.concurrency)} {
+		if v <= 0 {
+			return cfg, &usageError{fmt.Errorf("--%s must be positive", name)}
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		var ce *outbox.ConfigError
+		if errors.As(err, &ce) {
+			return cfg, &usageError{fmt.Errorf("%s (%s): %s", flagOfField(ce.Field), ce.Field, ce.Reason)}
+		}
+		return cfg, &usageError{err}
+	}
+	return cfg, nil
+}
+
+// flagOfField names the flag of a SubscriberConfig field.
+func flagOfField(field string) string {
+	m := map[string]string{
+		"SubscriberConfig.BatchSize": "--batch-size", "SubscriberConfig.PollInterval": "--poll-interval",
+		"SubscriberConfig.MaxAttempts": "--max-attempts", "SubscriberConfig.RetryBase": "--retry-base",
+		"SubscriberConfig.RetryMax": "--retry-max", "SubscriberConfig.LeaseDuration": "--lease",
+		"SubscriberConfig.DeliveryTimeout": "--delivery-timeout", "SubscriberConfig.Concurrency": "--concurrency",
+		"SubscriberConfig.RelayName": "--relay-name", "SubscriberConfig.ExcludeTopics": "--exclude",
+	}
+	if f, ok := m[field]; ok {
+		return f
+	}
+	return "a flag"
+}
+
+func newRelayCmd() *cobra.Command {
+	var (
+		f            dbFlags
+		rf           relayFlags
+		to           string
+		topics       []string
+		secret       string
+		allow        []string
+		exchange     string
+		destTopic    string
+		debug, trace bool
+	)
+	cmd := &cobra.Command{
+		Use:   "relay --db URL --to URL [--topics PATTERN]… [--exclude PATTERN]…",
+		Short: "Deliver committed events to Kafka, RabbitMQ, Redis Streams or a webhook until stopped",
+		Long: `relay delivers the outbox's committed events to a destination, at least once and in order per
+ordering key, with retries, backoff and dead letters. Run as many relays as you like on one table.
+It stops gracefully on SIGINT or SIGTERM (events in flight are answered or released) and then
+exits 0.
+
+Destinations (--to):
+  kafka://host:9092[,host2:9092]     one produce request per batch, acks=all, idempotent producer;
+                                     ordering key = message key
+  amqp://user:password@host:5672/    persistent messages with publisher confirms and mandatory routing
+                                     through --amqp-exchange (default exchange: routing key = queue)
+  redis://host:6379[/db]             XADD to the stream named by the topic
+  http(s)://host/path                signed POST per event (Outbox-Signature: sha256=HMAC of the body
+                                     when --secret is set); private and loopback receivers need
+                                     --allow-prefix
+The destination topic (Kafka topic, routing key, stream) is the event's topic unless --dest-topic
+names one for all.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			dest, err := parseDestURL(to)
+			if err != nil {
+				return err
+			}
+			prefixes, err := parsePrefixes(allow)
+			if err != nil {
+				return err
+			}
+			if len(topics) == 0 {
+				topics = []string{forwarder.DefaultSubscribeTopic}
+			}
+			for _, t := range append(append([]string{}, topics...), rf.exclude...) {
+				if _, err := outbox.ParseTopicPattern(t); err != nil {
+					return &usageError{fmt.Errorf("topic pattern %q: use an exact topic, a prefix ending in '*' (\"orders.*\") or '*' for all", t)}
+				}
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			d, err := f.open(ctx, false)
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			cfg, err := rf.config(d.schema)
+			if err != nil {
+				return err
+			}
+			logger := watermill.NewStdLoggerWithOut(cmd.ErrOrStderr(), debug || trace, trace)
+			pub, err := openPublisher(ctx, dest, destOptions{secret: secret, allow: prefixes, exchange: exchange, timeout: cfg.DeliveryTimeout}, logger)
+			if err != nil {
+				return err
+			}
+			defer pub.Close()
+			var fcfg forwarder.Config
+			if destTopic != "" {
+				fcfg.Topic = func(string, *message.Message) string { return destTopic }
+			}
+			logger.Info("outbox relay starting", watermill.LogFields{"db": d.where(), "table": d.tableName(), "to": dest.shown, "topics": topics, "exclude": rf.exclude})
+			return runRelay(ctx, d, cfg, pub, fcfg, topics, logger)
+		},
+	}
+	f.register(cmd)
+	rf.register(cmd)
+	fl := cmd.Flags()
+	fl.StringVar(&to, "to", "", "destination URL: "+destForms+" (required)")
+	fl.StringSliceVar(&topics, "topics", nil, "topic pattern to relay (exact, \"prefix*\" or \"*\"); repeatable or comma-separated; default \"*\" (all)")
+	fl.StringVar(&secret, "secret", "", "webhook signing secret: requests carry Outbox-Signature: sha256=<hex HMAC-SHA256 of the body>; empty = unsigned")
+	fl.StringSliceVar(&allow, "allow-prefix", nil, "webhook: let the relay reach this private or loopback range (CIDR or address, e.g. 127.0.0.0/8); repeatable")
+	fl.StringVar(&exchange, "amqp-exchange", "", "RabbitMQ: existing exchange to publish through; empty = the default exchange")
+	fl.StringVar(&destTopic, "dest-topic", "", "fixed destination topic (Kafka topic, routing key, Redis stream) for every event; empty = the event's topic")
+	fl.BoolVar(&debug, "debug", false, "log at debug level")
+	fl.BoolVar(&trace, "trace", false, "log at trace level (every SQL statement and message)")
+	return withEnv(cmd)
+}
+
+// runRelay runs one forwarder per topic pattern (each with its own Subscriber) until ctx ends,
+// then stops them gracefully.
+func runRelay(ctx context.Context, d *database, cfg outbox.SubscriberConfig, pub message.Publisher, fcfg forwarder.Config, topics []string, logger watermill.LoggerAdapter) error {
+	var fwds []*forwarder.Forwarder
+	closeAll := func() {
+		for _, fw := range fwds {
+			_ = fw.Close()
+		}
+	}
+	for _, t := range topics {
+		sub, err := outbox.NewSubscriber(d.handle(), cfg, logger)
+		if err != nil {
+			closeAll()
+			return err
+		}
+		c := fcfg
+		c.SubscribeTopic = t
+		fw, err := forwarder.New(sub, pub, c, logger)
+		if err != nil {
+			_ = sub.Close()
+			closeAll()
+			return err
+		}
+		fwds = append(fwds, fw)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, len(fwds))
+	var wg sync.WaitGroup
+	for _, fw := range fwds {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := fw.Run(runCtx); err != nil {
+				errs <- err
+				cancel()
+			}
+		}()
+	}
+	<-runCtx.Done()
+	logger.Info("outbox relay stopping", nil)
+	closeAll()
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return fmt.Errorf("relay: %s", oneLine(err.Error()))
+	}
+	logger.Info("outbox relay stopped", nil)
+	return nil
+}

@@ -143,6 +143,9 @@ names one for all.`,
 					return &usageError{fmt.Errorf("topic pattern %q: use an exact topic, a prefix ending in '*' (\"orders.*\") or '*' for all", t)}
 				}
 			}
+			if _, err := rf.config(outbox.SchemaConfig{}); err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			d, err := f.open(ctx, false)

@@ -544,3 +544,32 @@ func TestDemoFailure(t *testing.T) {
 		t.Fatalf("no summary line in %q", r.stdout)
 	}
 }
+
+// TestDemoRedis: the demo into Redis Streams, read back with the stock watermill-redisstream
+// subscriber.
+func TestDemoRedis(t *testing.T) {
+	pgtest.Require(t)
+	addr := brokertest.RequireRedis(t)
+	checkDemo(t, cli(t, nil, "demo", "--db", pgtest.DSN(), "--to", "redis://"+addr, "--transactions", "200"))
+}
+
+// TestDemoRabbitMQ: the demo into RabbitMQ, read back with the stock watermill-amqp subscriber.
+func TestDemoRabbitMQ(t *testing.T) {
+	pgtest.Require(t)
+	url := brokertest.RequireRabbitMQ(t)
+	checkDemo(t, cli(t, nil, "demo", "--db", pgtest.DSN(), "--to", url, "--transactions", "200"))
+}
+
+// TestDemoWebhook: the demo into an external webhook (here an httptest receiver on loopback,
+// allowed with --allow-prefix), counting what the relay marked published; the receiver checks
+// the signature made with --secret.
+func TestDemoWebhook(t *testing.T) {
+	pgtest.Require(t)
+	rcv := newReceiver(t, http.StatusOK)
+	checkDemo(t, cli(t, nil, "demo", "--db", pgtest.DSN(), "--to", rcv.URL+"/in", "--secret", rcv.secret, "--allow-prefix", "127.0.0.0/8", "--transactions", "200"))
+	rcv.mu.Lock()
+	defer rcv.mu.Unlock()
+	if rcv.badSig != 0 || len(rcv.ids) == 0 {
+		t.Fatalf("receiver: %d bad signatures, %d events", rcv.badSig, len(rcv.ids))
+	}
+}

@@ -71,7 +71,8 @@ Duplicates are allowed (delivery is at least once) and reported.
 
 --to sends the events elsewhere and reads them back with the broker's stock Watermill
 subscriber: kafka://host:9092, amqp://user:password@host:5672/, redis://host:6379. With
-http(s)://… the demo counts what the relay recorded as delivered.
+http(s)://… the demo counts the events the webhook answered with 2xx, in the order the relay
+delivered them.
 
 --db takes a PostgreSQL URL (postgres://…) or an SQLite file; the demo creates its own tables
 (named outbox_demo_<id> and demo_orders_<id> unless the database is the temporary file) and
@@ -212,12 +213,7 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 		RetryMax:     time.Second,
 		Concurrency:  32,
 		Wakeup:       w,
-		Hooks: outbox.Hooks{OnDelivered: func(info outbox.DeliveredInfo) {
-			tr.marked.Add(1)
-			if s.countMarked {
-				tr.receive(info.EventID, s.payloadOf(info.EventID), time.Now())
-			}
-		}},
+		Hooks:        outbox.Hooks{OnDelivered: func(outbox.DeliveredInfo) { tr.marked.Add(1) }},
 	}, logger)
 	if err != nil {
 		return err
@@ -248,10 +244,12 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 	bar := startProgress(stderr, f.quiet, tr)
 
 	// The writers.
-	werr := writeDemo(ctx, d, business, w, f, tr, s)
+	tr.writing.Store(true)
+	werr := writeDemo(ctx, d, business, w, f, tr)
+	tr.writing.Store(false)
 	var waitErr error
 	if werr == nil {
-		waitErr = waitDelivered(ctx, sub, tr, f.deadline, s.countMarked)
+		waitErr = waitDelivered(ctx, sub, tr, f.deadline)
 	}
 	bar.stop()
 	stop()
@@ -281,7 +279,7 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 }
 
 // writeDemo runs the writers and returns the first error other than a purposeful rollback.
-func writeDemo(ctx context.Context, d *database, business string, w *wakeup.InProcess, f demoFlags, tr *tracker, s *demoSink) error {
+func writeDemo(ctx context.Context, d *database, business string, w *wakeup.InProcess, f demoFlags, tr *tracker) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
@@ -331,7 +329,6 @@ func writeDemo(ctx context.Context, d *database, business string, w *wakeup.InPr
 							return err
 						}
 						ids, evs = append(ids, msg.UUID), append(evs, p)
-						s.remember(msg.UUID, body)
 					}
 					if rollback {
 						return errRollback
@@ -363,7 +360,7 @@ func writeDemo(ctx context.Context, d *database, business string, w *wakeup.InPr
 
 // waitDelivered waits until every committed event has arrived and nothing is pending, or
 // deadline passes (context.DeadlineExceeded).
-func waitDelivered(ctx context.Context, sub *outbox.Subscriber, tr *tracker, deadline time.Duration, marked bool) error {
+func waitDelivered(ctx context.Context, sub *outbox.Subscriber, tr *tracker, deadline time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
 	tick := time.NewTicker(20 * time.Millisecond)
@@ -408,6 +405,7 @@ func startProgress(stderr io.Writer, quiet bool, tr *tracker) *progress {
 		progressbar.OptionSetItsString("events"),
 		progressbar.OptionThrottle(100*time.Millisecond),
 		progressbar.OptionSetWidth(30),
+		progressbar.OptionSetPredictTime(false),
 		progressbar.OptionClearOnFinish(),
 	)
 	p.wg.Add(1)
@@ -416,7 +414,13 @@ func startProgress(stderr io.Writer, quiet bool, tr *tracker) *progress {
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
 		for {
-			p.bar.ChangeMax64(max(1, tr.nCommitted.Load()))
+			// While writers run, the bar's end stays one past what is committed: a bar that
+			// reaches its end finishes and stops updating.
+			m := tr.nCommitted.Load()
+			if tr.writing.Load() {
+				m++
+			}
+			p.bar.ChangeMax64(max(1, m))
 			_ = p.bar.Set64(tr.nReceived.Load())
 			select {
 			case <-p.done:

@@ -37,28 +37,35 @@ type demoSink struct {
 	fixedTopic string
 	// receiver is true for the built-in signature-checking HTTP receiver.
 	receiver bool
-	// countMarked makes the relay's "published" marks count as arrivals (an external webhook
-	// the demo cannot read back); payloads keeps the bodies for that.
-	countMarked bool
-	payloads    sync.Map
 
 	closeOnce sync.Once
 	closers   []func()
 }
 
-// remember keeps an event's body when arrivals are counted from the relay's marks.
-func (s *demoSink) remember(id string, body []byte) {
-	if s.countMarked {
-		s.payloads.Store(id, body)
-	}
+// answeredPublisher counts each message its webhook publisher delivered (a 2xx answer) as an
+// arrival, in the order the relay delivered them: the demo cannot read an external webhook
+// back.
+type answeredPublisher struct {
+	message.Publisher
+	tr *tracker
 }
 
-// payloadOf returns a remembered body.
-func (s *demoSink) payloadOf(id string) []byte {
-	if v, ok := s.payloads.Load(id); ok {
-		return v.([]byte)
+// Publish publishes msgs and records those that were delivered.
+func (p answeredPublisher) Publish(topic string, msgs ...*message.Message) error {
+	err := p.Publisher.Publish(topic, msgs...)
+	delivered := msgs
+	if err != nil {
+		delivered = nil
+		// The webhook publisher stops at the first failure: the messages before it were delivered.
+		var de *webhook.DeliveryError
+		if errors.As(err, &de) && de.Index >= 0 && de.Index <= len(msgs) {
+			delivered = msgs[:de.Index]
+		}
 	}
-	return nil
+	for _, m := range delivered {
+		p.tr.receive(m.UUID, m.Payload, time.Now())
+	}
+	return err
 }
 
 // close stops the consumers and the publisher and removes what the demo created, in reverse
@@ -171,9 +178,9 @@ func startBrokerSink(ctx context.Context, dest destURL, topic string, f demoFlag
 		if err != nil {
 			return nil, err
 		}
-		s.pub, s.countMarked = pub, true
+		s.pub = answeredPublisher{Publisher: pub, tr: tr}
 		s.closers = append(s.closers, func() { _ = pub.Close() })
-		s.name = "webhook " + dest.shown + " (counted from the relay's marks)"
+		s.name = "webhook " + dest.shown + " (counted from its 2xx answers to the relay)"
 		return s, nil
 	case destKafka:
 		if err := createKafkaTopic(dest.brokers, topic); err != nil {

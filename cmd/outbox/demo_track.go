@@ -52,6 +52,8 @@ type tracker struct {
 	rejected   atomic.Int64
 	refused    atomic.Int64
 	marked     atomic.Int64
+	// writing is true while the writers run.
+	writing atomic.Bool
 }
 
 func newTracker() *tracker {

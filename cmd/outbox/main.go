@@ -89,6 +89,7 @@ OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environme
 		SilenceErrors: true,
 		SilenceUsage:  true,
 	}
+	root.CompletionOptions.HiddenDefaultCmd = true
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {

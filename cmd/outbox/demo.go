@@ -10,8 +10,10 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -79,7 +81,16 @@ delivered them.
 drops them at the end unless --keep is given.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runDemo(cmd.Context(), f, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			err := runDemo(ctx, f, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			if err != nil && ctx.Err() != nil && cmd.Context().Err() == nil {
+				if f.keep {
+					return &failedError{"demo interrupted; its tables were kept (--keep)"}
+				}
+				return &failedError{"demo interrupted; its tables and temporary files were removed"}
+			}
+			return err
 		},
 	}
 	fl := cmd.Flags()
@@ -256,6 +267,9 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 	s.close()
 	if werr != nil {
 		return werr
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
 	}
 	if waitErr != nil && !errors.Is(waitErr, context.DeadlineExceeded) {
 		return waitErr

@@ -62,6 +62,8 @@ func parseDBURL(s string) (dbURL, error) {
 	lower := strings.ToLower(s)
 	switch {
 	case strings.HasPrefix(lower, "postgres://"), strings.HasPrefix(lower, "postgresql://"):
+		i := strings.Index(s, "://")
+		s = lower[:i] + s[i:] // pgx accepts the scheme in lower case only
 		shown := s
 		if u, err := url.Parse(s); err == nil {
 			shown = u.Redacted()

@@ -19,7 +19,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
+	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/internal/brokertest"
@@ -571,5 +574,80 @@ func TestDemoWebhook(t *testing.T) {
 	defer rcv.mu.Unlock()
 	if rcv.badSig != 0 || len(rcv.ids) == 0 {
 		t.Fatalf("receiver: %d bad signatures, %d events", rcv.badSig, len(rcv.ids))
+	}
+}
+
+// TestRelayKafka: the standalone relay into Kafka (kfake on loopback) with --dest-topic; the
+// stock watermill-kafka subscriber reads exactly the events written, each key in order.
+func TestRelayKafka(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			db, table := b.fresh(t)
+			const topic = "relay-test"
+			c := brokertest.Kafka(t, kfake.SeedTopics(3, topic))
+			mustRun(t, nil, "migrate", "--db", db, "--table", table)
+			var evs []testEvent
+			for i := range 30 {
+				evs = append(evs, testEvent{topic: fmt.Sprintf("orders.%d", i%2), key: fmt.Sprintf("k%d", i%4), n: i})
+			}
+			ids := b.publish(t, db, table, evs)
+
+			p := start(t, nil, "relay", "--db", db, "--table", table, "--to", "kafka://"+strings.Join(c.ListenAddrs(), ","),
+				"--dest-topic", topic, "--topics", "orders.*", "--poll-interval", "50ms")
+			waitFor(t, 30*time.Second, "all delivered", func() bool {
+				if !p.running() {
+					t.Fatalf("relay exited: %s", p.errb.String())
+				}
+				return status(t, db, table).Pending == 0
+			})
+			if code := p.stop(t); code != 0 {
+				t.Fatalf("relay exit status %d; stderr: %s", code, p.errb.String())
+			}
+
+			sc := wmkafka.DefaultSaramaSubscriberConfig()
+			sc.Consumer.Offsets.Initial = sarama.OffsetOldest
+			sub, err := wmkafka.NewSubscriber(wmkafka.SubscriberConfig{Brokers: c.ListenAddrs(), Unmarshaler: wmkafka.DefaultMarshaler{},
+				OverwriteSaramaConfig: sc, ConsumerGroup: "test"}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sub.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			msgs, err := sub.Subscribe(ctx, topic)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			order := map[string][]int{}
+			for len(got) < len(ids) {
+				select {
+				case m := <-msgs:
+					var pl struct {
+						Key string `json:"key"`
+						N   int    `json:"n"`
+					}
+					_ = json.Unmarshal(m.Payload, &pl)
+					if !slices.Contains(got, m.UUID) {
+						got = append(got, m.UUID)
+						order[pl.Key] = append(order[pl.Key], pl.N)
+					}
+					if m.Metadata.Get(outbox.MetadataOrderingKey) != pl.Key {
+						t.Errorf("event %s: ordering key metadata %q, want %q", m.UUID, m.Metadata.Get(outbox.MetadataOrderingKey), pl.Key)
+					}
+					m.Ack()
+				case <-ctx.Done():
+					t.Fatalf("read %d of %d events from Kafka", len(got), len(ids))
+				}
+			}
+			if !slices.Equal(sorted(got), sorted(ids)) {
+				t.Fatalf("Kafka holds other events than written")
+			}
+			for k, ns := range order {
+				if !slices.IsSorted(ns) {
+					t.Errorf("key %s out of order: %v", k, ns)
+				}
+			}
+		})
 	}
 }

@@ -53,12 +53,12 @@ func TestParseDBURL(t *testing.T) {
 func TestParseDestURL(t *testing.T) {
 	for in, kind := range map[string]destKind{
 		"kafka://127.0.0.1:9092,127.0.0.1:9093": destKafka,
-		"amqp://guest:guest@127.0.0.1:5672/":     destAMQP,
-		"amqps://u:p@mq.internal:5671/vhost":     destAMQP,
-		"redis://127.0.0.1:6379/2":               destRedis,
-		"rediss://u:p@cache.internal:6380":       destRedis,
-		"http://127.0.0.1:8080/hook":             destHTTP,
-		"https://hooks.example.com/orders":       destHTTP,
+		"amqp://guest:guest@127.0.0.1:5672/":    destAMQP,
+		"amqps://u:p@mq.internal:5671/vhost":    destAMQP,
+		"redis://127.0.0.1:6379/2":              destRedis,
+		"rediss://u:p@cache.internal:6380":      destRedis,
+		"http://127.0.0.1:8080/hook":            destHTTP,
+		"https://hooks.example.com/orders":      destHTTP,
 	} {
 		d, err := parseDestURL(in)
 		if err != nil || d.kind != kind {

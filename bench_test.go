@@ -138,6 +138,40 @@ func seedRows(b *testing.B, pool *pgxpool.Pool, table string, n, keys int, publi
 	pool.Exec(ctx, fmt.Sprintf(`VACUUM ANALYZE %q`, table))
 }
 
+// drain runs relays Subscribers on db (BatchSize 1000, MaxRunPerKey 100, Concurrency 100, 10 ms
+// poll) with a handler that acks at once until n events are delivered and pending() reports 0
+// (the marks are written), and reports events/s. The caller has stopped the timer.
+func drain(b *testing.B, db any, schema outbox.SchemaConfig, n, relays int, pending func() int) {
+	b.StartTimer()
+	start := time.Now()
+	var got atomic.Int64
+	done := make(chan struct{})
+	var subs []*outbox.Subscriber
+	for r := range relays {
+		sub, err := outbox.NewSubscriber(db, outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, MaxRunPerKey: 100, Concurrency: 100,
+			PollInterval: 10 * time.Millisecond, RelayName: fmt.Sprintf("bench-%d", r)}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		subs = append(subs, sub)
+		ch, _ := sub.Subscribe(context.Background(), "bench")
+		go func() {
+			for msg := range ch {
+				msg.Ack()
+				if got.Add(1) == int64(n) {
+					close(done)
+				}
+			}
+		}()
+	}
+	<-done
+	pgtest.Eventually(b, time.Minute, "all marked", func() bool { return pending() == 0 })
+	b.ReportMetric(float64(n)/time.Since(start).Seconds(), "events/s")
+	for _, s := range subs {
+		s.Close()
+	}
+}
+
 // BenchmarkDrain drains a backlog into an in-memory handler that acks at once: ours at
 // BatchSize 1000 for several backlog shapes with one and two relays, beside a raw pgx
 // lease-1000/mark loop and watermill-sql v4's subscriber (batch 1000, 10 ms poll) on the same
@@ -163,39 +197,11 @@ func BenchmarkDrain(b *testing.B) {
 						seedRows(b, pool, schema.Table, history, 0, "now()")
 					}
 					seedBacklog(b, pool, schema.Table, n, sh.keys)
-					b.StartTimer()
-					start := time.Now()
-					var got atomic.Int64
-					done := make(chan struct{})
-					var subs []*outbox.Subscriber
-					for r := range relays {
-						sub, err := outbox.NewSubscriber(pool, outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, MaxRunPerKey: 100, Concurrency: 100,
-							PollInterval: 10 * time.Millisecond, RelayName: fmt.Sprintf("bench-%d", r)}, nil)
-						if err != nil {
-							b.Fatal(err)
-						}
-						subs = append(subs, sub)
-						ch, _ := sub.Subscribe(context.Background(), "bench")
-						go func() {
-							for msg := range ch {
-								msg.Ack()
-								if got.Add(1) == int64(n) {
-									close(done)
-								}
-							}
-						}()
-					}
-					<-done
-					// Count it drained once the marks are written.
-					pgtest.Eventually(b, time.Minute, "all marked", func() bool {
+					drain(b, pool, schema, n, relays, func() int {
 						var left int
 						pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NULL`, schema.Table)).Scan(&left)
-						return left == 0
+						return left
 					})
-					b.ReportMetric(float64(n)/time.Since(start).Seconds(), "events/s")
-					for _, s := range subs {
-						s.Close()
-					}
 				}
 			})
 		}

@@ -1,4 +1,6 @@
-// Package outbox is a transactional outbox for Watermill on PostgreSQL: an event written with
+// Package outbox is a transactional outbox for Watermill on PostgreSQL (and on SQLite, the
+// embedded default of the outbox command: SchemaConfig.Dialect = DialectSQLite with a pure-Go
+// database/sql driver, see SQLiteDSN): an event written with
 // Publisher commits or rolls back with the caller's transaction, and a relay (Subscriber, or
 // package forwarder) delivers every committed event at least once, in sequence order per
 // ordering key.

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -14,51 +15,152 @@ import (
 // statement.
 const DefaultCleanupBatch = 1000
 
-// ErrEmptyFilter is returned by RetryDeadLettered for a RetryFilter that selects nothing
-// explicitly (no topics and no ids): retrying every dead letter must be asked for with "*".
-var ErrEmptyFilter = errors.New("outbox: empty retry filter: give topics (\"*\" for all) or ids")
+// ErrEmptyFilter is returned by the dead-letter operations for a DeadLetterFilter that selects
+// nothing explicitly (no topics and no ids): acting on every dead letter must be asked for with
+// "*".
+var ErrEmptyFilter = errors.New("outbox: empty dead-letter filter: give topics (\"*\" for all) or ids")
 
-// RetryFilter selects dead-lettered events: those whose topic matches any of Topics or whose
-// id is in IDs (either condition selects).
-type RetryFilter struct {
+// ErrTableNotFound is returned (wrapped) by CheckTable when the outbox table does not exist: run
+// Migrate (or the command `outbox migrate`).
+var ErrTableNotFound = errors.New("outbox: outbox table not found")
+
+// DeadLetterFilter selects dead-lettered events: those whose topic matches any of Topics or whose
+// id is in IDs (either condition selects), and, when OlderThan is above zero, only those
+// dead-lettered more than OlderThan ago.
+type DeadLetterFilter struct {
 	// Topics are patterns as in Subscribe: exact, "prefix*", or "*" for every topic.
 	Topics []string
 	// IDs are event ids.
 	IDs []uuid.UUID
+	// OlderThan narrows the selection to events dead-lettered more than this long ago
+	// (database clock on PostgreSQL). Zero means any age; negative is a *ConfigError.
+	OlderThan time.Duration
 }
 
-// RetryDeadLettered gives the selected dead-lettered events fresh attempts (attempts = 0, due
-// now; last_error is kept) and returns how many. The events of their ordering keys that waited
-// behind them then follow in order. Errors: ErrEmptyFilter, a *ConfigError for a bad pattern,
-// or the database error.
-func (s *Subscriber) RetryDeadLettered(ctx context.Context, f RetryFilter) (int64, error) {
+// RetryFilter is the filter of RetryDeadLettered (the same as DeadLetterFilter).
+type RetryFilter = DeadLetterFilter
+
+// where renders the filter as a condition on dead-lettered, unpublished events.
+func (s *Subscriber) deadWhere(f DeadLetterFilter, args *[]any) (string, error) {
 	if len(f.Topics) == 0 && len(f.IDs) == 0 {
-		return 0, ErrEmptyFilter
+		return "", ErrEmptyFilter
 	}
-	var args []any
+	if f.OlderThan < 0 {
+		return "", &ConfigError{Field: "DeadLetterFilter.OlderThan", Reason: "must not be negative"}
+	}
 	var conds []string
 	for i, p := range f.Topics {
-		tf, err := parseTopicPattern(fmt.Sprintf("RetryFilter.Topics[%d]", i), p)
+		tf, err := parseTopicPattern(fmt.Sprintf("DeadLetterFilter.Topics[%d]", i), p)
 		if err != nil {
-			return 0, err
+			return "", err
 		}
-		conds = append(conds, tf.sql(`"topic"`, &args))
+		conds = append(conds, tf.sql(`"topic"`, args, s.s.sqlite))
 	}
 	if len(f.IDs) > 0 {
 		ids := make([]string, len(f.IDs))
 		for i, id := range f.IDs {
 			ids[i] = id.String()
 		}
-		args = append(args, ids)
-		conds = append(conds, fmt.Sprintf(`"id" = ANY($%d::uuid[])`, len(args)))
+		conds = append(conds, inSQL(s.s, `"id"`, ids, "uuid", args))
 	}
-	q := fmt.Sprintf(`UPDATE %s SET "dead_lettered_at" = NULL, "attempts" = 0, "next_attempt_at" = NULL, "lease_until" = NULL, "leased_by" = NULL
-WHERE "dead_lettered_at" IS NOT NULL AND "published_at" IS NULL AND (%s)`, s.s.table, strings.Join(conds, " OR "))
+	w := `"dead_lettered_at" IS NOT NULL AND "published_at" IS NULL AND (` + strings.Join(conds, " OR ") + `)`
+	if f.OlderThan > 0 {
+		w += ` AND "dead_lettered_at" < ` + s.s.agoSQL(f.OlderThan, args)
+	}
+	return w, nil
+}
+
+// RetryDeadLettered gives the selected dead-lettered events fresh attempts (attempts = 0, due
+// now; last_error is kept) and returns how many. The events of their ordering keys that waited
+// behind them then follow in order. Errors: ErrEmptyFilter, a *ConfigError for a bad pattern
+// or a negative OlderThan, or the database error. Safe for concurrent use, also after Close.
+func (s *Subscriber) RetryDeadLettered(ctx context.Context, f RetryFilter) (int64, error) {
+	var args []any
+	where, err := s.deadWhere(f, &args)
+	if err != nil {
+		return 0, err
+	}
+	q := fmt.Sprintf(`UPDATE %s SET "dead_lettered_at" = NULL, "attempts" = 0, "next_attempt_at" = NULL, "lease_until" = NULL, "leased_by" = NULL WHERE %s`, s.s.table, where)
 	n, err := s.db.exec(ctx, q, args...)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: retry dead letters in %s: %w", s.s.table, err)
 	}
 	return n, nil
+}
+
+// PurgeDeadLettered deletes the selected dead-lettered events and returns how many. Their
+// ordering keys are then no longer held: the next event of each key is delivered. Errors as
+// RetryDeadLettered.
+func (s *Subscriber) PurgeDeadLettered(ctx context.Context, f DeadLetterFilter) (int64, error) {
+	var args []any
+	where, err := s.deadWhere(f, &args)
+	if err != nil {
+		return 0, err
+	}
+	n, err := s.db.exec(ctx, fmt.Sprintf(`DELETE FROM %s WHERE %s`, s.s.table, where), args...)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: purge dead letters in %s: %w", s.s.table, err)
+	}
+	return n, nil
+}
+
+// DeadLetter is a dead-lettered event as ListDeadLettered returns it.
+type DeadLetter struct {
+	Event
+	// DeadLetteredAt is when the event ran out of attempts.
+	DeadLetteredAt time.Time
+}
+
+// ListDeadLettered returns up to limit (1..10000) selected dead-lettered events, oldest dead
+// letter first, with payload, headers, attempts and last error. Errors as RetryDeadLettered,
+// and a *ConfigError for a limit out of range.
+func (s *Subscriber) ListDeadLettered(ctx context.Context, f DeadLetterFilter, limit int) ([]DeadLetter, error) {
+	if limit < 1 || limit > MaxBatchSize {
+		return nil, &ConfigError{Field: "limit", Reason: fmt.Sprintf("%d outside 1..%d", limit, MaxBatchSize)}
+	}
+	var args []any
+	where, err := s.deadWhere(f, &args)
+	if err != nil {
+		return nil, err
+	}
+	payload := s.s.textSQL(`"payload"`)
+	if s.s.cfg.PayloadType == PayloadBytea {
+		payload = `"payload"`
+	}
+	q := fmt.Sprintf(`SELECT "sequence", %s, "topic", %s, %s, "ordering_key", "idempotency_key", "created_at", "attempts", "last_error", "dead_lettered_at"
+FROM %s WHERE %s ORDER BY "dead_lettered_at", "sequence" LIMIT %d`,
+		s.s.textSQL(`"id"`), payload, s.s.textSQL(`"headers"`), s.s.table, where, limit)
+	rs, err := s.db.query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: list dead letters in %s: %w", s.s.table, err)
+	}
+	defer rs.Close()
+	var out []DeadLetter
+	for rs.Next() {
+		var (
+			d              DeadLetter
+			id, hdrs       string
+			okey, ikey, le *string
+		)
+		if err := rs.Scan(&d.Sequence, &id, &d.Topic, &d.Payload, &hdrs, &okey, &ikey, s.s.timeDest(&d.CreatedAt), &d.Attempts, &le, s.s.timeDest(&d.DeadLetteredAt)); err != nil {
+			return nil, fmt.Errorf("outbox: list dead letters in %s: %w", s.s.table, err)
+		}
+		d.ID, _ = uuid.Parse(id)
+		_ = json.Unmarshal([]byte(hdrs), &d.Headers)
+		d.OrderingKey, d.IdempotencyKey, d.LastError = deref(okey), deref(ikey), deref(le)
+		out = append(out, d)
+	}
+	if err := rs.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: list dead letters in %s: %w", s.s.table, err)
+	}
+	return out, nil
+}
+
+func deref(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
 }
 
 // CleanupPublished deletes events published more than olderThan ago (database clock), in
@@ -80,11 +182,17 @@ func (s *Subscriber) cleanup(ctx context.Context, col string, olderThan time.Dur
 	if olderThan < 0 {
 		return 0, &ConfigError{Field: "olderThan", Reason: "must not be negative"}
 	}
-	q := fmt.Sprintf(`DELETE FROM %[1]s WHERE "sequence" = ANY(ARRAY(SELECT "sequence" FROM %[1]s WHERE %[2]q < now() - $1 * interval '1 microsecond' ORDER BY %[2]q LIMIT %[3]d))`,
-		s.s.table, col, DefaultCleanupBatch)
+	var args []any
+	cutoff := s.s.agoSQL(olderThan, &args)
+	q := fmt.Sprintf(`DELETE FROM %[1]s WHERE "sequence" = ANY(ARRAY(SELECT "sequence" FROM %[1]s WHERE %[2]q < %[4]s ORDER BY %[2]q LIMIT %[3]d))`,
+		s.s.table, col, DefaultCleanupBatch, cutoff)
+	if s.s.sqlite {
+		q = fmt.Sprintf(`DELETE FROM %[1]s WHERE "sequence" IN (SELECT "sequence" FROM %[1]s WHERE %[2]q < %[4]s ORDER BY %[2]q LIMIT %[3]d)`,
+			s.s.table, col, DefaultCleanupBatch, cutoff)
+	}
 	var total int64
 	for {
-		n, err := s.db.exec(ctx, q, olderThan.Microseconds())
+		n, err := s.db.exec(ctx, q, args...)
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("outbox: cleanup %s in %s: %w", col, s.s.table, err)
@@ -108,30 +216,115 @@ type Backlog struct {
 
 // Backlog returns the pending count, the oldest pending event's age and the dead-letter count,
 // for health checks and metrics. It reads through the partial indexes (cheap with any amount of
-// history). Errors: the database error.
+// history). Errors: the database error. Safe for concurrent use, also after Close.
 func (s *Subscriber) Backlog(ctx context.Context) (Backlog, error) {
+	var args []any
+	least := "LEAST"
+	if s.s.sqlite {
+		least = "min" // both arguments are coalesced: SQLite's min(a, NULL) is NULL
+	}
 	q := fmt.Sprintf(`SELECT
 	(SELECT count(*) FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NULL)
 	+ (SELECT count(*) FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NOT NULL),
-	COALESCE(EXTRACT(EPOCH FROM now() - LEAST(
-		(SELECT "created_at" FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NULL ORDER BY "sequence" LIMIT 1),
-		(SELECT "created_at" FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NOT NULL ORDER BY "sequence" LIMIT 1)))::float8, 0),
-	(SELECT count(*) FROM %[1]s WHERE "dead_lettered_at" IS NOT NULL)`, s.s.table)
-	rs, err := s.db.query(ctx, q)
+	%[3]s(COALESCE(u.c, k.c), COALESCE(k.c, u.c)),
+	(SELECT count(*) FROM %[1]s WHERE "dead_lettered_at" IS NOT NULL),
+	%[2]s
+FROM (SELECT (SELECT "created_at" FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NULL ORDER BY "sequence" LIMIT 1) AS c) u,
+	(SELECT (SELECT "created_at" FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NOT NULL ORDER BY "sequence" LIMIT 1) AS c) k`,
+		s.s.table, s.s.nowSQL(&args), least)
+	rs, err := s.db.query(ctx, q, args...)
 	if err != nil {
 		return Backlog{}, fmt.Errorf("outbox: backlog of %s: %w", s.s.table, err)
 	}
 	defer rs.Close()
-	var b Backlog
-	var age float64
+	var (
+		b           Backlog
+		oldest, now time.Time
+	)
 	if rs.Next() {
-		if err := rs.Scan(&b.Pending, &age, &b.DeadLettered); err != nil {
+		if err := rs.Scan(&b.Pending, (*microTime)(&oldest), &b.DeadLettered, (*microTime)(&now)); err != nil {
 			return Backlog{}, fmt.Errorf("outbox: backlog of %s: %w", s.s.table, err)
 		}
 	}
 	if err := rs.Err(); err != nil {
 		return Backlog{}, fmt.Errorf("outbox: backlog of %s: %w", s.s.table, err)
 	}
-	b.OldestPendingAge = time.Duration(age * float64(time.Second))
+	if !oldest.IsZero() {
+		b.OldestPendingAge = max(now.Sub(oldest), 0)
+	}
 	return b, nil
+}
+
+// TopicBacklog is the Backlog of one topic.
+type TopicBacklog struct {
+	Topic string
+	Backlog
+}
+
+// BacklogByTopic returns the Backlog of every topic that has pending or dead-lettered events,
+// sorted by topic. It reads every unpublished row (meant for status pages and the command
+// line, not for frequent metrics: use Backlog there). Errors: the database error.
+func (s *Subscriber) BacklogByTopic(ctx context.Context) ([]TopicBacklog, error) {
+	var args []any
+	q := fmt.Sprintf(`SELECT "topic",
+	count(*) FILTER (WHERE "dead_lettered_at" IS NULL),
+	min("created_at") FILTER (WHERE "dead_lettered_at" IS NULL),
+	count(*) FILTER (WHERE "dead_lettered_at" IS NOT NULL),
+	%[2]s
+FROM %[1]s WHERE "published_at" IS NULL GROUP BY "topic" ORDER BY "topic"`, s.s.table, s.s.nowSQL(&args))
+	rs, err := s.db.query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: backlog by topic of %s: %w", s.s.table, err)
+	}
+	defer rs.Close()
+	var out []TopicBacklog
+	for rs.Next() {
+		var (
+			tb          TopicBacklog
+			oldest, now time.Time
+		)
+		if err := rs.Scan(&tb.Topic, &tb.Pending, (*microTime)(&oldest), &tb.DeadLettered, (*microTime)(&now)); err != nil {
+			return nil, fmt.Errorf("outbox: backlog by topic of %s: %w", s.s.table, err)
+		}
+		if !oldest.IsZero() {
+			tb.OldestPendingAge = max(now.Sub(oldest), 0)
+		}
+		out = append(out, tb)
+	}
+	if err := rs.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: backlog by topic of %s: %w", s.s.table, err)
+	}
+	return out, nil
+}
+
+// CheckTable reports whether the outbox table of cfg exists in db (any handle Migrate takes):
+// nil if it does, an error wrapping ErrTableNotFound if not, a *ConfigError for an invalid
+// config or handle, else the database error (an unreachable server, for one).
+func CheckTable(ctx context.Context, db any, cfg SchemaConfig) error {
+	s, ex, err := open(db, cfg)
+	if err != nil {
+		return err
+	}
+	q, arg := `SELECT to_regclass($1) IS NOT NULL`, s.table
+	if s.sqlite {
+		q, arg = `SELECT count(*) > 0 FROM sqlite_master WHERE "type" = 'table' AND "name" = $1`, s.tableName
+	}
+	rs, err := ex.query(ctx, q, arg)
+	if err != nil {
+		return fmt.Errorf("outbox: look for table %s: %w", s.table, err)
+	}
+	defer rs.Close()
+	var found bool
+	if rs.Next() {
+		if err := rs.Scan(&found); err != nil {
+			return fmt.Errorf("outbox: look for table %s: %w", s.table, err)
+		}
+	}
+	if err := rs.Err(); err != nil {
+		return fmt.Errorf("outbox: look for table %s: %w", s.table, err)
+	}
+	if !found {
+		return fmt.Errorf("%w: %s (create it with Migrate or `outbox migrate`)", ErrTableNotFound, s.table)
+	}
+	return nil
 }

@@ -98,7 +98,8 @@ type Publisher struct {
 
 // NewPublisher returns a Publisher writing through db: a pgx.Tx, *pgx.Conn or *pgxpool.Pool, a
 // *sql.Tx, *sql.DB or *sql.Conn (pgx stdlib driver), or a watermill-sql v4 ContextExecutor
-// (TxFromPgx, TxFromStdSQL). A nil logger means watermill.NopLogger. Errors: a *ConfigError for
+// (TxFromPgx, TxFromStdSQL); for DialectSQLite a *sql.Tx, *sql.DB or *sql.Conn of a SQLite
+// driver (NotifyChannel is then a *ConfigError: SQLite has no LISTEN/NOTIFY). A nil logger means watermill.NopLogger. Errors: a *ConfigError for
 // an invalid config or an unsupported handle (ErrUnsupportedDB). It runs no SQL.
 func NewPublisher(db any, cfg PublisherConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
 	cfg.setDefaults()
@@ -107,6 +108,12 @@ func NewPublisher(db any, cfg PublisherConfig, logger watermill.LoggerAdapter) (
 	}
 	s, err := cfg.Schema.compile()
 	if err != nil {
+		return nil, err
+	}
+	if s.sqlite && cfg.NotifyChannel != "" {
+		return nil, &ConfigError{Field: "PublisherConfig.NotifyChannel", Reason: errNoSQLiteNotify.Error()}
+	}
+	if err := checkHandle(db, cfg.Schema.Dialect); err != nil {
 		return nil, err
 	}
 	ex, err := newExecer(db)
@@ -495,44 +502,26 @@ func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
 		}
 		args = append(args, extras)
 	}
-	q, ok := insertSQL.Load(sh)
-	if !ok {
-		q, _ = insertSQL.LoadOrStore(sh, sh.build())
-	}
-	start := time.Now()
-	rs, err := p.ex.query(ctx, q.(string), args...)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: insert into %s: %w", p.s.table, err)
-	}
 	byID := make(map[string]Event, n)
 	byKey := map[string]Event{}
-	for rs.Next() {
-		var (
-			ev       Event
-			id       string
-			okey, ik *string
-		)
-		if err := rs.Scan(&ev.Duplicate, &ev.Sequence, &id, &ev.Topic, &okey, &ik, &ev.CreatedAt); err != nil {
-			rs.Close()
-			return nil, fmt.Errorf("outbox: insert into %s: scan: %w", p.s.table, err)
-		}
-		ev.ID, _ = uuid.Parse(id)
-		if okey != nil {
-			ev.OrderingKey = *okey
-		}
-		if ik != nil {
-			ev.IdempotencyKey = *ik
-			if _, seen := byKey[*ik]; !seen || !ev.Duplicate {
-				byKey[*ik] = ev
+	add := func(ev Event) {
+		if ev.IdempotencyKey != "" {
+			if _, seen := byKey[ev.IdempotencyKey]; !seen || !ev.Duplicate {
+				byKey[ev.IdempotencyKey] = ev
 			}
 		}
 		if !ev.Duplicate {
 			byID[ev.ID.String()] = ev
 		}
 	}
-	rs.Close()
-	if err := rs.Err(); err != nil {
-		return nil, fmt.Errorf("outbox: insert into %s: %w", p.s.table, err)
+	start := time.Now()
+	if p.s.sqlite {
+		sort.Strings(extraNames)
+		if err := p.sqliteInsert(ctx, rows, extraNames, add); err != nil {
+			return nil, fmt.Errorf("outbox: insert into %s: %w", p.s.table, err)
+		}
+	} else if err := p.pgInsert(ctx, sh, args, add); err != nil {
+		return nil, err
 	}
 	out := make([]Event, n)
 	var missing []string
@@ -586,10 +575,34 @@ func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
 }
 
 func (p *Publisher) readStored(ctx context.Context, keys []string, byKey map[string]Event) error {
-	q := fmt.Sprintf(`SELECT "sequence", "id"::text, "topic", "ordering_key", "idempotency_key", "created_at" FROM %s WHERE "idempotency_key" = ANY($1::text[])`, p.s.table)
-	rs, err := p.ex.query(ctx, q, keys)
+	var args []any
+	q := fmt.Sprintf(`SELECT "sequence", %s, "topic", "ordering_key", "idempotency_key", "created_at" FROM %s WHERE %s`,
+		p.s.textSQL(`"id"`), p.s.table, inSQL(p.s, `"idempotency_key"`, keys, "text", &args))
+	rs, err := p.ex.query(ctx, q, args...)
 	if err != nil {
 		return fmt.Errorf("outbox: read stored events: %w", err)
+	}
+	defer rs.Close()
+	for rs.Next() {
+		ev, err := p.scanStored(rs)
+		if err != nil {
+			return fmt.Errorf("outbox: read stored events: %w", err)
+		}
+		byKey[ev.IdempotencyKey] = ev
+	}
+	return rs.Err()
+}
+
+// pgInsert runs the PostgreSQL insert statement of shape sh and calls add for every row it
+// returns (inserted events, and stored events of idempotency keys, flagged Duplicate).
+func (p *Publisher) pgInsert(ctx context.Context, sh insertShape, args []any, add func(Event)) error {
+	q, ok := insertSQL.Load(sh)
+	if !ok {
+		q, _ = insertSQL.LoadOrStore(sh, sh.build())
+	}
+	rs, err := p.ex.query(ctx, q.(string), args...)
+	if err != nil {
+		return fmt.Errorf("outbox: insert into %s: %w", p.s.table, err)
 	}
 	defer rs.Close()
 	for rs.Next() {
@@ -598,15 +611,21 @@ func (p *Publisher) readStored(ctx context.Context, keys []string, byKey map[str
 			id       string
 			okey, ik *string
 		)
-		if err := rs.Scan(&ev.Sequence, &id, &ev.Topic, &okey, &ik, &ev.CreatedAt); err != nil {
-			return fmt.Errorf("outbox: read stored events: %w", err)
+		if err := rs.Scan(&ev.Duplicate, &ev.Sequence, &id, &ev.Topic, &okey, &ik, &ev.CreatedAt); err != nil {
+			return fmt.Errorf("outbox: insert into %s: scan: %w", p.s.table, err)
 		}
 		ev.ID, _ = uuid.Parse(id)
 		if okey != nil {
 			ev.OrderingKey = *okey
 		}
-		ev.IdempotencyKey = *ik
-		byKey[*ik] = ev
+		if ik != nil {
+			ev.IdempotencyKey = *ik
+		}
+		add(ev)
 	}
-	return rs.Err()
+	rs.Close()
+	if err := rs.Err(); err != nil {
+		return fmt.Errorf("outbox: insert into %s: %w", p.s.table, err)
+	}
+	return nil
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 
 	"github.com/watermill-outbox/outbox"
-	"github.com/watermill-outbox/outbox/internal/pgtest"
 )
 
 // topicTables gives each topic of the universal suite its own outbox table. The outbox keeps
@@ -24,6 +23,7 @@ import (
 // publishing, claiming, ordering, acks — is the real Publisher and Subscriber.
 type topicTables struct {
 	t      *testing.T
+	b      *backend
 	mu     sync.Mutex
 	tables map[string]outbox.SchemaConfig
 }
@@ -35,9 +35,8 @@ func (tt *topicTables) schema(topic string) (outbox.SchemaConfig, error) {
 		return cfg, nil
 	}
 	h := sha1.Sum([]byte(topic))
-	cfg := outbox.SchemaConfig{Table: fmt.Sprintf("u_%d_%s", os.Getpid(), hex.EncodeToString(h[:8])), PayloadType: outbox.PayloadBytea}
-	pool := pgtest.Require(tt.t)
-	if err := outbox.Migrate(context.Background(), pool, cfg); err != nil {
+	cfg := outbox.SchemaConfig{Table: fmt.Sprintf("u_%d_%s", os.Getpid(), hex.EncodeToString(h[:8])), PayloadType: outbox.PayloadBytea, Dialect: tt.b.dialect}
+	if err := outbox.Migrate(context.Background(), tt.b.db, cfg); err != nil {
 		return cfg, err
 	}
 	tt.tables[topic] = cfg
@@ -45,9 +44,8 @@ func (tt *topicTables) schema(topic string) (outbox.SchemaConfig, error) {
 }
 
 func (tt *topicTables) dropAll() {
-	pool := pgtest.Require(tt.t)
 	for _, cfg := range tt.tables {
-		pool.Exec(context.Background(), fmt.Sprintf(`DROP TABLE IF EXISTS %q`, cfg.Table))
+		tt.b.raw.ExecContext(context.Background(), fmt.Sprintf(`DROP TABLE IF EXISTS %q`, cfg.Table))
 	}
 }
 
@@ -58,7 +56,7 @@ func (p suitePublisher) Publish(topic string, msgs ...*message.Message) error {
 	if err != nil {
 		return err
 	}
-	pub, err := outbox.NewPublisher(pgtest.Require(p.tt.t), outbox.PublisherConfig{Schema: cfg}, nil)
+	pub, err := outbox.NewPublisher(p.tt.b.db, outbox.PublisherConfig{Schema: cfg}, nil)
 	if err != nil {
 		return err
 	}
@@ -78,7 +76,7 @@ func (s *suiteSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	if err != nil {
 		return nil, err
 	}
-	sub, err := outbox.NewSubscriber(pgtest.Require(s.tt.t), outbox.SubscriberConfig{
+	sub, err := outbox.NewSubscriber(s.tt.b.db, outbox.SubscriberConfig{
 		Schema:          cfg,
 		PollInterval:    20 * time.Millisecond,
 		BatchSize:       100,
@@ -106,22 +104,23 @@ func (s *suiteSubscriber) Close() error {
 	return nil
 }
 
-// TestPubSubUniversal runs Watermill's universal Pub/Sub suite against PostgreSQL. Features are
-// honest: persistent, no exactly-once claim, no global order (order is kept per ordering key
-// only, and the suite's messages have none), no consumer groups. The suite's payloads are not
-// JSON, so the tables use a BYTEA payload.
+// TestPubSubUniversal runs Watermill's universal Pub/Sub suite against PostgreSQL and SQLite.
+// Features are honest: persistent, no exactly-once claim, no global order (order is kept per
+// ordering key only, and the suite's messages have none), no consumer groups. The suite's
+// payloads are not JSON, so the tables use a BYTEA/BLOB payload.
 func TestPubSubUniversal(t *testing.T) {
-	pgtest.Require(t)
-	tt := &topicTables{t: t, tables: map[string]outbox.SchemaConfig{}}
-	t.Cleanup(tt.dropAll)
-	constructor := func(t *testing.T) (message.Publisher, message.Subscriber) {
-		return suitePublisher{tt}, &suiteSubscriber{tt: tt}
-	}
-	tests.TestPubSub(t, tests.Features{
-		ConsumerGroups:                   false,
-		ExactlyOnceDelivery:              false,
-		GuaranteedOrder:                  false,
-		Persistent:                       true,
-		NewSubscriberReceivesOldMessages: false,
-	}, constructor, nil)
+	eachBackend(t, func(t *testing.T, b *backend) {
+		tt := &topicTables{t: t, b: b, tables: map[string]outbox.SchemaConfig{}}
+		t.Cleanup(tt.dropAll)
+		constructor := func(t *testing.T) (message.Publisher, message.Subscriber) {
+			return suitePublisher{tt}, &suiteSubscriber{tt: tt}
+		}
+		tests.TestPubSub(t, tests.Features{
+			ConsumerGroups:                   false,
+			ExactlyOnceDelivery:              false,
+			GuaranteedOrder:                  false,
+			Persistent:                       true,
+			NewSubscriberReceivesOldMessages: false,
+		}, constructor, nil)
+	})
 }

@@ -53,8 +53,11 @@ type SchemaConfig struct {
 	PayloadType PayloadType
 	// ExtraColumns are user columns created by Migrate and filled on write through
 	// SetExtraColumns / EventInput.ExtraColumns. Names must not collide with the outbox's own
-	// columns.
+	// columns. Type is DDL of the table's dialect.
 	ExtraColumns []Column
+	// Dialect is the database the table lives in: DialectPostgreSQL (default) or
+	// DialectSQLite. A handle of the other dialect is a *ConfigError.
+	Dialect Dialect
 }
 
 // Built-in column names. RelayOwnedColumns are written only by the relay and the database.
@@ -79,6 +82,7 @@ type schema struct {
 	schemaPfx string // quoted schema part plus ".", or ""
 	lockSeed  int64  // seed of the per-ordering-key advisory lock hash
 	extra     map[string]bool
+	sqlite    bool // DialectSQLite
 }
 
 // Validate checks the configuration and returns a *ConfigError naming the field, or nil.
@@ -100,10 +104,16 @@ func (c SchemaConfig) compile() (*schema, error) {
 			return nil, &ConfigError{Field: "SchemaConfig.Table", Reason: fmt.Sprintf("%q: each part must be 1..63 bytes without NUL", c.Table)}
 		}
 	}
+	if c.Dialect != DialectPostgreSQL && c.Dialect != DialectSQLite {
+		return nil, &ConfigError{Field: "SchemaConfig.Dialect", Reason: fmt.Sprintf("unknown dialect %d", c.Dialect)}
+	}
+	if c.Dialect == DialectSQLite && len(parts) > 1 {
+		return nil, &ConfigError{Field: "SchemaConfig.Table", Reason: fmt.Sprintf("%q: a SQLite table name cannot be schema-qualified", c.Table)}
+	}
 	if c.PayloadType != PayloadJSONB && c.PayloadType != PayloadBytea {
 		return nil, &ConfigError{Field: "SchemaConfig.PayloadType", Reason: fmt.Sprintf("unknown payload type %d", c.PayloadType)}
 	}
-	s := &schema{cfg: c, table: pgx.Identifier(parts).Sanitize(), tableName: parts[len(parts)-1], extra: map[string]bool{}}
+	s := &schema{cfg: c, table: pgx.Identifier(parts).Sanitize(), tableName: parts[len(parts)-1], extra: map[string]bool{}, sqlite: c.Dialect == DialectSQLite}
 	if len(parts) == 2 {
 		s.schemaPfx = pgx.Identifier{parts[0]}.Sanitize() + "."
 	}
@@ -172,6 +182,9 @@ func (s *schema) index(suffix string) string {
 
 // statements returns the idempotent DDL, one statement per element.
 func (s *schema) statements() []string {
+	if s.sqlite {
+		return s.sqliteStatements()
+	}
 	t := s.table
 	stmts := []string{
 		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
@@ -195,27 +208,13 @@ func (s *schema) statements() []string {
 	for _, col := range s.cfg.ExtraColumns {
 		stmts = append(stmts, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s`, t, pgx.Identifier{col.Name}.Sanitize(), col.Type))
 	}
-	stmts = append(stmts,
-		// Pending events by sequence, in two partial indexes: keyed ones (the relay's walk of
-		// the oldest claimable keyed events) and unordered ones (the relay's unordered scan).
-		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("sequence") WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NOT NULL`, s.index("keyed_idx"), t),
-		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("sequence") WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NULL`, s.index("unordered_idx"), t),
-		// Unpublished keyed events by key: finds each key's head. It must cover dead-lettered
-		// events too, or a dead-lettered head would let its successor through.
-		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("ordering_key", "sequence") WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL`, s.index("key_idx"), t),
-		// At most one event per idempotency key. Partial, so the common event without a key
-		// costs no index entry; the publisher's ON CONFLICT names the same predicate.
-		fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s ("idempotency_key") WHERE "idempotency_key" IS NOT NULL`, s.index("idempotency_key_idx"), t),
-		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("published_at") WHERE "published_at" IS NOT NULL`, s.index("published_idx"), t),
-		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("dead_lettered_at") WHERE "dead_lettered_at" IS NOT NULL`, s.index("dead_idx"), t),
-		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("topic", "sequence")`, s.index("topic_idx"), t),
-	)
-	return stmts
+	return append(stmts, s.indexStatements()...)
 }
 
-// SchemaSQL returns the outbox table's DDL for PostgreSQL as one script of statements ending in
+// SchemaSQL returns the outbox table's DDL for its dialect (PostgreSQL by default) as one script of statements ending in
 // ';', for users' own migration tools (golang-migrate, goose, atlas). Every statement is
-// idempotent (IF NOT EXISTS). It returns a *ConfigError for an invalid config.
+// idempotent (IF NOT EXISTS; for SQLite, extra columns are part of CREATE TABLE, and Migrate
+// adds those missing from an existing table). It returns a *ConfigError for an invalid config.
 //
 // Columns (SPEC §2): sequence (identity, delivery order), id (UUID, unique event id), topic,
 // payload (JSONB or BYTEA), headers (JSONB object of string values), ordering_key (NULL =
@@ -236,18 +235,18 @@ func SchemaSQL(cfg SchemaConfig) (string, error) {
 }
 
 // Migrate creates or upgrades the outbox table and its indexes. It is idempotent and safe to run
-// from several processes at once (it serialises on a transaction-scoped advisory lock). db is a
-// *pgxpool.Pool, *pgx.Conn, *sql.DB (pgx stdlib driver) or a transaction of either (then the DDL
-// commits with that transaction). Errors: a *ConfigError for an invalid config or handle, else
+// from several processes at once (it serialises on a transaction-scoped advisory lock; on
+// SQLite on the write lock). db is a *pgxpool.Pool, *pgx.Conn, *sql.DB (pgx stdlib driver) or a
+// transaction of either (then the DDL commits with that transaction); for DialectSQLite a
+// *sql.DB or *sql.Tx. Errors: a *ConfigError for an invalid config or handle, else
 // the database error wrapped with context.
 func Migrate(ctx context.Context, db any, cfg SchemaConfig) error {
-	s, err := cfg.compile()
+	s, ex, err := open(db, cfg)
 	if err != nil {
 		return err
 	}
-	ex, err := newExecer(db)
-	if err != nil {
-		return err
+	if s.sqlite {
+		return s.sqliteMigrate(ctx, ex)
 	}
 	script := fmt.Sprintf("SELECT pg_advisory_xact_lock(%d);\n", s.lockSeed)
 	for _, st := range s.statements() {
@@ -264,4 +263,20 @@ func Migrate(ctx context.Context, db any, cfg SchemaConfig) error {
 		return fmt.Errorf("outbox: migrate %s: %w", s.table, err)
 	}
 	return nil
+}
+
+// open validates cfg and adapts db to it for the table-level functions (Migrate, CheckTable).
+func open(db any, cfg SchemaConfig) (*schema, execer, error) {
+	s, err := cfg.compile()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := checkHandle(db, cfg.Dialect); err != nil {
+		return nil, nil, err
+	}
+	ex, err := newExecer(db)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s, ex, nil
 }

@@ -51,8 +51,10 @@ type Subscriber struct {
 
 // NewSubscriber returns a Subscriber reading the outbox table through db: a *pgxpool.Pool,
 // *sql.DB (pgx stdlib driver) or a watermill-sql v4 Beginner (BeginnerFromPgx over a pool,
-// BeginnerFromStdSQL). A *pgx.Conn is refused (it runs one statement at a time). A transaction is refused: the relay runs
-// each statement on its own. A nil logger means watermill.NopLogger. Errors: a *ConfigError
+// BeginnerFromStdSQL); for DialectSQLite a *sql.DB of a SQLite driver opened with SQLiteDSN
+// (relays in several processes may share the file: each claim is one write statement). A
+// *pgx.Conn is refused (it runs one statement at a time). A transaction is refused: the relay
+// runs each statement on its own. A nil logger means watermill.NopLogger. Errors: a *ConfigError
 // for an invalid config or handle. It runs no SQL.
 //
 // For PgBouncer in transaction mode, configure pgx with QueryExecModeCacheDescribe or
@@ -64,6 +66,9 @@ func NewSubscriber(db any, cfg SubscriberConfig, logger watermill.LoggerAdapter)
 	cfg.setDefaults()
 	s, err := cfg.Schema.compile()
 	if err != nil {
+		return nil, err
+	}
+	if err := checkHandle(db, cfg.Schema.Dialect); err != nil {
 		return nil, err
 	}
 	ex, err := newRelayExecer(db)
@@ -183,9 +188,13 @@ func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscr
 	}
 	sub := &subscription{s: s, sel: sel}
 	args := []any{nil, nil, nil}
-	filter := sel.sql(`"topic"`, &args)
+	filter := sel.sql(`"topic"`, &args, s.s.sqlite)
 	sub.args = args[3:]
-	sub.claimSQL = s.buildClaimSQL(filter)
+	if s.s.sqlite {
+		sub.claimSQL = s.buildSQLiteClaimSQL(filter)
+	} else {
+		sub.claimSQL = s.buildClaimSQL(filter)
+	}
 	sub.ctx, sub.cancel = context.WithCancel(ctx)
 	return sub, nil
 }
@@ -438,16 +447,53 @@ SELECT true%[11]s, (SELECT max(k) FROM scanned), (SELECT count(*) FROM scanned)`
 // bound, so keys after the cursor are still unexamined and the next poll should not wait.
 func (sub *subscription) claim(token string) (items []*item, more bool, err error) {
 	s := sub.s
-	args := append([]any{sub.cursor, s.cfg.LeaseDuration.Microseconds(), token}, sub.args...)
-	rs, err := s.db.query(sub.ctx, sub.claimSQL, s.db.oneShot(args)...)
-	if err != nil {
-		return nil, false, fmt.Errorf("outbox: claim from %s: %w", s.s.table, err)
-	}
-	defer rs.Close()
 	var (
 		cursor  *string
 		scanned *int64
 	)
+	if s.s.sqlite {
+		items, cursor, scanned, err = sub.sqliteClaim(token)
+	} else {
+		args := append([]any{sub.cursor, s.cfg.LeaseDuration.Microseconds(), token}, sub.args...)
+		var rs rows
+		rs, err = s.db.query(sub.ctx, sub.claimSQL, s.db.oneShot(args)...)
+		if err == nil {
+			items, cursor, scanned, err = sub.scanClaimed(rs)
+		}
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("outbox: claim from %s: %w", s.s.table, err)
+	}
+	sort.Slice(items, func(i, j int) bool { return items[i].ev.Sequence < items[j].ev.Sequence })
+	// A claim that leases only gap-free runs without reporting ranks (SQLite: one writer, no
+	// SKIP LOCKED gaps) leaves them to be counted here: 1 for a key's head, then 2, 3 …
+	ranks := map[string]int64{}
+	for _, it := range items {
+		if it.rank >= 0 {
+			continue
+		}
+		it.rank = 0
+		if k := it.ev.OrderingKey; k != "" {
+			ranks[k]++
+			it.rank = ranks[k]
+		}
+	}
+	// Resume the key skip scan after the last key it reached; start over once it reached the
+	// end of the keys.
+	if scanned != nil && *scanned >= int64(s.cfg.KeyScan) && cursor != nil {
+		sub.cursor, more = *cursor, true
+	} else {
+		sub.cursor = ""
+	}
+	s.logger.Trace("outbox: claimed", watermill.LogFields{"events": len(items), "token": token})
+	return items, more, nil
+}
+
+// scanClaimed reads a claim's rows: the leased events (in any order) and, when the claim
+// statement reports it, a marker row with the key skip scan's last key and key count.
+func (sub *subscription) scanClaimed(rs rows) (items []*item, cursor *string, scanned *int64, err error) {
+	s := sub.s
+	defer rs.Close()
 	for rs.Next() {
 		var (
 			marker    bool
@@ -455,24 +501,24 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 			id, hdrs  *string
 			topic     *string
 			okey, le  *string
-			created   *time.Time
+			created   time.Time
 			attempts  *int
 			rank      *int64
 			payload   []byte
 			extraVals = make([]any, len(s.s.cfg.ExtraColumns))
 		)
-		dest := []any{&marker, &seq, &id, &topic, &payload, &hdrs, &okey, &created, &attempts, &le, &rank}
+		dest := []any{&marker, &seq, &id, &topic, &payload, &hdrs, &okey, (*microTime)(&created), &attempts, &le, &rank}
 		for i := range extraVals {
 			dest = append(dest, &extraVals[i])
 		}
 		dest = append(dest, &cursor, &scanned)
 		if err := rs.Scan(dest...); err != nil {
-			return nil, false, fmt.Errorf("outbox: claim from %s: scan: %w", s.s.table, err)
+			return nil, nil, nil, fmt.Errorf("scan: %w", err)
 		}
 		if marker {
 			continue
 		}
-		ev := Event{Sequence: *seq, Topic: *topic, Payload: payload, CreatedAt: *created, Attempts: *attempts}
+		ev := Event{Sequence: *seq, Topic: *topic, Payload: payload, CreatedAt: created, Attempts: *attempts}
 		ev.ID, _ = uuid.Parse(*id)
 		if err := json.Unmarshal([]byte(*hdrs), &ev.Headers); err != nil {
 			ev.Headers = map[string]string{"outbox-headers-error": err.Error()}
@@ -489,21 +535,16 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 				ev.Extra[c.Name] = extraVals[i]
 			}
 		}
-		items = append(items, &item{ev: &ev, rank: *rank})
+		it := &item{ev: &ev, rank: -1}
+		if rank != nil {
+			it.rank = *rank
+		}
+		items = append(items, it)
 	}
 	if err := rs.Err(); err != nil {
-		return nil, false, fmt.Errorf("outbox: claim from %s: %w", s.s.table, err)
+		return nil, nil, nil, err
 	}
-	sort.Slice(items, func(i, j int) bool { return items[i].ev.Sequence < items[j].ev.Sequence })
-	// Resume the key skip scan after the last key it reached; start over once it reached the
-	// end of the keys.
-	if scanned != nil && *scanned >= int64(s.cfg.KeyScan) && cursor != nil {
-		sub.cursor, more = *cursor, true
-	} else {
-		sub.cursor = ""
-	}
-	s.logger.Trace("outbox: claimed", watermill.LogFields{"events": len(items), "token": token})
-	return items, more, nil
+	return items, cursor, scanned, nil
 }
 
 // newMessage builds the Watermill message of an event (SPEC §4.2).
@@ -692,6 +733,12 @@ func (sub *subscription) renewWhileOut(token string, items []*item, lost func())
 		seqs[i] = it.ev.Sequence
 	}
 	q := fmt.Sprintf(`UPDATE %s SET "lease_until" = now() + $1 * interval '1 microsecond' WHERE "sequence" = ANY($2::bigint[]) AND "leased_by" = $3 AND "published_at" IS NULL`, s.s.table)
+	args := func() []any { return s.db.oneShot([]any{s.cfg.LeaseDuration.Microseconds(), seqs, token}) }
+	if s.s.sqlite {
+		q = fmt.Sprintf(`UPDATE %s SET "lease_until" = $1 WHERE "sequence" IN (SELECT value FROM json_each($2)) AND "leased_by" = $3 AND "published_at" IS NULL`, s.s.table)
+		list := jsonList(seqs)
+		args = func() []any { return []any{micros(time.Now().Add(s.cfg.LeaseDuration)), list, token} }
+	}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -705,7 +752,7 @@ func (sub *subscription) renewWhileOut(token string, items []*item, lost func())
 				return
 			case <-t.C:
 				ctx, cancel := context.WithTimeout(context.Background(), s.cfg.LeaseDuration/3)
-				n, err := s.db.exec(ctx, q, s.db.oneShot([]any{s.cfg.LeaseDuration.Microseconds(), seqs, token})...)
+				n, err := s.db.exec(ctx, q, args()...)
 				cancel()
 				switch {
 				case err != nil:
@@ -752,52 +799,18 @@ func (sub *subscription) mark(token string, items []*item) error {
 	if len(byseq) == 0 {
 		return nil
 	}
-	// Three join-free updates in one statement (a join with the parameter arrays is planned
-	// as a nested loop over both arrays). Every update is fenced by the batch's token.
-	fence := `"leased_by" = $6 AND "published_at" IS NULL`
-	q := fmt.Sprintf(`WITH acked AS (
-	UPDATE %[1]s SET "published_at" = now(), "lease_until" = NULL, "leased_by" = NULL
-	WHERE "sequence" = ANY($1::bigint[]) AND %[5]s RETURNING "sequence", "attempts", NULL::timestamptz AS next, false AS dead
-), released AS (
-	UPDATE %[1]s SET "lease_until" = NULL, "leased_by" = NULL
-	WHERE "sequence" = ANY($2::bigint[]) AND %[5]s RETURNING "sequence", "attempts", NULL::timestamptz AS next, false AS dead
-), failed AS (
-	UPDATE %[1]s o SET "attempts" = o."attempts" + 1,
-		"last_error" = ($4::text[])[array_position($3::bigint[], o."sequence")],
-		"dead_lettered_at" = CASE WHEN o."attempts" + 1 >= %[2]d THEN now() END,
-		"next_attempt_at" = CASE WHEN o."attempts" + 1 < %[2]d THEN now() + LEAST(%[3]d * power(2::float8, LEAST(o."attempts", 62)), %[4]d::float8)
-			* ($5::float8[])[array_position($3::bigint[], o."sequence")] * interval '1 microsecond' END,
-		"lease_until" = NULL, "leased_by" = NULL
-	WHERE o."sequence" = ANY($3::bigint[]) AND %[5]s RETURNING o."sequence", o."attempts", o."next_attempt_at" AS next, o."dead_lettered_at" IS NOT NULL AS dead
-)
-SELECT "sequence", "attempts", next, dead, now() FROM acked
-UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM released
-UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM failed`,
-		s.s.table, s.cfg.MaxAttempts, s.cfg.RetryBase.Microseconds(), s.cfg.RetryMax.Microseconds(), fence)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(sub.ctx), 30*time.Second)
 	defer cancel()
-	rs, err := s.db.query(ctx, q, s.db.oneShot([]any{acked, released, failed, errs, jitters, token})...)
+	var (
+		results []markResult
+		err     error
+	)
+	if s.s.sqlite {
+		results, err = sub.sqliteMark(ctx, token, acked, released, failed, errs, jitters)
+	} else {
+		results, err = sub.pgMark(ctx, token, acked, released, failed, errs, jitters)
+	}
 	if err != nil {
-		return fmt.Errorf("outbox: mark batch %s: %w", token, err)
-	}
-	type markResult struct {
-		seq      int64
-		attempts int
-		next     *time.Time
-		dead     bool
-		now      time.Time
-	}
-	var results []markResult
-	for rs.Next() {
-		var r markResult
-		if err := rs.Scan(&r.seq, &r.attempts, &r.next, &r.dead, &r.now); err != nil {
-			rs.Close()
-			return fmt.Errorf("outbox: mark batch %s: %w", token, err)
-		}
-		results = append(results, r)
-	}
-	rs.Close()
-	if err := rs.Err(); err != nil {
 		return fmt.Errorf("outbox: mark batch %s: %w", token, err)
 	}
 	// Logs and hooks run after the connection went back to the pool.
@@ -832,6 +845,61 @@ UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM failed`,
 		}
 	}
 	return nil
+}
+
+// markResult is one row a mark wrote: the event's attempts and, for a failure, when it is tried
+// again or whether it was dead-lettered; now is the clock the mark used.
+type markResult struct {
+	seq      int64
+	attempts int
+	next     *time.Time
+	dead     bool
+	now      time.Time
+}
+
+// pgMark is PostgreSQL's mark: one statement, database clock.
+func (sub *subscription) pgMark(ctx context.Context, token string, acked, released, failed []int64, errs []string, jitters []float64) ([]markResult, error) {
+	s := sub.s
+	// Three join-free updates in one statement (a join with the parameter arrays is planned
+	// as a nested loop over both arrays). Every update is fenced by the batch's token.
+	fence := `"leased_by" = $6 AND "published_at" IS NULL`
+	q := fmt.Sprintf(`WITH acked AS (
+	UPDATE %[1]s SET "published_at" = now(), "lease_until" = NULL, "leased_by" = NULL
+	WHERE "sequence" = ANY($1::bigint[]) AND %[5]s RETURNING "sequence", "attempts", NULL::timestamptz AS next, false AS dead
+), released AS (
+	UPDATE %[1]s SET "lease_until" = NULL, "leased_by" = NULL
+	WHERE "sequence" = ANY($2::bigint[]) AND %[5]s RETURNING "sequence", "attempts", NULL::timestamptz AS next, false AS dead
+), failed AS (
+	UPDATE %[1]s o SET "attempts" = o."attempts" + 1,
+		"last_error" = ($4::text[])[array_position($3::bigint[], o."sequence")],
+		"dead_lettered_at" = CASE WHEN o."attempts" + 1 >= %[2]d THEN now() END,
+		"next_attempt_at" = CASE WHEN o."attempts" + 1 < %[2]d THEN now() + LEAST(%[3]d * power(2::float8, LEAST(o."attempts", 62)), %[4]d::float8)
+			* ($5::float8[])[array_position($3::bigint[], o."sequence")] * interval '1 microsecond' END,
+		"lease_until" = NULL, "leased_by" = NULL
+	WHERE o."sequence" = ANY($3::bigint[]) AND %[5]s RETURNING o."sequence", o."attempts", o."next_attempt_at" AS next, o."dead_lettered_at" IS NOT NULL AS dead
+)
+SELECT "sequence", "attempts", next, dead, now() FROM acked
+UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM released
+UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM failed`,
+		s.s.table, s.cfg.MaxAttempts, s.cfg.RetryBase.Microseconds(), s.cfg.RetryMax.Microseconds(), fence)
+	rs, err := s.db.query(ctx, q, s.db.oneShot([]any{acked, released, failed, errs, jitters, token})...)
+	if err != nil {
+		return nil, err
+	}
+	var results []markResult
+	for rs.Next() {
+		var r markResult
+		if err := rs.Scan(&r.seq, &r.attempts, &r.next, &r.dead, &r.now); err != nil {
+			rs.Close()
+			return nil, err
+		}
+		results = append(results, r)
+	}
+	rs.Close()
+	if err := rs.Err(); err != nil {
+		return nil, err
+	}
+	return results, nil
 }
 
 // WarnLogger is an optional extension of watermill.LoggerAdapter (which has no WARN level in

@@ -20,48 +20,57 @@ import (
 // TestNoStarvationBehindBlockedKeys: a thousand dead-lettered keys, each with a waiting
 // successor, sort before a healthy key; the key skip scan must still reach it.
 func TestNoStarvationBehindBlockedKeys(t *testing.T) {
-	schema := newTable(t)
-	pool := pgtest.Require(t)
-	if _, err := pool.Exec(ctx, fmt.Sprintf(`
-		INSERT INTO %[1]q (id, topic, payload, ordering_key) SELECT gen_random_uuid(), 't', '1', 'a' || lpad(g::text, 5, '0') FROM generate_series(1, 1000) g;
-		INSERT INTO %[1]q (id, topic, payload, ordering_key) SELECT gen_random_uuid(), 't', '2', 'a' || lpad(g::text, 5, '0') FROM generate_series(1, 1000) g;
-		UPDATE %[1]q SET dead_lettered_at = now(), attempts = 5 WHERE sequence <= (SELECT min(sequence) + 999 FROM %[1]q);
-		INSERT INTO %[1]q (id, topic, payload, ordering_key) VALUES (gen_random_uuid(), 't', '3', 'zzz');`, schema.Table)); err != nil {
-		t.Fatal(err)
-	}
-	cfg := fastCfg(schema)
-	cfg.KeyScan = 100
-	ch, _ := newSub(t, cfg).Subscribe(ctx, "t")
-	rec := &recorder{}
-	rec.consume(ch, ack)
-	pgtest.Eventually(t, 20*time.Second, "healthy key zzz delivered", func() bool {
-		return count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE ordering_key = 'zzz' AND published_at IS NOT NULL`, schema.Table)) == 1
-	})
-	for _, d := range rec.all() {
-		if d.key != "zzz" {
-			t.Fatalf("event of blocked key %s delivered", d.key)
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t)
+		var ins []outbox.EventInput
+		for round := range 2 {
+			for i := 1; i <= 1000; i++ {
+				ins = append(ins, outbox.EventInput{Topic: "t", Payload: round + 1, OrderingKey: fmt.Sprintf("a%05d", i)})
+			}
 		}
-	}
+		p := b.publisher(t, outbox.PublisherConfig{Schema: schema})
+		if _, err := p.EnqueueMany(ctx, ins); err != nil {
+			t.Fatal(err)
+		}
+		b.exec(t, fmt.Sprintf(`UPDATE %[1]q SET dead_lettered_at = %[2]s, attempts = 5 WHERE sequence <= (SELECT min(sequence) + 999 FROM %[1]q)`, schema.Table, b.at(0)))
+		if _, err := p.Enqueue(ctx, outbox.EventInput{Topic: "t", Payload: 3, OrderingKey: "zzz"}); err != nil {
+			t.Fatal(err)
+		}
+		cfg := fastCfg(schema)
+		cfg.KeyScan = 100
+		ch, _ := b.newSub(t, cfg).Subscribe(ctx, "t")
+		rec := &recorder{}
+		rec.consume(ch, ack)
+		pgtest.Eventually(t, 20*time.Second, "healthy key zzz delivered", func() bool {
+			return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE ordering_key = 'zzz' AND published_at IS NOT NULL`, schema.Table)) == 1
+		})
+		for _, d := range rec.all() {
+			if d.key != "zzz" {
+				t.Fatalf("event of blocked key %s delivered", d.key)
+			}
+		}
+	})
 }
 
 // TestBackoffHugeAttempts: a retry-for-ever configuration keeps marking (no numeric overflow
 // in the backoff) and acks of the same batch are written.
 func TestBackoffHugeAttempts(t *testing.T) {
-	schema := newTable(t)
-	pool := pgtest.Require(t)
-	seed(t, schema, "t", 3, []string{""})
-	pool.Exec(ctx, fmt.Sprintf(`UPDATE %q SET attempts = 5000 WHERE sequence = (SELECT min(sequence) FROM %[1]q)`, schema.Table))
-	cfg := fastCfg(schema)
-	cfg.MaxAttempts = 1 << 30
-	ch, _ := newSub(t, cfg).Subscribe(ctx, "t")
-	(&recorder{}).consume(ch, func(m *message.Message) error {
-		if m.Metadata.Get(outbox.MetadataAttempt) == "5001" {
-			return errors.New("still down")
-		}
-		return nil
-	})
-	pgtest.Eventually(t, 10*time.Second, "failure recorded with backoff capped at RetryMax, acks written", func() bool {
-		return count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE (attempts = 5001 AND next_attempt_at BETWEEN now() AND now() + interval '2 seconds') OR published_at IS NOT NULL`, schema.Table)) == 3
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t)
+		b.seed(t, schema, "t", 3, []string{""})
+		b.raw.ExecContext(ctx, fmt.Sprintf(`UPDATE %q SET attempts = 5000 WHERE sequence = (SELECT min(sequence) FROM %[1]q)`, schema.Table))
+		cfg := fastCfg(schema)
+		cfg.MaxAttempts = 1 << 30
+		ch, _ := b.newSub(t, cfg).Subscribe(ctx, "t")
+		(&recorder{}).consume(ch, func(m *message.Message) error {
+			if m.Metadata.Get(outbox.MetadataAttempt) == "5001" {
+				return errors.New("still down")
+			}
+			return nil
+		})
+		pgtest.Eventually(t, 10*time.Second, "failure recorded with backoff capped at RetryMax, acks written", func() bool {
+			return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE (attempts = 5001 AND next_attempt_at BETWEEN %s AND %s) OR published_at IS NOT NULL`, schema.Table, b.at(0), b.at(2*time.Second))) == 3
+		})
 	})
 }
 
@@ -96,26 +105,27 @@ func TestEnqueueManySavepointThroughWatermillTx(t *testing.T) {
 // TestFencingSameRelayName: two subscribers configured with one RelayName still fence each
 // other (tokens carry a per-subscriber nonce).
 func TestFencingSameRelayName(t *testing.T) {
-	schema := newTable(t)
-	pool := pgtest.Require(t)
-	seed(t, schema, "t", 1, []string{""})
-	cfg := fastCfg(schema)
-	cfg.RelayName = "relay"
-	subA := newSub(t, cfg)
-	chA, _ := subA.Subscribe(ctx, "t")
-	msgA := <-chA
-	pool.Exec(ctx, fmt.Sprintf(`UPDATE %q SET lease_until = now() - interval '1 second'`, schema.Table))
-	chB, _ := newSub(t, cfg).Subscribe(ctx, "t")
-	(&recorder{}).consume(chB, ack)
-	pgtest.Eventually(t, 10*time.Second, "B published", func() bool {
-		return count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL`, schema.Table)) == 1
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t)
+		b.seed(t, schema, "t", 1, []string{""})
+		cfg := fastCfg(schema)
+		cfg.RelayName = "relay"
+		subA := b.newSub(t, cfg)
+		chA, _ := subA.Subscribe(ctx, "t")
+		msgA := <-chA
+		b.raw.ExecContext(ctx, fmt.Sprintf(`UPDATE %q SET lease_until = %s`, schema.Table, b.at(-time.Second)))
+		chB, _ := b.newSub(t, cfg).Subscribe(ctx, "t")
+		(&recorder{}).consume(chB, ack)
+		pgtest.Eventually(t, 10*time.Second, "B published", func() bool {
+			return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL`, schema.Table)) == 1
+		})
+		outbox.SetNackError(msgA, errors.New("late"))
+		msgA.Nack()
+		subA.Close()
+		if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE attempts = 0 AND last_error IS NULL AND published_at IS NOT NULL`, schema.Table)); n != 1 {
+			t.Fatal("A's late nack changed the event B published")
+		}
 	})
-	outbox.SetNackError(msgA, errors.New("late"))
-	msgA.Nack()
-	subA.Close()
-	if n := count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE attempts = 0 AND last_error IS NULL AND published_at IS NOT NULL`, schema.Table)); n != 1 {
-		t.Fatal("A's late nack changed the event B published")
-	}
 }
 
 func TestLongTableNamesDoNotShareIndexes(t *testing.T) {
@@ -141,81 +151,84 @@ func TestLongTableNamesDoNotShareIndexes(t *testing.T) {
 // TestSubscribeBatchesKeepsKeyOrder: in a batch, an ack after a failed event of the same key
 // is not recorded as published (it would overtake the failed one); other keys are unaffected.
 func TestSubscribeBatchesKeepsKeyOrder(t *testing.T) {
-	schema := newTable(t)
-	seed(t, schema, "t", 6, []string{"a", "b"}) // a: 1st,3rd,5th; b: 2nd,4th,6th
-	cfg := fastCfg(schema)
-	cfg.RetryBase = 10 * time.Second
-	cfg.RetryMax = 10 * time.Second
-	sub := newSub(t, cfg)
-	ch, err := sub.SubscribeBatches(ctx, "t")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := <-ch
-	if len(b.Messages) != 6 {
-		t.Fatalf("batch of %d", len(b.Messages))
-	}
-	for i, m := range b.Messages {
-		if i == 0 { // first event of key a fails
-			m.Nack()
-			continue
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t)
+		b.seed(t, schema, "t", 6, []string{"a", "b"}) // a: 1st,3rd,5th; b: 2nd,4th,6th
+		cfg := fastCfg(schema)
+		cfg.RetryBase = 10 * time.Second
+		cfg.RetryMax = 10 * time.Second
+		sub := b.newSub(t, cfg)
+		ch, err := sub.SubscribeBatches(ctx, "t")
+		if err != nil {
+			t.Fatal(err)
 		}
-		m.Ack()
-	}
-	sub.Close()
-	var got []string
-	rows, _ := pgtest.Require(t).Query(ctx, fmt.Sprintf(`SELECT ordering_key || ':' || (CASE WHEN published_at IS NOT NULL THEN 'published' WHEN attempts > 0 THEN 'failed' ELSE 'pending' END) FROM %q ORDER BY sequence`, schema.Table))
-	for rows.Next() {
-		var s string
-		rows.Scan(&s)
-		got = append(got, s)
-	}
-	rows.Close()
-	want := "[a:failed b:published a:pending b:published a:pending b:published]"
-	if fmt.Sprint(got) != want {
-		t.Fatalf("states %v, want %s", got, want)
-	}
+		batch := <-ch
+		if len(batch.Messages) != 6 {
+			t.Fatalf("batch of %d", len(batch.Messages))
+		}
+		for i, m := range batch.Messages {
+			if i == 0 { // first event of key a fails
+				m.Nack()
+				continue
+			}
+			m.Ack()
+		}
+		sub.Close()
+		var got []string
+		rows, _ := b.raw.QueryContext(ctx, fmt.Sprintf(`SELECT ordering_key || ':' || (CASE WHEN published_at IS NOT NULL THEN 'published' WHEN attempts > 0 THEN 'failed' ELSE 'pending' END) FROM %q ORDER BY sequence`, schema.Table))
+		for rows.Next() {
+			var s string
+			rows.Scan(&s)
+			got = append(got, s)
+		}
+		rows.Close()
+		want := "[a:failed b:published a:pending b:published a:pending b:published]"
+		if fmt.Sprint(got) != want {
+			t.Fatalf("states %v, want %s", got, want)
+		}
+	})
 }
 
 // TestLeaseLostStopsEmitting: when a renewal finds the batch's lease taken over, the relay
 // emits nothing more of that batch and changes nothing.
 func TestLeaseLostStopsEmitting(t *testing.T) {
-	schema := newTable(t)
-	pool := pgtest.Require(t)
-	seed(t, schema, "t", 3, []string{"k"})
-	cfg := fastCfg(schema)
-	cfg.LeaseDuration, cfg.DeliveryTimeout = 1500*time.Millisecond, time.Second
-	cfg.MaxRunPerKey = 3
-	logs := &errorLog{}
-	sub, err := outbox.NewSubscriber(pool, cfg, logs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
-	ch, _ := sub.Subscribe(ctx, "t")
-	first := <-ch
-	// Another relay takes the events over.
-	if _, err := pool.Exec(ctx, fmt.Sprintf(`UPDATE %q SET leased_by = 'someone-else', lease_until = now() + interval '1 minute'`, schema.Table)); err != nil {
-		t.Fatal(err)
-	}
-	pgtest.Eventually(t, 5*time.Second, "the next renewal notices the loss", func() bool {
-		return logs.has("outbox: lease lost")
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t)
+		b.seed(t, schema, "t", 3, []string{"k"})
+		cfg := fastCfg(schema)
+		cfg.LeaseDuration, cfg.DeliveryTimeout = 1500*time.Millisecond, time.Second
+		cfg.MaxRunPerKey = 3
+		logs := &errorLog{}
+		sub, err := outbox.NewSubscriber(b.db, cfg, logs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sub.Close()
+		ch, _ := sub.Subscribe(ctx, "t")
+		first := <-ch
+		// Another relay takes the events over.
+		if _, err := b.raw.ExecContext(ctx, fmt.Sprintf(`UPDATE %q SET leased_by = 'someone-else', lease_until = %s`, schema.Table, b.at(time.Minute))); err != nil {
+			t.Fatal(err)
+		}
+		pgtest.Eventually(t, 5*time.Second, "the next renewal notices the loss", func() bool {
+			return logs.has("outbox: lease lost")
+		})
+		first.Ack()
+		// Without the loss the key's second event would be emitted right after this ack. A
+		// negative check needs a bound: half a second is ample for a channel hand-off.
+		select {
+		case m := <-ch:
+			t.Fatalf("emitted sequence %s after the lease was lost", m.Metadata.Get(outbox.MetadataSequence))
+		case <-time.After(500 * time.Millisecond):
+		}
+		sub.Close()
+		for m := range ch {
+			t.Fatalf("emitted sequence %s after the lease was lost", m.Metadata.Get(outbox.MetadataSequence))
+		}
+		if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL OR leased_by <> 'someone-else'`, schema.Table)); n != 0 {
+			t.Fatalf("%d events changed by the relay that lost its lease", n)
+		}
 	})
-	first.Ack()
-	// Without the loss the key's second event would be emitted right after this ack. A
-	// negative check needs a bound: half a second is ample for a channel hand-off.
-	select {
-	case m := <-ch:
-		t.Fatalf("emitted sequence %s after the lease was lost", m.Metadata.Get(outbox.MetadataSequence))
-	case <-time.After(500 * time.Millisecond):
-	}
-	sub.Close()
-	for m := range ch {
-		t.Fatalf("emitted sequence %s after the lease was lost", m.Metadata.Get(outbox.MetadataSequence))
-	}
-	if n := count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL OR leased_by <> 'someone-else'`, schema.Table)); n != 0 {
-		t.Fatalf("%d events changed by the relay that lost its lease", n)
-	}
 }
 
 // errorLog records the messages logged at ERROR; safe for concurrent use.

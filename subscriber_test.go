@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 
@@ -91,36 +90,6 @@ var errNoAnswer = errors.New("no answer")
 
 func ack(*message.Message) error { return nil }
 
-func newSub(t *testing.T, cfg outbox.SubscriberConfig) *outbox.Subscriber {
-	t.Helper()
-	s, err := outbox.NewSubscriber(pgtest.Require(t), cfg, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
-}
-
-// seed writes n events round-robin over keys (key "" = unordered) on topic, in batches.
-func seed(t *testing.T, schema outbox.SchemaConfig, topic string, n int, keys []string) {
-	t.Helper()
-	p := mustPublisher(t, pgtest.Require(t), outbox.PublisherConfig{Schema: schema})
-	const chunk = 500
-	for start := 0; start < n; start += chunk {
-		var msgs []*message.Message
-		for i := start; i < min(n, start+chunk); i++ {
-			m := outbox.NewMessage([]byte(fmt.Sprintf(`{"i":%d}`, i)))
-			if k := keys[i%len(keys)]; k != "" {
-				outbox.SetOrderingKey(m, k)
-			}
-			msgs = append(msgs, m)
-		}
-		if err := p.Publish(topic, msgs...); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 func checkPerKeyOrder(t *testing.T, ds []delivery) {
 	t.Helper()
 	last := map[string]int64{}
@@ -136,198 +105,204 @@ func checkPerKeyOrder(t *testing.T, ds []delivery) {
 }
 
 func TestTwoRelaysExactlyOnceInKeyOrder(t *testing.T) {
-	schema := newTable(t)
-	n := 10000
-	keys := make([]string, 100)
-	for i := range keys {
-		keys[i] = fmt.Sprintf("key-%03d", i)
-	}
-	seed(t, schema, "orders", n, keys)
-	rec := &recorder{}
-	for i := range 2 {
-		cfg := fastCfg(schema)
-		cfg.RelayName = fmt.Sprintf("relay-%d", i)
-		cfg.BatchSize = 500
-		ch, err := newSub(t, cfg).Subscribe(ctx, "orders")
-		if err != nil {
-			t.Fatal(err)
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t)
+		n := b.scale(10000, 5) // 10,000 events over 100 keys (2,000 for SQLite under -race)
+		keys := make([]string, 100)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("key-%03d", i)
 		}
-		rec.consume(ch, ack)
-	}
-	pgtest.Eventually(t, 60*time.Second, "all events published", func() bool {
-		return count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NULL`, schema.Table)) == 0
+		b.seed(t, schema, "orders", n, keys)
+		rec := &recorder{}
+		for i := range 2 {
+			cfg := fastCfg(schema)
+			cfg.RelayName = fmt.Sprintf("relay-%d", i)
+			cfg.BatchSize = 500
+			ch, err := b.newSub(t, cfg).Subscribe(ctx, "orders")
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec.consume(ch, ack)
+		}
+		pgtest.Eventually(t, 60*time.Second, "all events published", func() bool {
+			return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NULL`, schema.Table)) == 0
+		})
+		ds := rec.all()
+		if len(ds) != n {
+			t.Fatalf("%d deliveries, want %d (exactly once)", len(ds), n)
+		}
+		ids := map[string]bool{}
+		for _, d := range ds {
+			if ids[d.id] {
+				t.Fatalf("event %s delivered twice", d.id)
+			}
+			ids[d.id] = true
+		}
+		checkPerKeyOrder(t, ds)
 	})
-	ds := rec.all()
-	if len(ds) != n {
-		t.Fatalf("%d deliveries, want %d (exactly once)", len(ds), n)
-	}
-	ids := map[string]bool{}
-	for _, d := range ds {
-		if ids[d.id] {
-			t.Fatalf("event %s delivered twice", d.id)
-		}
-		ids[d.id] = true
-	}
-	checkPerKeyOrder(t, ds)
 }
 
 func TestFailingHeadHoldsOnlyItsKey(t *testing.T) {
-	schema := newTable(t)
-	pool := pgtest.Require(t)
-	p := mustPublisher(t, pool, outbox.PublisherConfig{Schema: schema})
-	evs, err := p.EnqueueMany(ctx, []outbox.EventInput{
-		{Topic: "t", Payload: "bad-1", OrderingKey: "bad"},
-		{Topic: "t", Payload: "bad-2", OrderingKey: "bad"},
-		{Topic: "t", Payload: "good-1", OrderingKey: "good"},
-		{Topic: "t", Payload: "free-1"},
-		{Topic: "t", Payload: "good-2", OrderingKey: "good"},
-		{Topic: "t", Payload: "free-2"},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bad1, bad2 := evs[0].ID.String(), evs[1].ID.String()
-	cfg := fastCfg(schema)
-	cfg.MaxAttempts = 3
-	var mu sync.Mutex
-	var failures []outbox.FailedInfo
-	var dead []outbox.FailedInfo
-	cfg.Hooks.OnFailed = func(f outbox.FailedInfo) { mu.Lock(); failures = append(failures, f); mu.Unlock() }
-	cfg.Hooks.OnDeadLettered = func(f outbox.FailedInfo) { mu.Lock(); dead = append(dead, f); mu.Unlock() }
-	var failing atomic.Bool
-	failing.Store(true)
-	sub := newSub(t, cfg)
-	ch, err := sub.Subscribe(ctx, "t")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := &recorder{}
-	rec.consume(ch, func(m *message.Message) error {
-		if m.Metadata.Get(outbox.MetadataOrderingKey) == "bad" && failing.Load() {
-			return errors.New("broker says no")
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t)
+		p := b.publisher(t, outbox.PublisherConfig{Schema: schema})
+		evs, err := p.EnqueueMany(ctx, []outbox.EventInput{
+			{Topic: "t", Payload: "bad-1", OrderingKey: "bad"},
+			{Topic: "t", Payload: "bad-2", OrderingKey: "bad"},
+			{Topic: "t", Payload: "good-1", OrderingKey: "good"},
+			{Topic: "t", Payload: "free-1"},
+			{Topic: "t", Payload: "good-2", OrderingKey: "good"},
+			{Topic: "t", Payload: "free-2"},
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
-		return nil
-	})
-	// Other keys and unordered events finish while "bad" fails.
-	pgtest.Eventually(t, 10*time.Second, "good and unordered published", func() bool {
-		return count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL`, schema.Table)) == 4
-	})
-	pgtest.Eventually(t, 20*time.Second, "bad-1 dead-lettered", func() bool {
+		bad1, bad2 := evs[0].ID.String(), evs[1].ID.String()
+		cfg := fastCfg(schema)
+		cfg.MaxAttempts = 3
+		var mu sync.Mutex
+		var failures []outbox.FailedInfo
+		var dead []outbox.FailedInfo
+		cfg.Hooks.OnFailed = func(f outbox.FailedInfo) { mu.Lock(); failures = append(failures, f); mu.Unlock() }
+		cfg.Hooks.OnDeadLettered = func(f outbox.FailedInfo) { mu.Lock(); dead = append(dead, f); mu.Unlock() }
+		var failing atomic.Bool
+		failing.Store(true)
+		sub := b.newSub(t, cfg)
+		ch, err := sub.Subscribe(ctx, "t")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := &recorder{}
+		rec.consume(ch, func(m *message.Message) error {
+			if m.Metadata.Get(outbox.MetadataOrderingKey) == "bad" && failing.Load() {
+				return errors.New("broker says no")
+			}
+			return nil
+		})
+		// Other keys and unordered events finish while "bad" fails.
+		pgtest.Eventually(t, 10*time.Second, "good and unordered published", func() bool {
+			return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL`, schema.Table)) == 4
+		})
+		pgtest.Eventually(t, 20*time.Second, "bad-1 dead-lettered", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(dead) == 1
+		})
 		mu.Lock()
-		defer mu.Unlock()
-		return len(dead) == 1
+		var deadErr *outbox.DeliveryError
+		if len(failures) != 2 || dead[0].EventID != bad1 || dead[0].Attempts != 3 || !errors.As(dead[0].Err, &deadErr) || deadErr.Err.Error() != "broker says no" {
+			t.Fatalf("failures %+v dead %+v", failures, dead)
+		}
+		for i, f := range failures {
+			want := cfg.RetryBase * time.Duration(1<<i)
+			got := f.NextAttemptAt.Sub(f.At)
+			if f.EventID != bad1 || f.Attempts != i+1 || got < want*9/10 || got > want*11/10 {
+				t.Fatalf("failure %d: %+v: backoff %s, want %s ±10%%", i, f, got, want)
+			}
+			var de *outbox.DeliveryError
+			if !errors.As(f.Err, &de) || de.Err.Error() != "broker says no" {
+				t.Fatalf("failure error %v", f.Err)
+			}
+		}
+		mu.Unlock()
+		var lastErr string
+		b.raw.QueryRowContext(ctx, fmt.Sprintf(`SELECT last_error FROM %q WHERE id = $1`, schema.Table), bad1).Scan(&lastErr)
+		if lastErr != "broker says no" {
+			t.Fatalf("last_error = %q", lastErr)
+		}
+		// bad-2 was never delivered: held behind its dead-lettered head.
+		for _, d := range rec.all() {
+			if d.id == bad2 {
+				t.Fatal("bad-2 delivered while its head is dead-lettered")
+			}
+		}
+		failing.Store(false)
+		n, err := sub.RetryDeadLettered(ctx, outbox.RetryFilter{IDs: []uuid.UUID{evs[0].ID}})
+		if err != nil || n != 1 {
+			t.Fatalf("retry: %d %v", n, err)
+		}
+		pgtest.Eventually(t, 10*time.Second, "all published", func() bool {
+			return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL`, schema.Table)) == 6
+		})
+		var order []string
+		for _, d := range rec.all() {
+			if d.key == "bad" {
+				order = append(order, fmt.Sprintf("%s#%d", map[string]string{bad1: "bad-1", bad2: "bad-2"}[d.id], d.attempt))
+			}
+		}
+		if fmt.Sprint(order) != "[bad-1#1 bad-1#2 bad-1#3 bad-1#1 bad-2#1]" {
+			t.Fatalf("bad key deliveries: %v", order)
+		}
+		checkPerKeyOrder(t, rec.all())
 	})
-	mu.Lock()
-	var deadErr *outbox.DeliveryError
-	if len(failures) != 2 || dead[0].EventID != bad1 || dead[0].Attempts != 3 || !errors.As(dead[0].Err, &deadErr) || deadErr.Err.Error() != "broker says no" {
-		t.Fatalf("failures %+v dead %+v", failures, dead)
-	}
-	for i, f := range failures {
-		want := cfg.RetryBase * time.Duration(1<<i)
-		got := f.NextAttemptAt.Sub(f.At)
-		if f.EventID != bad1 || f.Attempts != i+1 || got < want*9/10 || got > want*11/10 {
-			t.Fatalf("failure %d: %+v: backoff %s, want %s ±10%%", i, f, got, want)
-		}
-		var de *outbox.DeliveryError
-		if !errors.As(f.Err, &de) || de.Err.Error() != "broker says no" {
-			t.Fatalf("failure error %v", f.Err)
-		}
-	}
-	mu.Unlock()
-	var lastErr string
-	pool.QueryRow(ctx, fmt.Sprintf(`SELECT last_error FROM %q WHERE id = $1`, schema.Table), bad1).Scan(&lastErr)
-	if lastErr != "broker says no" {
-		t.Fatalf("last_error = %q", lastErr)
-	}
-	// bad-2 was never delivered: held behind its dead-lettered head.
-	for _, d := range rec.all() {
-		if d.id == bad2 {
-			t.Fatal("bad-2 delivered while its head is dead-lettered")
-		}
-	}
-	failing.Store(false)
-	n, err := sub.RetryDeadLettered(ctx, outbox.RetryFilter{IDs: []uuid.UUID{evs[0].ID}})
-	if err != nil || n != 1 {
-		t.Fatalf("retry: %d %v", n, err)
-	}
-	pgtest.Eventually(t, 10*time.Second, "all published", func() bool {
-		return count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL`, schema.Table)) == 6
-	})
-	var order []string
-	for _, d := range rec.all() {
-		if d.key == "bad" {
-			order = append(order, fmt.Sprintf("%s#%d", map[string]string{bad1: "bad-1", bad2: "bad-2"}[d.id], d.attempt))
-		}
-	}
-	if fmt.Sprint(order) != "[bad-1#1 bad-1#2 bad-1#3 bad-1#1 bad-2#1]" {
-		t.Fatalf("bad key deliveries: %v", order)
-	}
-	checkPerKeyOrder(t, rec.all())
 }
 
 func TestDeliveryTimeoutRetries(t *testing.T) {
-	schema := newTable(t)
-	seed(t, schema, "t", 1, []string{"k"})
-	cfg := fastCfg(schema)
-	cfg.LeaseDuration, cfg.DeliveryTimeout = 2*time.Second, 300*time.Millisecond
-	cfg.RetryBase = 50 * time.Millisecond
-	ch, _ := newSub(t, cfg).Subscribe(ctx, "t")
-	rec := &recorder{}
-	var calls atomic.Int32
-	rec.consume(ch, func(*message.Message) error {
-		if calls.Add(1) == 1 {
-			return errNoAnswer
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t)
+		b.seed(t, schema, "t", 1, []string{"k"})
+		cfg := fastCfg(schema)
+		cfg.LeaseDuration, cfg.DeliveryTimeout = 2*time.Second, 300*time.Millisecond
+		cfg.RetryBase = 50 * time.Millisecond
+		ch, _ := b.newSub(t, cfg).Subscribe(ctx, "t")
+		rec := &recorder{}
+		var calls atomic.Int32
+		rec.consume(ch, func(*message.Message) error {
+			if calls.Add(1) == 1 {
+				return errNoAnswer
+			}
+			return nil
+		})
+		pgtest.Eventually(t, 10*time.Second, "published after a timeout", func() bool {
+			return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL AND attempts = 1 AND last_error LIKE '%%delivery timeout%%'`, schema.Table)) == 1
+		})
+		if ds := rec.all(); len(ds) != 2 || ds[0].attempt != 1 || ds[1].attempt != 2 {
+			t.Fatalf("deliveries %+v", ds)
 		}
-		return nil
 	})
-	pgtest.Eventually(t, 10*time.Second, "published after a timeout", func() bool {
-		return count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL AND attempts = 1 AND last_error LIKE '%%delivery timeout%%'`, schema.Table)) == 1
-	})
-	if ds := rec.all(); len(ds) != 2 || ds[0].attempt != 1 || ds[1].attempt != 2 {
-		t.Fatalf("deliveries %+v", ds)
-	}
 }
 
 // TestFencing: a relay whose lease expired (simulated: the lease is moved into the past, as a
 // paused relay would see it) cannot overwrite the marks of the relay that took over.
 func TestFencing(t *testing.T) {
-	schema := newTable(t)
-	pool := pgtest.Require(t)
-	seed(t, schema, "t", 1, []string{""})
-	cfgA := fastCfg(schema)
-	cfgA.RelayName = "A"
-	subA := newSub(t, cfgA)
-	chA, _ := subA.Subscribe(ctx, "t")
-	release := make(chan struct{})
-	got := make(chan *message.Message, 1)
-	go func() {
-		msg := <-chA
-		got <- msg
-		<-release
-		outbox.SetNackError(msg, errors.New("A failed late"))
-		msg.Nack()
-	}()
-	msgA := <-got
-	if _, err := pool.Exec(ctx, fmt.Sprintf(`UPDATE %q SET lease_until = now() - interval '1 second'`, schema.Table)); err != nil {
-		t.Fatal(err)
-	}
-	cfgB := fastCfg(schema)
-	cfgB.RelayName = "B"
-	chB, _ := newSub(t, cfgB).Subscribe(ctx, "t")
-	recB := &recorder{}
-	recB.consume(chB, ack)
-	pgtest.Eventually(t, 10*time.Second, "B published it", func() bool {
-		return count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL`, schema.Table)) == 1
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t)
+		b.seed(t, schema, "t", 1, []string{""})
+		cfgA := fastCfg(schema)
+		cfgA.RelayName = "A"
+		subA := b.newSub(t, cfgA)
+		chA, _ := subA.Subscribe(ctx, "t")
+		release := make(chan struct{})
+		got := make(chan *message.Message, 1)
+		go func() {
+			msg := <-chA
+			got <- msg
+			<-release
+			outbox.SetNackError(msg, errors.New("A failed late"))
+			msg.Nack()
+		}()
+		msgA := <-got
+		if _, err := b.raw.ExecContext(ctx, fmt.Sprintf(`UPDATE %q SET lease_until = %s`, schema.Table, b.at(-time.Second))); err != nil {
+			t.Fatal(err)
+		}
+		cfgB := fastCfg(schema)
+		cfgB.RelayName = "B"
+		chB, _ := b.newSub(t, cfgB).Subscribe(ctx, "t")
+		recB := &recorder{}
+		recB.consume(chB, ack)
+		pgtest.Eventually(t, 10*time.Second, "B published it", func() bool {
+			return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL`, schema.Table)) == 1
+		})
+		close(release)
+		<-msgA.Nacked()
+		// Close waits for A's poll loop, so A's marks (conditioned on its token) are written.
+		subA.Close()
+		var attempts int
+		var lastErr *string
+		var published bool
+		b.raw.QueryRowContext(ctx, fmt.Sprintf(`SELECT attempts, last_error, published_at IS NOT NULL FROM %q`, schema.Table)).Scan(&attempts, &lastErr, &published)
+		if attempts != 0 || lastErr != nil || !published {
+			t.Fatalf("after A's late nack: attempts=%d last_error=%v published=%v", attempts, lastErr, published)
+		}
 	})
-	close(release)
-	<-msgA.Nacked()
-	// Close waits for A's poll loop, so A's marks (conditioned on its token) are written.
-	subA.Close()
-	var attempts int
-	var lastErr *string
-	var published *time.Time
-	pool.QueryRow(ctx, fmt.Sprintf(`SELECT attempts, last_error, published_at FROM %q`, schema.Table)).Scan(&attempts, &lastErr, &published)
-	if attempts != 0 || lastErr != nil || published == nil {
-		t.Fatalf("after A's late nack: attempts=%d last_error=%v published=%v", attempts, lastErr, published)
-	}
 }

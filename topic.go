@@ -38,12 +38,15 @@ func parseTopicPattern(field, pattern string) (topicFilter, error) {
 }
 
 // sql renders the filter as a condition on column col, appending its parameter to args.
-func (f topicFilter) sql(col string, args *[]any) string {
+func (f topicFilter) sql(col string, args *[]any, sqlite bool) string {
 	switch {
 	case f.all:
 		return "true"
 	case f.isPfx:
 		*args = append(*args, f.prefix)
+		if sqlite {
+			return fmt.Sprintf("substr(%[1]s, 1, length($%[2]d)) = $%[2]d", col, len(*args))
+		}
 		return fmt.Sprintf("starts_with(%s, $%d)", col, len(*args))
 	default:
 		*args = append(*args, f.exact)
@@ -70,10 +73,10 @@ type topicSelection struct {
 }
 
 // sql renders the selection as a condition on col; parameters are appended to args.
-func (s topicSelection) sql(col string, args *[]any) string {
-	cond := s.include.sql(col, args)
+func (s topicSelection) sql(col string, args *[]any, sqlite bool) string {
+	cond := s.include.sql(col, args, sqlite)
 	for _, e := range s.excludes {
-		cond += " AND NOT " + e.sql(col, args)
+		cond += " AND NOT " + e.sql(col, args, sqlite)
 	}
 	return cond
 }

@@ -1,0 +1,143 @@
+package outbox_test
+
+import (
+	"database/sql"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver (pure Go)
+
+	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/internal/pgtest"
+)
+
+// backend is one dialect the behavioural suite runs against: the same test body runs on
+// PostgreSQL (the shared pool) and on SQLite (a fresh database file per test).
+type backend struct {
+	dialect outbox.Dialect
+	// db is the handle given to Migrate, NewSubscriber and pool-level publishers: a
+	// *pgxpool.Pool or the SQLite *sql.DB.
+	db any
+	// raw runs the tests' own SQL: the pgx stdlib *sql.DB or the SQLite *sql.DB.
+	raw *sql.DB
+}
+
+// eachBackend runs fn as a subtest per dialect: "postgresql" and "sqlite".
+func eachBackend(t *testing.T, fn func(t *testing.T, b *backend)) {
+	t.Helper()
+	t.Run("postgresql", func(t *testing.T) {
+		pool := pgtest.Require(t)
+		fn(t, &backend{dialect: outbox.DialectPostgreSQL, db: pool, raw: pgtest.StdDB(t)})
+	})
+	t.Run("sqlite", func(t *testing.T) {
+		fn(t, sqliteBackend(t))
+	})
+}
+
+// sqliteBackend opens a fresh SQLite database file for t.
+func sqliteBackend(t *testing.T) *backend {
+	t.Helper()
+	db, err := sql.Open("sqlite", outbox.SQLiteDSN(filepath.Join(t.TempDir(), "outbox.db")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return &backend{dialect: outbox.DialectSQLite, db: db, raw: db}
+}
+
+// scale returns n, or n/div for SQLite under the race detector (modernc.org/sqlite is C
+// translated to Go and runs tens of times slower when every memory access is instrumented).
+func (b *backend) scale(n, div int) int {
+	if raceEnabled && b.dialect == outbox.DialectSQLite {
+		return max(n/div, 1)
+	}
+	return n
+}
+
+// table migrates a fresh outbox table and returns its config.
+func (b *backend) table(t *testing.T, mod ...func(*outbox.SchemaConfig)) outbox.SchemaConfig {
+	t.Helper()
+	cfg := outbox.SchemaConfig{Table: "watermill_outbox", Dialect: b.dialect}
+	if b.dialect == outbox.DialectPostgreSQL {
+		cfg.Table = pgtest.Table(t)
+	}
+	for _, m := range mod {
+		m(&cfg)
+	}
+	if err := outbox.Migrate(ctx, b.db, cfg); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// count runs a query returning one integer.
+func (b *backend) count(t *testing.T, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := b.raw.QueryRowContext(ctx, q, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+// exec runs a statement of the test's own.
+func (b *backend) exec(t *testing.T, q string, args ...any) {
+	t.Helper()
+	if _, err := b.raw.ExecContext(ctx, q, args...); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+}
+
+// at returns a SQL expression for the time now+d in the dialect's time column type.
+func (b *backend) at(d time.Duration) string {
+	if b.dialect == outbox.DialectSQLite {
+		return fmt.Sprint(time.Now().Add(d).UnixMicro())
+	}
+	return fmt.Sprintf("(now() + interval '%d microseconds')", d.Microseconds())
+}
+
+// newSub returns a Subscriber on b closed when t ends.
+func (b *backend) newSub(t *testing.T, cfg outbox.SubscriberConfig) *outbox.Subscriber {
+	t.Helper()
+	var logger watermill.LoggerAdapter = watermill.NopLogger{}
+	if os.Getenv("OUTBOX_TEST_LOG") != "" {
+		logger = watermill.NewStdLogger(true, false)
+	}
+	s, err := outbox.NewSubscriber(b.db, cfg, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// publisher returns a Publisher on b's pool-level handle (each call commits at once).
+func (b *backend) publisher(t *testing.T, cfg outbox.PublisherConfig) *outbox.Publisher {
+	t.Helper()
+	return mustPublisher(t, b.db, cfg)
+}
+
+// seed writes n events round-robin over keys (key "" = unordered) on topic, in batches.
+func (b *backend) seed(t *testing.T, schema outbox.SchemaConfig, topic string, n int, keys []string) {
+	t.Helper()
+	p := b.publisher(t, outbox.PublisherConfig{Schema: schema})
+	const chunk = 500
+	for start := 0; start < n; start += chunk {
+		var msgs []*message.Message
+		for i := start; i < min(n, start+chunk); i++ {
+			m := outbox.NewMessage([]byte(fmt.Sprintf(`{"i":%d}`, i)))
+			if k := keys[i%len(keys)]; k != "" {
+				outbox.SetOrderingKey(m, k)
+			}
+			msgs = append(msgs, m)
+		}
+		if err := p.Publish(topic, msgs...); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

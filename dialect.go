@@ -1,0 +1,95 @@
+package outbox
+
+import (
+	"database/sql"
+	"fmt"
+	"net/url"
+	"reflect"
+	"strings"
+)
+
+// Dialect is the SQL database an outbox table lives in. The same claim, order, lease, retry and
+// dead-letter rules hold in every dialect; only SQL text differs.
+type Dialect int
+
+const (
+	// DialectPostgreSQL (the zero value, default) is PostgreSQL 13+ through pgx/v5 or
+	// database/sql with the pgx stdlib driver. Relays share a table through FOR UPDATE SKIP
+	// LOCKED, and every lease and retry time comes from the database clock.
+	DialectPostgreSQL Dialect = iota
+	// DialectSQLite is SQLite 3.35+ (RETURNING, partial indexes, JSON functions) through
+	// database/sql with a pure-Go driver such as modernc.org/sqlite (driver name "sqlite"; open
+	// it with SQLiteDSN). SQLite has one writer at a time, which replaces SKIP LOCKED: each claim
+	// is one statement, so relays in several processes still never lease the same event. Times
+	// are INTEGER microseconds since the Unix epoch (UTC) taken from the writer's and the relay's
+	// clock. Payloads of a PayloadJSONB table are JSON text checked with json_valid; PayloadBytea
+	// stores a BLOB. The table name must not be schema-qualified.
+	DialectSQLite
+)
+
+// String returns "postgresql" or "sqlite".
+func (d Dialect) String() string {
+	switch d {
+	case DialectPostgreSQL:
+		return "postgresql"
+	case DialectSQLite:
+		return "sqlite"
+	}
+	return fmt.Sprintf("Dialect(%d)", int(d))
+}
+
+// SQLiteDSN returns the data source name to pass to sql.Open("sqlite", …) (modernc.org/sqlite)
+// for the SQLite file at path, with the settings the outbox relies on: WAL journal (readers do
+// not block the writer), a 10 s busy timeout (writers wait for the single write lock instead of
+// failing with SQLITE_BUSY), synchronous=NORMAL (durable across process crashes; the last
+// commits may be lost on power failure, see https://www.sqlite.org/wal.html), and IMMEDIATE
+// transactions (a transaction takes the write lock at BEGIN, so it never fails half-way when
+// it first writes). path is a file path (use a file: every connection to ":memory:" is a
+// separate empty database).
+func SQLiteDSN(path string) string {
+	q := url.Values{}
+	q.Add("_pragma", "busy_timeout(10000)")
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(NORMAL)")
+	q.Set("_txlock", "immediate")
+	return "file:" + path + "?" + q.Encode()
+}
+
+// driverDialect guesses the dialect of a database/sql handle from its driver's package path:
+// ok is false when db is not a *sql.DB or *sql.Conn or its driver is not recognised.
+func driverDialect(db any) (d Dialect, ok bool) {
+	var drv any
+	switch h := db.(type) {
+	case *sql.DB:
+		drv = h.Driver()
+	default:
+		return 0, false
+	}
+	t := reflect.TypeOf(drv)
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	pkg := strings.ToLower(t.PkgPath())
+	switch {
+	case strings.Contains(pkg, "sqlite"):
+		return DialectSQLite, true
+	case strings.Contains(pkg, "pgx"), strings.Contains(pkg, "lib/pq"):
+		return DialectPostgreSQL, true
+	}
+	return 0, false
+}
+
+// checkHandle returns a *ConfigError when db cannot serve the dialect: a pgx handle for
+// SQLite, or a *sql.DB whose driver is of the other dialect.
+func checkHandle(db any, d Dialect) error {
+	if d == DialectSQLite {
+		switch db.(type) {
+		case PgxExecutor:
+			return &ConfigError{Field: "db", Reason: "a pgx handle cannot serve SchemaConfig.Dialect sqlite: open the SQLite file with database/sql", Err: ErrUnsupportedDB}
+		}
+	}
+	if got, ok := driverDialect(db); ok && got != d {
+		return &ConfigError{Field: "SchemaConfig.Dialect", Reason: fmt.Sprintf("the *sql.DB's driver is %s but the dialect is %s: set SchemaConfig.Dialect = outbox.Dialect%s", got, d, map[Dialect]string{DialectSQLite: "SQLite", DialectPostgreSQL: "PostgreSQL"}[got]), Err: ErrUnsupportedDB}
+	}
+	return nil
+}

@@ -146,7 +146,7 @@ func publishAll(pub *outbox.Publisher, evs []testEvent) ([]string, error) {
 
 // backends are the databases the tests cover.
 func backends() []backend {
-	return []backend{postgresBackend()}
+	return []backend{postgresBackend(), sqliteBackend()}
 }
 
 // receiver is an httptest webhook receiver on 127.0.0.1 that verifies each request's

@@ -234,8 +234,8 @@ func newDeadListCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if limit < 1 {
-				return &usageError{fmt.Errorf("--limit %d: give at least 1", limit)}
+			if limit < 1 || limit > outbox.MaxBatchSize {
+				return &usageError{fmt.Errorf("--limit %d: give 1..%d", limit, outbox.MaxBatchSize)}
 			}
 			ctx := cmd.Context()
 			d, err := f.open(ctx, false)
@@ -260,7 +260,7 @@ func newDeadListCmd() *cobra.Command {
 		},
 	}
 	f.register(cmd)
-	cmd.Flags().IntVar(&limit, "limit", 100, "list at most this many, oldest first")
+	cmd.Flags().IntVar(&limit, "limit", 100, fmt.Sprintf("list at most this many, oldest dead letter first, 1..%d", outbox.MaxBatchSize))
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (one array) instead of a table")
 	return withEnv(cmd)
 }

@@ -34,6 +34,7 @@ type demoFlags struct {
 	transactions   int
 	keys           int
 	rollbackRate   float64
+	rate           float64
 	failRate       float64
 	deadline       time.Duration
 	quiet, keep    bool
@@ -100,6 +101,7 @@ drops them at the end unless --keep is given.`,
 	fl.IntVar(&f.writers, "writers", 4, "concurrent writers")
 	fl.IntVar(&f.transactions, "transactions", 2000, "transactions in all, spread over the writers")
 	fl.IntVar(&f.keys, "keys", 50, "customers (ordering keys), spread over the writers")
+	fl.Float64Var(&f.rate, "rate", 0, "transactions per second, all writers together; 0 = as fast as the database takes them (latency then includes the relay's backlog)")
 	fl.Float64Var(&f.rollbackRate, "rollback-rate", 0.1, "fraction of transactions rolled back on purpose after publishing, 0..1")
 	fl.Float64Var(&f.failRate, "fail-rate", 0.02, "fraction of requests the built-in receiver refuses with 503 on purpose (they are retried), 0..0.5")
 	fl.DurationVar(&f.deadline, "deadline", 30*time.Second, "how long to wait for delivery after the last commit, a Go duration")
@@ -122,6 +124,8 @@ func (f demoFlags) validate() error {
 		return &usageError{fmt.Errorf("--rollback-rate %g: give 0..1", f.rollbackRate)}
 	case f.failRate < 0 || f.failRate > 0.5:
 		return &usageError{fmt.Errorf("--fail-rate %g: give 0..0.5", f.failRate)}
+	case f.rate < 0:
+		return &usageError{fmt.Errorf("--rate %g: give 0 (unlimited) or more", f.rate)}
 	case f.deadline <= 0:
 		return &usageError{fmt.Errorf("--deadline %s: give a positive duration", f.deadline)}
 	case f.db != "" && f.dbFile != "":
@@ -282,6 +286,9 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 		extra = append(extra, fmt.Sprintf("signatures          %d verified, %d rejected; %d requests refused on purpose (503) and retried", tr.verified.Load(), tr.rejected.Load(), tr.refused.Load()))
 	}
 	extra = append(extra, fmt.Sprintf("relay               %d events marked published", tr.marked.Load()))
+	if f.rate == 0 && r.WriteRate > 1.2*r.Throughput {
+		extra = append(extra, "note                the writers outpaced the relay, so latency includes its backlog (try --rate)")
+	}
 	if f.keep {
 		extra = append(extra, fmt.Sprintf("kept                outbox status --db %s --table %s", shellQuote(u.shown), table))
 	}
@@ -301,6 +308,13 @@ func writeDemo(ctx context.Context, d *database, business string, w *wakeup.InPr
 		once sync.Once
 		ferr error
 	)
+	// pace hands out one start per transaction at --rate per second (nil = unlimited).
+	var pace <-chan time.Time
+	if f.rate > 0 {
+		t := time.NewTicker(time.Duration(float64(time.Second) / f.rate))
+		defer t.Stop()
+		pace = t.C
+	}
 	insert := fmt.Sprintf(`INSERT INTO %s (id, customer, seq, amount_cents) VALUES ($1, $2, $3, $4)`, quoteIdent(business))
 	for wr := range f.writers {
 		wg.Add(1)
@@ -313,6 +327,13 @@ func writeDemo(ctx context.Context, d *database, business string, w *wakeup.InPr
 			seq := map[string]int{}
 			rng := rand.New(rand.NewPCG(rand.Uint64(), uint64(wr)))
 			for n := wr; n < f.transactions && ctx.Err() == nil; n += f.writers {
+				if pace != nil {
+					select {
+					case <-pace:
+					case <-ctx.Done():
+						return
+					}
+				}
 				cust := own[rng.IntN(len(own))]
 				events := 1 + rng.IntN(len(demoEvents))
 				rollback := rng.Float64() < f.rollbackRate

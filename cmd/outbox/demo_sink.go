@@ -131,11 +131,11 @@ func startReceiver(tr *tracker, failRate float64) (*demoSink, error) {
 
 // startBrokerSink connects the demo to --to: a publisher for the relay and, for brokers, the
 // broker's stock Watermill subscriber reading topic back.
-func startBrokerSink(ctx context.Context, dest destURL, topic string, f demoFlags, tr *tracker, logger watermill.LoggerAdapter) (s *demoSink, err error) {
-	s = &demoSink{name: dest.kind.String() + " at " + dest.shown}
+func startBrokerSink(ctx context.Context, dest destURL, topic string, f demoFlags, tr *tracker, logger watermill.LoggerAdapter) (_ *demoSink, err error) {
+	s := &demoSink{name: dest.kind.String() + " at " + dest.shown}
 	defer func() {
 		if err != nil {
-			s.close()
+			s.close() // what was set up before the failure
 		}
 	}()
 	consume := func(sub message.Subscriber) error {

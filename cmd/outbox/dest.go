@@ -114,7 +114,12 @@ func openPublisher(ctx context.Context, d destURL, opts destOptions, logger wate
 		}
 		return pub, nil
 	case destRedis:
-		probe := redis.NewClient(d.redis)
+		// go-redis logs dial failures on its own, several lines each: route them to the logger's
+		// debug level (the error returned here or the relay's WARN lines say what failed).
+		redis.SetLogger(redisLogger{logger})
+		po := *d.redis
+		po.MaxRetries = -1
+		probe := redis.NewClient(&po)
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		err := probe.Ping(pctx).Err()
 		cancel()
@@ -161,4 +166,12 @@ func parsePrefixes(vals []string) ([]netip.Prefix, error) {
 		out = append(out, netip.PrefixFrom(a, a.BitLen()))
 	}
 	return out, nil
+}
+
+// redisLogger routes go-redis's own log lines to a Watermill logger at debug level.
+type redisLogger struct{ l watermill.LoggerAdapter }
+
+// Printf implements go-redis's logging interface.
+func (r redisLogger) Printf(_ context.Context, format string, v ...any) {
+	r.l.Debug("redis: "+oneLine(fmt.Sprintf(format, v...)), nil)
 }

@@ -242,8 +242,9 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 		return err
 	}
 	relayCtx, stopRelay := context.WithCancel(ctx)
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- fwd.Run(relayCtx) }()
+	var relayErr error // set before relayDone is closed
+	relayDone := make(chan struct{})
+	go func() { relayErr = fwd.Run(relayCtx); close(relayDone) }()
 	stopped := false
 	stop := func() {
 		if !stopped {
@@ -264,7 +265,7 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 	tr.writing.Store(false)
 	var waitErr error
 	if werr == nil {
-		waitErr = waitDelivered(ctx, sub, tr, f.deadline)
+		waitErr = waitDelivered(ctx, sub, tr, f.deadline, relayDone, &relayErr)
 	}
 	bar.stop()
 	stop()
@@ -395,7 +396,8 @@ func writeDemo(ctx context.Context, d *database, business string, w *wakeup.InPr
 
 // waitDelivered waits until every committed event has arrived and nothing is pending, or
 // deadline passes (context.DeadlineExceeded).
-func waitDelivered(ctx context.Context, sub *outbox.Subscriber, tr *tracker, deadline time.Duration) error {
+// A relay that stops by itself (it could not subscribe) ends the wait with its error.
+func waitDelivered(ctx context.Context, sub *outbox.Subscriber, tr *tracker, deadline time.Duration, relayDone <-chan struct{}, relayErr *error) error {
 	ctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
 	tick := time.NewTicker(20 * time.Millisecond)
@@ -413,6 +415,8 @@ func waitDelivered(ctx context.Context, sub *outbox.Subscriber, tr *tracker, dea
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-relayDone:
+			return fmt.Errorf("the relay stopped: %v", *relayErr)
 		case <-tick.C:
 		}
 	}

@@ -304,7 +304,7 @@ func printDead(w, errw io.Writer, dls []deadLetter, more bool, limit int, asJSON
 				key = "-"
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", dl.ID, dl.Topic, key, dl.Attempts,
-				dl.DeadLetteredAt.UTC().Format(time.RFC3339), clip(oneLine(dl.LastError), 100))
+				dl.DeadLetteredAt.UTC().Format(time.RFC3339), clipFront(oneLine(dl.LastError), 100))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -316,13 +316,14 @@ func printDead(w, errw io.Writer, dls []deadLetter, more bool, limit int, asJSON
 	return nil
 }
 
-// clip shortens s to n runes with an ellipsis.
-func clip(s string, n int) string {
+// clipFront shortens s to its last n runes behind an ellipsis: the cause of a wrapped error is
+// at its end (--json prints it whole).
+func clipFront(s string, n int) string {
 	r := []rune(s)
 	if len(r) <= n {
 		return s
 	}
-	return string(r[:n-1]) + "…"
+	return "…" + string(r[len(r)-n+1:])
 }
 
 func newDeadRetryCmd() *cobra.Command {

@@ -44,7 +44,7 @@ func (d Dialect) String() string {
 // failing with SQLITE_BUSY), synchronous=NORMAL (durable across process crashes; the last
 // commits may be lost on power failure, see https://www.sqlite.org/wal.html), and IMMEDIATE
 // transactions (a transaction takes the write lock at BEGIN, so it never fails half-way when
-// it first writes). path is a file path (use a file: every connection to ":memory:" is a
+// it first writes). path is a file path, escaped for the URI ('#', '?' and '%' are safe; use a file: every connection to ":memory:" is a
 // separate empty database).
 func SQLiteDSN(path string) string {
 	q := url.Values{}
@@ -52,7 +52,7 @@ func SQLiteDSN(path string) string {
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous(NORMAL)")
 	q.Set("_txlock", "immediate")
-	return "file:" + path + "?" + q.Encode()
+	return "file:" + (&url.URL{Path: path}).EscapedPath() + "?" + q.Encode()
 }
 
 // driverDialect guesses the dialect of a database/sql handle from its driver's package path:

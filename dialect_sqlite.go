@@ -264,8 +264,18 @@ func (p *Publisher) sqliteInsert(ctx context.Context, rows []row, extraNames []s
 				}
 				b.WriteString("(" + param(&args, r.id.String()) + ", " + param(&args, r.topic) + ", " + param(&args, payload) + ", " +
 					param(&args, string(r.headers)) + ", " + param(&args, r.okey) + ", " + param(&args, r.ikey) + ", " + param(&args, now))
-				for _, c := range extraNames {
-					b.WriteString(", " + param(&args, r.extra[c]))
+				if len(extraNames) > 0 {
+					// The same JSON encoding as PostgreSQL's jsonb_populate_record reads: each
+					// column takes its value's SQL form (objects and arrays as JSON text).
+					var extra any
+					if len(r.extra) > 0 {
+						enc, _ := EncodePayload(r.extra) // validated by the caller
+						extra = string(enc)
+					}
+					ph := param(&args, extra)
+					for _, c := range extraNames {
+						fmt.Fprintf(&b, `, %s ->> '$."%s"'`, ph, c)
+					}
 				}
 				b.WriteString(")")
 			}
@@ -289,10 +299,27 @@ func (p *Publisher) sqliteInsert(ctx context.Context, rows []row, extraNames []s
 		}
 		return nil
 	}
-	if len(rows) <= sqliteMaxRowsPerInsert {
+	switch {
+	case len(rows) <= sqliteMaxRowsPerInsert:
 		return run(p.ex)
+	case !p.ex.inTx():
+		return withSQLiteTx(ctx, p.ex, run)
 	}
-	return withSQLiteTx(ctx, p.ex, run)
+	// Several statements in the caller's transaction: a failed one does not abort a SQLite
+	// transaction, so the chunks before it are undone here, or a caller committing after the
+	// error would commit part of the events.
+	if _, err := p.ex.exec(ctx, "SAVEPOINT outbox_insert"); err != nil {
+		return err
+	}
+	if err := run(p.ex); err != nil {
+		if _, rbErr := p.ex.exec(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT outbox_insert"); rbErr != nil {
+			return errors.Join(err, fmt.Errorf("rollback to savepoint: %w", rbErr))
+		}
+		_, _ = p.ex.exec(context.WithoutCancel(ctx), "RELEASE SAVEPOINT outbox_insert")
+		return err
+	}
+	_, err := p.ex.exec(ctx, "RELEASE SAVEPOINT outbox_insert")
+	return err
 }
 
 // scanStored reads one (sequence, id, topic, ordering_key, idempotency_key, created_at) row.
@@ -369,12 +396,14 @@ SELECT NULL, (SELECT max(k) FROM scanned), (SELECT count(*) FROM scanned)`,
 // RETURNING that leases it, in one IMMEDIATE transaction so no other writer comes between.
 func (sub *subscription) sqliteClaim(token string) (items []*item, cursor *string, scanned *int64, err error) {
 	s := sub.s
-	now := time.Now()
 	var extra strings.Builder
 	for _, c := range s.s.cfg.ExtraColumns {
 		extra.WriteString(", " + pgx.Identifier{c.Name}.Sanitize())
 	}
 	err = withSQLiteTx(sub.ctx, s.db, func(ex execer) error {
+		// The clock is read once the write lock is held: BEGIN IMMEDIATE may wait up to the
+		// busy timeout, and a lease computed before that wait could already have expired.
+		now := time.Now()
 		rs, err := ex.query(sub.ctx, sub.claimSQL, append([]any{micros(now), sub.cursor, nil}, sub.args...)...)
 		if err != nil {
 			return err
@@ -415,10 +444,10 @@ RETURNING 0, "sequence", "id", "topic", "payload", "headers", "ordering_key", "c
 // rules as PostgreSQL's mark statement, with the relay's clock).
 func (sub *subscription) sqliteMark(ctx context.Context, token string, acked, released, failed []int64, errs []string, jitters []float64) ([]markResult, error) {
 	s := sub.s
-	now := time.Now()
-	nowUS := micros(now)
 	var out []markResult
 	err := withSQLiteTx(ctx, s.db, func(ex execer) error {
+		now := time.Now() // once the write lock is held (see sqliteClaim)
+		nowUS := micros(now)
 		collect := func(q string, args ...any) error {
 			rs, err := ex.query(ctx, q, args...)
 			if err != nil {

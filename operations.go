@@ -307,7 +307,7 @@ func CheckTable(ctx context.Context, db any, cfg SchemaConfig) error {
 	}
 	q, arg := `SELECT to_regclass($1) IS NOT NULL`, s.table
 	if s.sqlite {
-		q, arg = `SELECT count(*) > 0 FROM sqlite_master WHERE "type" = 'table' AND "name" = $1`, s.tableName
+		q, arg = `SELECT count(*) > 0 FROM sqlite_master WHERE "type" = 'table' AND "name" = $1 COLLATE NOCASE`, s.tableName
 	}
 	rs, err := ex.query(ctx, q, arg)
 	if err != nil {

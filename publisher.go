@@ -299,6 +299,9 @@ func (p *Publisher) finishRow(i int, r row, payload []byte, headers map[string]s
 		if reason := ValidatePayload(payload); reason != "" {
 			return r, &ValidationError{Index: i, Field: "payload", Reason: reason}
 		}
+		if p.s.sqlite && jsonDepth(payload) > sqliteMaxJSONDepth {
+			return r, &ValidationError{Index: i, Field: "payload", Reason: fmt.Sprintf("nested deeper than %d levels, which SQLite's json_valid refuses", sqliteMaxJSONDepth)}
+		}
 	} else if payload == nil {
 		payload = []byte{}
 	}

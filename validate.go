@@ -91,6 +91,31 @@ func checkJSONForPostgres(b []byte) string {
 	return ""
 }
 
+// sqliteMaxJSONDepth is the deepest nesting SQLite's JSON functions accept (json_valid is false
+// beyond it; see JSON_MAX_DEPTH in https://www.sqlite.org/json1.html).
+const sqliteMaxJSONDepth = 1000
+
+// jsonDepth returns the deepest nesting of arrays and objects in valid JSON b.
+func jsonDepth(b []byte) int {
+	depth, deepest := 0, 0
+	for i := 0; i < len(b); i++ {
+		switch b[i] {
+		case '"':
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+		case '[', '{':
+			depth++
+			deepest = max(deepest, depth)
+		case ']', '}':
+			depth--
+		}
+	}
+	return deepest
+}
+
 func hex4(h []byte) rune {
 	var r rune
 	for _, c := range h {

@@ -148,7 +148,7 @@ func drain(b *testing.B, db any, schema outbox.SchemaConfig, n, relays int, pend
 	done := make(chan struct{})
 	var subs []*outbox.Subscriber
 	for r := range relays {
-		sub, err := outbox.NewSubscriber(db, outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, MaxRunPerKey: 100, Concurrency: 100,
+		sub, err := outbox.NewSubscriber(db, outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, MaxRunPerKey: 100, Concurrency: 100, KeyScan: envInt("OUTBOX_BENCH_KEYSCAN", 0),
 			PollInterval: 10 * time.Millisecond, RelayName: fmt.Sprintf("bench-%d", r)}, nil)
 		if err != nil {
 			b.Fatal(err)
@@ -177,7 +177,8 @@ func drain(b *testing.B, db any, schema outbox.SchemaConfig, n, relays int, pend
 // lease-1000/mark loop and watermill-sql v4's subscriber (batch 1000, 10 ms poll) on the same
 // database. Reports events/s. OUTBOX_BENCH_EVENTS sets the backlog (default 100000);
 // OUTBOX_BENCH_HISTORY adds that many published rows first (e.g. 5000000);
-// OUTBOX_BENCH_SHAPE runs one shape only (unordered, 1000keys, distinctkeys, 10hotkeys).
+// OUTBOX_BENCH_SHAPE runs one shape only (unordered, 1000keys, distinctkeys, 10hotkeys);
+// OUTBOX_BENCH_KEYSCAN sets SubscriberConfig.KeyScan (default: the config's default).
 func BenchmarkDrain(b *testing.B) {
 	pool := pgtest.Require(b)
 	n := envInt("OUTBOX_BENCH_EVENTS", 100000)

@@ -63,7 +63,10 @@ type SubscriberConfig struct {
 	// when processes share a name. Default "host:pid:random".
 	RelayName string
 	// ExcludeTopics are topic patterns (exact, "prefix*", "*") never delivered by this
-	// subscriber, so relays of different topics share one table.
+	// subscriber, so relays of different topics share one table. Order is per ordering key
+	// across topics: a key whose oldest undelivered event is on a topic this subscriber does
+	// not serve is held until another relay delivers that event, so topics that share keys
+	// belong to the same relay.
 	ExcludeTopics []string
 	// Hooks observe deliveries; nil fields are skipped. See Hooks.
 	Hooks Hooks

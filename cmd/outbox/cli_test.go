@@ -465,15 +465,28 @@ func TestDeadLetters(t *testing.T) {
 				t.Fatalf("dead list --limit 2 printed %q", out)
 			}
 
-			if out := mustRun(t, nil, "dead", "retry", "--db", db, "--table", table, "--topic", "pay.b"); out != "retried 2 dead-lettered events\n" {
-				t.Fatalf("retry said %q", out)
+			check("list --topics pay.*", deadList(t, db, table, "--topics", "pay.*"), append(slices.Clone(payA), payB...))
+			check("list --topic pay.b --topics ship.c", deadList(t, db, table, "--topic", "pay.b", "--topics", "ship.c"), append(slices.Clone(payB), ship))
+			r := cli(t, nil, "dead", "list", "--db", db, "--table", table, "--limit", "1")
+			if want := "outbox: showing the oldest dead letter; there are more (raise --limit or narrow --topic/--older-than)\n"; r.code != 0 || r.stderr != want {
+				t.Fatalf("dead list --limit 1: exit %d, stderr %q, want %q", r.code, r.stderr, want)
+			}
+			if out := mustRun(t, nil, "dead", "list", "--db", db, "--table", table, "--topic", "nothing"); out != "no dead letters\n" {
+				t.Fatalf("dead list --topic nothing said %q", out)
+			}
+
+			if out := mustRun(t, nil, "dead", "retry", "--db", db, "--table", table, "--id", payB[0]); out != "retried 1 dead-lettered event\n" {
+				t.Fatalf("retry --id said %q", out)
+			}
+			if out := mustRun(t, nil, "dead", "retry", "--db", db, "--table", table, "--topics", "pay.b"); out != "retried 1 dead-lettered event\n" {
+				t.Fatalf("retry --topics said %q", out)
 			}
 			if s := status(t, db, table); s.Pending != 2 || s.DeadLettered != 4 {
 				t.Fatalf("after retry: %+v", s)
 			}
 			check("list after retry", deadList(t, db, table), append(slices.Clone(payA), ship))
 
-			if out := mustRun(t, nil, "dead", "purge", "--db", db, "--table", table, "--id", ship); out != "purged 1 dead-lettered events\n" {
+			if out := mustRun(t, nil, "dead", "purge", "--db", db, "--table", table, "--id", ship); out != "purged 1 dead-lettered event\n" {
 				t.Fatalf("purge --id said %q", out)
 			}
 			if out := mustRun(t, nil, "dead", "purge", "--db", db, "--table", table, "--topic", "pay.a", "--older-than", "1h"); out != "purged 0 dead-lettered events\n" {

@@ -244,14 +244,60 @@ func (d *database) requireTable(ctx context.Context) error {
 		return nil
 	}
 	if errors.Is(err, errTableNotFound) {
+		if schema, serr := d.missingSchema(ctx); serr == nil && schema != "" {
+			return fmt.Errorf("outbox table %q not found in %s, nor its schema %q: create the schema first with `CREATE SCHEMA %s`, then the table with %s",
+				d.tableName(), d.where(), schema, sqlIdent(schema), d.migrateHint())
+		}
 		return fmt.Errorf("outbox table %q not found in %s: create it with %s", d.tableName(), d.where(), d.migrateHint())
 	}
 	return d.queryError("checking the outbox table", err)
 }
 
-// queryError wraps a failed statement with what was being done and where.
+// missingSchema returns the schema of a schema-qualified PostgreSQL --table when that schema
+// does not exist, and "" otherwise.
+func (d *database) missingSchema(ctx context.Context) (string, error) {
+	i := strings.IndexByte(d.tableName(), '.')
+	if d.pool == nil || i < 0 {
+		return "", nil
+	}
+	schema := d.tableName()[:i]
+	var oid *uint32
+	// The outbox quotes the table's parts, so the schema name is case-sensitive: quote it too.
+	if err := d.pool.QueryRow(ctx, "SELECT to_regnamespace($1)::oid", pgx.Identifier{schema}.Sanitize()).Scan(&oid); err != nil {
+		return "", err
+	}
+	if oid != nil {
+		return "", nil
+	}
+	return schema, nil
+}
+
+// schemaMissingError is migrate's message when the schema of --table does not exist.
+func (d *database) schemaMissingError(schema string) error {
+	return fmt.Errorf("cannot create outbox table %q in %s: schema %q does not exist; create it first with `CREATE SCHEMA %s`, then run %s again",
+		d.tableName(), d.where(), schema, sqlIdent(schema), d.migrateHint())
+}
+
+// sqlIdent is name as an SQL identifier: bare when PostgreSQL would not fold or reject it,
+// double-quoted otherwise.
+func sqlIdent(name string) string {
+	bare := name != ""
+	for i, r := range name {
+		if !(r >= 'a' && r <= 'z' || r == '_' || i > 0 && (r >= '0' && r <= '9' || r == '$')) {
+			bare = false
+			break
+		}
+	}
+	if bare {
+		return name
+	}
+	return pgx.Identifier{name}.Sanitize()
+}
+
+// queryError wraps a failed statement with what was being done and where. The outbox
+// package's own "outbox: " prefix is dropped: the command prints its own.
 func (d *database) queryError(doing string, err error) error {
-	return fmt.Errorf("%s in %s: %s", doing, d.where(), oneLine(err.Error()))
+	return fmt.Errorf("%s in %s: %s", doing, d.where(), strings.TrimPrefix(oneLine(err.Error()), "outbox: "))
 }
 
 // tableName is the outbox table's name.

@@ -256,7 +256,8 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 	}
 	defer stop()
 
-	fmt.Fprintf(stderr, "outbox demo: %d writers, %d transactions over %d keys, %s → %s\n", f.writers, f.transactions, f.keys, d.where(), s.name)
+	fmt.Fprintf(stdout, "outbox demo: %s, %s over %s, %s → %s\n", plural(int64(f.writers), "writer", "writers"),
+		plural(int64(f.transactions), "transaction", "transactions"), plural(int64(f.keys), "key", "keys"), d.where(), s.name)
 	bar := startProgress(stderr, f.quiet, tr)
 
 	// The writers.
@@ -281,23 +282,67 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 	}
 
 	r := tr.report()
-	header := []string{fmt.Sprintf("outbox demo: %s → %s", d.where(), s.name)}
 	var extra []string
 	if s.receiver {
-		extra = append(extra, fmt.Sprintf("signatures          %d verified, %d rejected; %d requests refused on purpose (503) and retried", tr.verified.Load(), tr.rejected.Load(), tr.refused.Load()))
+		extra = append(extra, signaturesLine(tr.verified.Load(), tr.rejected.Load(), tr.refused.Load()))
 	}
-	extra = append(extra, fmt.Sprintf("relay               %d events marked published", tr.marked.Load()))
-	if f.rate == 0 && r.WriteRate > 1.2*r.Throughput {
-		extra = append(extra, "note                the writers outpaced the relay, so latency includes its backlog (try --rate)")
+	extra = append(extra, fmt.Sprintf("relay               %s marked published", plural(tr.marked.Load(), "event", "events")))
+	var after []string
+	if note := backlogNote(f.rate, r); note != "" {
+		after = append(after, note)
 	}
 	if f.keep {
-		extra = append(extra, fmt.Sprintf("kept                outbox status --db %s --table %s", shellQuote(u.shown), table))
+		after = append(after, keptLines(d, u, tempDir, table, business)...)
 	}
-	r.print(stdout, header, extra)
+	r.print(stdout, extra, after)
 	if msg := r.failure(f.deadline); msg != "" {
 		return &failedError{msg}
 	}
 	return nil
+}
+
+// signaturesLine is the report's line on the built-in receiver's checks.
+func signaturesLine(verified, rejected, refused int64) string {
+	return fmt.Sprintf("signatures          %d verified, %d rejected; %s on purpose (503) and retried",
+		verified, rejected, plural(refused, "request refused", "requests refused"))
+}
+
+// backlogLatency and backlogDrain are where the demo says that the relay ran behind the
+// writers: a p50 latency above backlogLatency, or the last event delivered more than
+// backlogDrain after the last commit.
+const (
+	backlogLatency = 100 * time.Millisecond
+	backlogDrain   = time.Second
+)
+
+// backlogNote is the report's note when the relay had a backlog during an unpaced run (its
+// latency then measures the backlog, not the relay), "" otherwise.
+func backlogNote(rate float64, r demoReport) string {
+	if rate != 0 || (r.P50 <= backlogLatency && r.Drain <= backlogDrain) {
+		return ""
+	}
+	return fmt.Sprintf("note                the relay ran behind the writers (p50 %s; last delivery %s after the last commit), so latency includes its backlog: try --rate",
+		r.P50.Round(time.Millisecond), r.Drain.Round(time.Millisecond))
+}
+
+// keptLines are the report's closing lines under --keep: what was kept, where, how to look at
+// it and how to drop it.
+func keptLines(d *database, u dbURL, tempDir, table, business string) []string {
+	if tempDir != "" {
+		return []string{
+			fmt.Sprintf("kept                SQLite file %s (outbox table %s, demo table %s)", u.path, table, business),
+			fmt.Sprintf("inspect             outbox status --db %s", shellQuote(u.path)),
+			fmt.Sprintf("drop                rm -r %s", shellQuote(tempDir)),
+		}
+	}
+	lines := []string{
+		fmt.Sprintf("kept                tables %s and %s in %s", table, business, d.where()),
+		fmt.Sprintf("inspect             outbox status --db %s --table %s", shellQuote(u.shown), table),
+	}
+	if u.kind == kindSQLite {
+		return append(lines, fmt.Sprintf("drop                sqlite3 %s %s", shellQuote(u.path), shellQuote(fmt.Sprintf("DROP TABLE %s; DROP TABLE %s;", business, table))))
+	}
+	return append(lines, fmt.Sprintf("drop                psql %s -c %s", shellQuote(u.shown), shellQuote(fmt.Sprintf("DROP TABLE %s, %s", business, table))))
 }
 
 // writeDemo runs the writers and returns the first error other than a purposeful rollback.

@@ -183,7 +183,7 @@ func startBrokerSink(ctx context.Context, dest destURL, topic string, f demoFlag
 		s.name = "webhook " + dest.shown + " (counted from its 2xx answers to the relay)"
 		return s, nil
 	case destKafka:
-		if err := createKafkaTopic(dest.brokers, topic); err != nil {
+		if err := createKafkaTopic(dest, topic); err != nil {
 			return nil, err
 		}
 		s.closers = append(s.closers, func() { deleteKafkaTopic(dest.brokers, topic) })
@@ -262,10 +262,10 @@ func kafkaAdminConfig() *sarama.Config {
 }
 
 // createKafkaTopic creates the demo's topic with 4 partitions.
-func createKafkaTopic(brokers []string, topic string) error {
-	admin, err := sarama.NewClusterAdmin(brokers, kafkaAdminConfig())
+func createKafkaTopic(dest destURL, topic string) error {
+	admin, err := sarama.NewClusterAdmin(dest.brokers, kafkaAdminConfig())
 	if err != nil {
-		return fmt.Errorf("cannot connect to Kafka at %v (%s): check that the brokers run and that --to is right", brokers, oneLine(err.Error()))
+		return kafkaConnectError(dest, err)
 	}
 	defer admin.Close()
 	err = admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 4, ReplicationFactor: 1}, false)

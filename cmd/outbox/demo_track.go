@@ -146,6 +146,8 @@ type demoReport struct {
 	P50, P99, Max                       time.Duration
 	WriteRate, Throughput               float64
 	Elapsed                             time.Duration
+	// Drain is how long after the last commit the last event arrived (0 when it arrived before).
+	Drain time.Duration
 }
 
 // report computes the demo's report from what was recorded.
@@ -185,6 +187,7 @@ func (t *tracker) report() demoReport {
 		r.WriteRate = float64(r.Committed) / w.Seconds()
 	}
 	if !last.IsZero() {
+		r.Drain = max(0, last.Sub(t.lastWrite))
 		r.Elapsed = last.Sub(t.firstWrite)
 		if r.Elapsed > 0 {
 			r.Throughput = float64(r.Delivered) / r.Elapsed.Seconds()
@@ -211,24 +214,26 @@ func (r demoReport) failure(deadline time.Duration) string {
 	return ""
 }
 
-// print writes the report; its last line is the machine-checkable summary.
-func (r demoReport) print(w io.Writer, header []string, extra []string) {
-	for _, h := range header {
-		fmt.Fprintln(w, h)
-	}
+// print writes the report: the counts, extra, latency and throughput, then after (notes and
+// what --keep kept), and last the machine-checkable summary line.
+func (r demoReport) print(w io.Writer, extra, after []string) {
+	n := func(v int, one, many string) string { return plural(int64(v), one, many) }
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
 	fmt.Fprintf(w, "  transactions        %d (%d committed, %d rolled back on purpose)\n", r.Transactions, r.Transactions-r.TxRolledBack, r.TxRolledBack)
 	fmt.Fprintf(w, "  events written      %d committed, %d rolled back\n", r.Committed, r.RolledBack)
-	fmt.Fprintf(w, "  delivered           %d unique of %d committed (%d missing), %d duplicates\n", r.Delivered, r.Committed, r.Missing, r.Duplicates)
-	fmt.Fprintf(w, "  order               %d violations over %d ordering keys\n", r.Reordered, r.Keys)
+	fmt.Fprintf(w, "  delivered           %d unique of %d committed (%d missing), %s\n", r.Delivered, r.Committed, r.Missing, n(r.Duplicates, "duplicate", "duplicates"))
+	fmt.Fprintf(w, "  order               %s over %s\n", n(r.Reordered, "violation", "violations"), n(r.Keys, "ordering key", "ordering keys"))
 	fmt.Fprintf(w, "  rolled back         %d delivered (must be 0)\n", r.RolledBackDelivered)
 	if r.Other > 0 {
-		fmt.Fprintf(w, "  unexpected          %d events neither written nor rolled back by this run\n", r.Other)
+		fmt.Fprintf(w, "  unexpected          %s neither written nor rolled back by this run\n", n(r.Other, "event", "events"))
 	}
 	for _, e := range extra {
 		fmt.Fprintln(w, "  "+e)
 	}
 	fmt.Fprintf(w, "  latency             p50 %s, p99 %s, max %s (commit → receipt)\n", ms(r.P50), ms(r.P99), ms(r.Max))
 	fmt.Fprintf(w, "  throughput          %.0f events/s delivered over %s (writers: %.0f events/s)\n", r.Throughput, r.Elapsed.Round(time.Millisecond), r.WriteRate)
+	for _, a := range after {
+		fmt.Fprintln(w, "  "+a)
+	}
 	fmt.Fprintf(w, "delivered=%d committed=%d duplicates=%d reordered=%d rolled_back_delivered=%d\n", r.Delivered, r.Committed, r.Duplicates, r.Reordered, r.RolledBackDelivered)
 }

@@ -104,7 +104,7 @@ func openPublisher(ctx context.Context, d destURL, opts destOptions, logger wate
 	case destKafka:
 		pub, err := kafka.NewPublisher(kafka.Config{Brokers: d.brokers}, logger)
 		if err != nil {
-			return nil, fmt.Errorf("cannot connect to Kafka at %s (%s): check that the brokers run and that --to is right", strings.Join(d.brokers, ","), oneLine(err.Error()))
+			return nil, kafkaConnectError(d, err)
 		}
 		return pub, nil
 	case destAMQP:
@@ -137,6 +137,12 @@ func openPublisher(ctx context.Context, d destURL, opts destOptions, logger wate
 		return pub, nil
 	}
 	return nil, fmt.Errorf("unknown destination %q", d.shown)
+}
+
+// kafkaConnectError is the one-line message of a failed connection to d's Kafka brokers, in
+// the form of the RabbitMQ and Redis ones: the brokers as host:port[,host:port] and the --to URL.
+func kafkaConnectError(d destURL, err error) error {
+	return fmt.Errorf("cannot connect to Kafka at %s (%s): check that the brokers run and that --to %s is right", strings.Join(d.brokers, ","), oneLine(err.Error()), d.shown)
 }
 
 // hostOf is the host:port of a URL, or the URL itself when it does not parse.

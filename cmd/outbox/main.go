@@ -106,6 +106,22 @@ OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environme
 	return root
 }
 
+// aliasFlag adds the hidden flag alias to cmd's flag name: the same value under another
+// spelling (--topic and --topics), so that either works while --help documents one.
+func aliasFlag(cmd *cobra.Command, name, alias string) {
+	f := cmd.Flags().Lookup(name)
+	cmd.Flags().AddFlag(&pflag.Flag{Name: alias, Usage: "same as --" + name, Value: f.Value, DefValue: f.DefValue})
+	_ = cmd.Flags().MarkHidden(alias)
+}
+
+// plural is n and noun, with the noun's plural form unless n is 1 ("1 event", "2 events").
+func plural(n int64, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}
+
 // envName returns the environment variable of flag name.
 func envName(name string) string {
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
@@ -124,8 +140,16 @@ func withEnv(cmd *cobra.Command) *cobra.Command {
 	prev := cmd.PreRunE
 	cmd.PreRunE = func(c *cobra.Command, args []string) error {
 		var errs []error
+		// A flag and its hidden alias (aliasFlag) share one Value: the environment fills it only
+		// when neither was given, and only once.
+		set := map[pflag.Value]bool{}
 		c.Flags().VisitAll(func(f *pflag.Flag) {
-			if f.Changed || f.Name == "help" {
+			if f.Changed {
+				set[f.Value] = true
+			}
+		})
+		c.Flags().VisitAll(func(f *pflag.Flag) {
+			if f.Changed || f.Name == "help" || set[f.Value] {
 				return
 			}
 			v, ok := os.LookupEnv(envName(f.Name))
@@ -137,6 +161,7 @@ func withEnv(cmd *cobra.Command) *cobra.Command {
 				return
 			}
 			f.Changed = true
+			set[f.Value] = true
 		})
 		if err := errors.Join(errs...); err != nil {
 			return &usageError{err}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 
 	"github.com/watermill-outbox/outbox"
@@ -65,7 +67,18 @@ database file when it does not exist.`,
 				return err
 			}
 			defer d.Close()
+			if schema, err := d.missingSchema(ctx); err != nil {
+				return d.queryError("checking the schema of --table", err)
+			} else if schema != "" {
+				return d.schemaMissingError(schema)
+			}
 			if err := outbox.Migrate(ctx, d.handle(), d.schema); err != nil {
+				var pgErr *pgconn.PgError
+				if errors.As(err, &pgErr) && pgErr.Code == "3F000" { // invalid_schema_name: dropped meanwhile
+					if i := strings.IndexByte(d.tableName(), '.'); i > 0 {
+						return d.schemaMissingError(d.tableName()[:i])
+					}
+				}
 				return d.queryError(fmt.Sprintf("migrating outbox table %q", d.tableName()), err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "outbox table %q is ready in %s\n", d.tableName(), d.where())
@@ -100,15 +113,11 @@ pending and no dead letters are left out).`,
 				return err
 			}
 			defer sub.Close()
-			total, err := sub.Backlog(ctx)
-			if err != nil {
-				return d.queryError("reading the backlog", err)
-			}
 			topics, err := backlogByTopic(ctx, d, sub)
 			if err != nil {
 				return d.queryError("reading the backlog per topic", err)
 			}
-			return printStatus(cmd.OutOrStdout(), total, topics, asJSON)
+			return printStatus(cmd.OutOrStdout(), totalOf(topics), topics, asJSON)
 		},
 	}
 	f.register(cmd)
@@ -129,6 +138,19 @@ type topicJSON struct {
 	Pending                 int64   `json:"pending"`
 	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
 	DeadLettered            int64   `json:"dead_lettered"`
+}
+
+// totalOf is the TOTAL row of status, computed from the per-topic rows (read in one query) so
+// that it agrees with them: the sums of the counts and the oldest of the topics' ages. Topics
+// left out of the rows have nothing pending and no dead letters, so they add nothing.
+func totalOf(topics []topicBacklog) outbox.Backlog {
+	var b outbox.Backlog
+	for _, t := range topics {
+		b.Pending += t.Pending
+		b.DeadLettered += t.DeadLettered
+		b.OldestPendingAge = max(b.OldestPendingAge, t.OldestPendingAge)
+	}
+	return b
 }
 
 func printStatus(w io.Writer, total outbox.Backlog, topics []topicBacklog, asJSON bool) error {
@@ -174,6 +196,7 @@ type deadFlags struct {
 func (f *deadFlags) register(cmd *cobra.Command) {
 	f.dbFlags.register(cmd)
 	cmd.Flags().StringSliceVar(&f.topics, "topic", nil, "select dead letters whose topic matches PATTERN: exact, a prefix ending in '*' (\"orders.*\"), or '*' for all; repeatable or comma-separated")
+	aliasFlag(cmd, "topic", "topics")
 	cmd.Flags().StringSliceVar(&f.ids, "id", nil, "select the dead letter with this event id (UUID); repeatable or comma-separated")
 	cmd.Flags().DurationVar(&f.olderThan, "older-than", 0, "only dead letters dead-lettered more than this long ago, a Go duration (\"24h\"); 0 = any age")
 }
@@ -295,6 +318,8 @@ func printDead(w, errw io.Writer, dls []deadLetter, more bool, limit int, asJSON
 		if err := enc.Encode(out); err != nil {
 			return err
 		}
+	} else if len(dls) == 0 {
+		fmt.Fprintln(w, "no dead letters")
 	} else {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tTOPIC\tORDERING KEY\tATTEMPTS\tDEAD-LETTERED AT\tLAST ERROR")
@@ -311,7 +336,11 @@ func printDead(w, errw io.Writer, dls []deadLetter, more bool, limit int, asJSON
 		}
 	}
 	if more {
-		fmt.Fprintf(errw, "outbox: showing the oldest %d dead letters; there are more (raise --limit or narrow --topic/--older-than)\n", limit)
+		what := fmt.Sprintf("the oldest %d dead letters", limit)
+		if limit == 1 {
+			what = "the oldest dead letter"
+		}
+		fmt.Fprintf(errw, "outbox: showing %s; there are more (raise --limit or narrow --topic/--older-than)\n", what)
 	}
 	return nil
 }
@@ -354,7 +383,7 @@ last_error kept. The events of their ordering keys that waited behind them follo
 			if err != nil {
 				return d.queryError("retrying dead letters", err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "retried %d dead-lettered events\n", n)
+			fmt.Fprintf(cmd.OutOrStdout(), "retried %s\n", plural(n, "dead-lettered event", "dead-lettered events"))
 			return nil
 		},
 	}
@@ -390,7 +419,7 @@ later events of those keys are delivered. This cannot be undone.`,
 			if err != nil {
 				return d.queryError("purging dead letters", err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "purged %d dead-lettered events\n", n)
+			fmt.Fprintf(cmd.OutOrStdout(), "purged %s\n", plural(n, "dead-lettered event", "dead-lettered events"))
 			return nil
 		},
 	}
@@ -415,8 +444,11 @@ a producer may retry with the same key. The relay never cleans up by itself.`,
 			if !cmd.Flags().Changed("published-older-than") {
 				return &usageError{fmt.Errorf("--published-older-than is required, e.g. --published-older-than 168h (7 days)")}
 			}
-			if publishedOlder < 0 || deadOlder < 0 {
-				return &usageError{fmt.Errorf("durations must not be negative")}
+			if publishedOlder < 0 {
+				return &usageError{fmt.Errorf("--published-older-than %s is negative: give a duration such as 168h, or 0s for every published event", publishedOlder)}
+			}
+			if deadOlder < 0 {
+				return &usageError{fmt.Errorf("--dead-older-than %s is negative: give a duration such as 720h, or 0s for every dead letter", deadOlder)}
 			}
 			ctx := cmd.Context()
 			d, err := f.open(ctx, false)
@@ -433,13 +465,13 @@ a producer may retry with the same key. The relay never cleans up by itself.`,
 			if err != nil {
 				return d.queryError("deleting published events", err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "deleted %d published events older than %s\n", n, publishedOlder)
+			fmt.Fprintf(cmd.OutOrStdout(), "deleted %s older than %s\n", plural(n, "published event", "published events"), publishedOlder)
 			if cmd.Flags().Changed("dead-older-than") {
 				n, err := sub.CleanupDeadLettered(ctx, deadOlder)
 				if err != nil {
 					return d.queryError("deleting dead-lettered events", err)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "deleted %d dead-lettered events older than %s\n", n, deadOlder)
+				fmt.Fprintf(cmd.OutOrStdout(), "deleted %s older than %s\n", plural(n, "dead-lettered event", "dead-lettered events"), deadOlder)
 			}
 			return nil
 		},

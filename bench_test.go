@@ -148,7 +148,7 @@ func drain(b *testing.B, db any, schema outbox.SchemaConfig, n, relays int, pend
 	done := make(chan struct{})
 	var subs []*outbox.Subscriber
 	for r := range relays {
-		sub, err := outbox.NewSubscriber(db, outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, MaxRunPerKey: 100, Concurrency: 100, KeyScan: envInt("OUTBOX_BENCH_KEYSCAN", 0),
+		sub, err := outbox.NewSubscriber(db, outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, MaxRunPerKey: 100, Concurrency: 100, KeyScan: envInt("OUTBOX_BENCH_KEYSCAN", 0), SyncCommit: os.Getenv("OUTBOX_BENCH_SYNC_COMMIT") != "",
 			PollInterval: 10 * time.Millisecond, RelayName: fmt.Sprintf("bench-%d", r)}, nil)
 		if err != nil {
 			b.Fatal(err)
@@ -178,7 +178,8 @@ func drain(b *testing.B, db any, schema outbox.SchemaConfig, n, relays int, pend
 // database. Reports events/s. OUTBOX_BENCH_EVENTS sets the backlog (default 100000);
 // OUTBOX_BENCH_HISTORY adds that many published rows first (e.g. 5000000);
 // OUTBOX_BENCH_SHAPE runs one shape only (unordered, 1000keys, distinctkeys, 10hotkeys);
-// OUTBOX_BENCH_KEYSCAN sets SubscriberConfig.KeyScan (default: the config's default).
+// OUTBOX_BENCH_KEYSCAN sets SubscriberConfig.KeyScan (default: the config's default);
+// OUTBOX_BENCH_SYNC_COMMIT=1 sets SubscriberConfig.SyncCommit.
 func BenchmarkDrain(b *testing.B) {
 	pool := pgtest.Require(b)
 	n := envInt("OUTBOX_BENCH_EVENTS", 100000)

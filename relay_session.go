@@ -31,10 +31,10 @@ func prepareRelaySession(ctx context.Context, c *pgx.Conn) error {
 
 // newRelayExecer adapts the subscriber's handle: a *pgxpool.Pool or a pgx stdlib *sql.DB gets
 // per-connection session preparation; anything else is used as newExecer adapts it.
-func newRelayExecer(db any) (execer, error) {
+func newRelayExecer(db any, async bool) (execer, error) {
 	switch d := db.(type) {
 	case *pgxpool.Pool:
-		return poolRelayExecer{pool: d}, nil
+		return poolRelayExecer{pool: d, async: async}, nil
 	case *sql.DB:
 		if _, ok := d.Driver().(*stdlib.Driver); ok {
 			return stdRelayExecer{db: d}, nil
@@ -43,7 +43,89 @@ func newRelayExecer(db any) (execer, error) {
 	return newExecer(db)
 }
 
-type poolRelayExecer struct{ pool *pgxpool.Pool }
+type poolRelayExecer struct {
+	pool *pgxpool.Pool
+	// async runs each statement in its own transaction with synchronous_commit = off (and
+	// plan_cache_mode = force_custom_plan, the batch's stand-in for QueryExecModeExec), sent
+	// with BEGIN and COMMIT as one pipelined batch: one round trip, no wait for the WAL flush.
+	async bool
+}
+
+// asyncBatch queues q in a transaction that commits without waiting for the WAL flush
+// (PostgreSQL docs, "Asynchronous Commit"). args lose a leading pgx.QueryExecMode (a batch
+// takes none; the custom plan it asked for comes from plan_cache_mode).
+func asyncBatch(q string, args []any) *pgx.Batch {
+	if len(args) > 0 {
+		if _, ok := args[0].(pgx.QueryExecMode); ok {
+			args = args[1:]
+		}
+	}
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue("SET LOCAL synchronous_commit = off")
+	b.Queue("SET LOCAL plan_cache_mode = force_custom_plan")
+	b.Queue(q, args...)
+	b.Queue("COMMIT")
+	return b
+}
+
+// batchRows reads the statement's rows of an asyncBatch; when they end it reads the COMMIT's
+// result (an error there is reported by Err) and releases the connection.
+type batchRows struct {
+	pgx.Rows
+	br   pgx.BatchResults
+	conn *pgxpool.Conn
+	err  error
+	done bool
+}
+
+func (r *batchRows) Next() bool {
+	if r.done {
+		return false
+	}
+	if r.Rows.Next() {
+		return true
+	}
+	r.finish()
+	return false
+}
+
+func (r *batchRows) finish() {
+	if r.done {
+		return
+	}
+	r.done = true
+	r.Rows.Close()
+	r.err = r.Rows.Err()
+	if _, err := r.br.Exec(); err != nil && r.err == nil {
+		r.err = err
+	}
+	if err := r.br.Close(); err != nil && r.err == nil {
+		r.err = err
+	}
+	r.conn.Release()
+}
+
+func (r *batchRows) Err() error {
+	if !r.done {
+		return r.Rows.Err()
+	}
+	return r.err
+}
+
+func (r *batchRows) Close() { r.finish() }
+
+// sendAsync sends asyncBatch(q, args) and returns its results positioned at the statement.
+func sendAsync(ctx context.Context, conn *pgxpool.Conn, q string, args []any) (pgx.BatchResults, error) {
+	br := conn.SendBatch(ctx, asyncBatch(q, args))
+	for range 3 { // BEGIN, SET LOCAL, SET LOCAL
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return nil, err
+		}
+	}
+	return br, nil
+}
 
 type poolRows struct {
 	pgx.Rows
@@ -72,6 +154,20 @@ func (e poolRelayExecer) query(ctx context.Context, q string, args ...any) (rows
 	if err != nil {
 		return nil, err
 	}
+	if e.async {
+		br, err := sendAsync(ctx, conn, q, args)
+		if err != nil {
+			conn.Release()
+			return nil, err
+		}
+		r, err := br.Query()
+		if err != nil {
+			_ = br.Close()
+			conn.Release()
+			return nil, err
+		}
+		return &batchRows{Rows: r, br: br, conn: conn}, nil
+	}
 	r, err := conn.Query(ctx, q, args...)
 	if err != nil {
 		conn.Release()
@@ -86,6 +182,20 @@ func (e poolRelayExecer) exec(ctx context.Context, q string, args ...any) (int64
 		return 0, err
 	}
 	defer conn.Release()
+	if e.async {
+		br, err := sendAsync(ctx, conn, q, args)
+		if err != nil {
+			return 0, err
+		}
+		tag, err := br.Exec()
+		if _, cerr := br.Exec(); cerr != nil && err == nil { // COMMIT
+			err = cerr
+		}
+		if cerr := br.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+		return tag.RowsAffected(), err
+	}
 	tag, err := conn.Exec(ctx, q, args...)
 	return tag.RowsAffected(), err
 }

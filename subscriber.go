@@ -71,7 +71,7 @@ func NewSubscriber(db any, cfg SubscriberConfig, logger watermill.LoggerAdapter)
 	if err := checkHandle(db, cfg.Schema.Dialect); err != nil {
 		return nil, err
 	}
-	ex, err := newRelayExecer(db)
+	ex, err := newRelayExecer(db, !cfg.SyncCommit)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -278,4 +279,41 @@ func TestRouterRecordError(t *testing.T) {
 			return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE last_error = $1 AND dead_lettered_at IS NOT NULL`, schema.Table), want) == 1
 		})
 	})
+}
+
+// TestSyncCommitBothWays drains the same backlog with the relay's statements committed
+// asynchronously (the default over a pool) and synchronously (SyncCommit): the same exact
+// outcome — every event published once, failures counted — either way.
+func TestSyncCommitBothWays(t *testing.T) {
+	b := &backend{dialect: outbox.DialectPostgreSQL, db: pgtest.Require(t), raw: pgtest.StdDB(t)}
+	for _, sync := range []bool{false, true} {
+		t.Run(fmt.Sprintf("SyncCommit=%v", sync), func(t *testing.T) {
+			schema := b.table(t)
+			b.seed(t, schema, "t", 300, []string{"", "a", "b"})
+			cfg := fastCfg(schema)
+			cfg.SyncCommit = sync
+			cfg.RetryBase, cfg.RetryMax = 10*time.Millisecond, 20*time.Millisecond
+			ch, err := b.newSub(t, cfg).Subscribe(ctx, "t")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var failed atomic.Bool
+			rec := &recorder{}
+			rec.consume(ch, func(m *message.Message) error {
+				if !failed.CompareAndSwap(false, true) {
+					return nil
+				}
+				return errors.New("first delivery fails")
+			})
+			pgtest.Eventually(t, 20*time.Second, "all published", func() bool {
+				return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NULL`, schema.Table)) == 0
+			})
+			if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE attempts = 1`, schema.Table)); n != 1 {
+				t.Fatalf("%d events with one failed attempt, want 1", n)
+			}
+			if n := len(rec.all()); n != 301 {
+				t.Fatalf("%d deliveries, want 301 (300 + one retry)", n)
+			}
+		})
+	}
 }

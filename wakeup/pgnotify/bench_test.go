@@ -125,7 +125,7 @@ func measureLatency(b *testing.B, w wakeup.Wakeup, wake bool, poll time.Duration
 	if err := outbox.Migrate(ctx, pool, schema); err != nil {
 		b.Fatal(err)
 	}
-	cfg := outbox.SubscriberConfig{Schema: schema, PollInterval: poll}
+	cfg := outbox.SubscriberConfig{Schema: schema, PollInterval: poll, SyncCommit: os.Getenv("OUTBOX_BENCH_SYNC_COMMIT") != "", KeyScan: envInt("OUTBOX_BENCH_KEYSCAN", 0)}
 	if wake {
 		cfg.Wakeup = w
 	}

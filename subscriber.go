@@ -172,9 +172,13 @@ type subscription struct {
 	claimSQL string
 	args     []any // filter parameters, from $4 on
 	cursor   string
-	emit     func(ctx context.Context, b []*item) bool
-	ctx      context.Context
-	cancel   context.CancelFunc
+	// oldest is how many of the oldest claimable keyed events the next claim walks and locks
+	// (SKIP LOCKED) to find its keys: BatchSize, or about twice the keys the last full batch
+	// needed, so a concurrent relay's walk skips only those keys and finds others.
+	oldest int
+	emit   func(ctx context.Context, b []*item) bool
+	ctx    context.Context
+	cancel context.CancelFunc
 	// marking is closed when the previous batch's marks are written; nil before the first.
 	// Marks run while the next claim does: that batch's events stay leased (so no claim takes
 	// them, nor a later event of their keys) until the marks land.
@@ -193,7 +197,7 @@ func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscr
 	if s.s.sqlite {
 		sub.claimSQL = s.buildSQLiteClaimSQL(filter)
 	} else {
-		sub.claimSQL = s.buildClaimSQL(filter)
+		sub.claimSQL = s.buildClaimSQL(filter, len(args)+1)
 	}
 	sub.ctx, sub.cancel = context.WithCancel(ctx)
 	return sub, nil
@@ -349,7 +353,7 @@ func splitRuns(items []*item) (deliver, release []*item) {
 	return deliver, release
 }
 
-func (s *Subscriber) buildClaimSQL(filter string) string {
+func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 	t := s.s.table
 	pending := `"published_at" IS NULL AND "dead_lettered_at" IS NULL`
 	claimable := `("next_attempt_at" IS NULL OR "next_attempt_at" <= now()) AND ("lease_until" IS NULL OR "lease_until" < now())`
@@ -396,7 +400,7 @@ func (s *Subscriber) buildClaimSQL(filter string) string {
 ), scanned AS MATERIALIZED (
 	SELECT k, seq FROM skip LIMIT %[6]d
 ), oldest AS (
-	SELECT DISTINCT "ordering_key" AS k FROM (SELECT "ordering_key" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NOT NULL AND %[3]s AND %[4]s ORDER BY "sequence" LIMIT %[5]d FOR UPDATE SKIP LOCKED) o
+	SELECT DISTINCT "ordering_key" AS k FROM (SELECT "ordering_key" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NOT NULL AND %[3]s AND %[4]s ORDER BY "sequence" LIMIT $%[12]d FOR UPDATE SKIP LOCKED) o
 ), heads AS MATERIALIZED (
 	SELECT o.k, h."sequence" AS seq FROM oldest o CROSS JOIN LATERAL (
 		SELECT "ordering_key", "sequence" FROM %[1]s WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
@@ -408,7 +412,7 @@ func (s *Subscriber) buildClaimSQL(filter string) string {
 	SELECT h."ordering_key" AS k, h."sequence" AS seq FROM %[1]s h
 	WHERE h."sequence" = ANY(ARRAY(SELECT seq FROM heads)) AND h."dead_lettered_at" IS NULL
 		AND (h."next_attempt_at" IS NULL OR h."next_attempt_at" <= now()) AND (h."lease_until" IS NULL OR h."lease_until" < now()) AND %[7]s
-	ORDER BY h."sequence"
+	ORDER BY h."ordering_key" = ANY(ARRAY(SELECT k FROM oldest)) DESC, h."sequence"
 ), runs AS MATERIALIZED (
 	SELECT c.k, r."sequence", r.rn FROM ok_heads c CROSS JOIN LATERAL (
 		SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM %[1]s
@@ -440,7 +444,7 @@ func (s *Subscriber) buildClaimSQL(filter string) string {
 SELECT false, upd.*, NULL::text, NULL::bigint FROM upd
 UNION ALL
 SELECT true%[11]s, (SELECT max(k) FROM scanned), (SELECT count(*) FROM scanned)`,
-		t, pending, claimable, filter, batch, keyScan, hfilter, run, payload, extra.String(), strings.Repeat(", NULL", 10+len(s.s.cfg.ExtraColumns)))
+		t, pending, claimable, filter, batch, keyScan, hfilter, run, payload, extra.String(), strings.Repeat(", NULL", 10+len(s.s.cfg.ExtraColumns)), oldestParam)
 }
 
 // claim leases the next batch. more reports that the key skip scan stopped at its KeyScan
@@ -454,7 +458,11 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	if s.s.sqlite {
 		items, cursor, scanned, err = sub.sqliteClaim(token)
 	} else {
+		if sub.oldest == 0 {
+			sub.oldest = s.cfg.BatchSize
+		}
 		args := append([]any{sub.cursor, s.cfg.LeaseDuration.Microseconds(), token}, sub.args...)
+		args = append(args, sub.oldest)
 		var rs rows
 		rs, err = s.db.query(sub.ctx, sub.claimSQL, s.db.oneShot(args)...)
 		if err == nil {
@@ -465,6 +473,16 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		return nil, false, fmt.Errorf("outbox: claim from %s: %w", s.s.table, err)
 	}
 	sort.Slice(items, func(i, j int) bool { return items[i].ev.Sequence < items[j].ev.Sequence })
+	sub.oldest = s.cfg.BatchSize
+	if len(items) >= s.cfg.BatchSize {
+		keys := map[string]struct{}{}
+		for _, it := range items {
+			if it.ev.OrderingKey != "" {
+				keys[it.ev.OrderingKey] = struct{}{}
+			}
+		}
+		sub.oldest = min(s.cfg.BatchSize, max(2*len(keys), 16))
+	}
 	// A claim that leases only gap-free runs without reporting ranks (SQLite: one writer, no
 	// SKIP LOCKED gaps) leaves them to be counted here: 1 for a key's head, then 2, 3 …
 	ranks := map[string]int64{}

@@ -40,7 +40,7 @@ type DeadLetterFilter struct {
 // RetryFilter is the filter of RetryDeadLettered (the same as DeadLetterFilter).
 type RetryFilter = DeadLetterFilter
 
-// where renders the filter as a condition on dead-lettered, unpublished events.
+// deadWhere renders the filter as a condition on dead-lettered, unpublished events.
 func (s *Subscriber) deadWhere(f DeadLetterFilter, args *[]any) (string, error) {
 	if len(f.Topics) == 0 && len(f.IDs) == 0 {
 		return "", ErrEmptyFilter

@@ -190,7 +190,7 @@ func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscr
 	if err != nil {
 		return nil, err
 	}
-	sub := &subscription{s: s, sel: sel}
+	sub := &subscription{s: s, sel: sel, oldest: s.cfg.BatchSize}
 	args := []any{nil, nil, nil}
 	filter := sel.sql(`"topic"`, &args, s.s.sqlite)
 	sub.args = args[3:]
@@ -458,9 +458,6 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	if s.s.sqlite {
 		items, cursor, scanned, err = sub.sqliteClaim(token)
 	} else {
-		if sub.oldest == 0 {
-			sub.oldest = s.cfg.BatchSize
-		}
 		args := append([]any{sub.cursor, s.cfg.LeaseDuration.Microseconds(), token}, sub.args...)
 		args = append(args, sub.oldest)
 		var rs rows

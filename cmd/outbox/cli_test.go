@@ -329,16 +329,10 @@ func TestRelay(t *testing.T) {
 				"--poll-interval", "50ms", "--batch-size", "7", "--concurrency", "3"}
 			env := []string{"OUTBOX_SECRET=" + rcv.secret, "OUTBOX_EXCLUDE=audit.*", "OUTBOX_BATCH_SIZE=nonsense-but-overridden-by-the-flag"}
 			p := start(t, env, relayArgs...)
-			waitFor(t, 30*time.Second, "orders delivered", func() bool {
-				if !p.running() {
-					t.Fatalf("relay exited: %s", p.errb.String())
-				}
+			p.runUntil(t, "orders delivered", func() bool {
 				c := topicCounts(status(t, db, table))
 				return c["orders.created"] == [2]int64{} && c["audit.log"] == [2]int64{7, 0}
 			})
-			if code := p.stop(t); code != 0 {
-				t.Fatalf("relay exit status %d after SIGTERM; stderr: %s", code, p.errb.String())
-			}
 			if !strings.Contains(p.errb.String(), "outbox relay stopped") {
 				t.Fatalf("relay log lacks the stop line: %s", p.errb.String())
 			}
@@ -359,15 +353,9 @@ func TestRelay(t *testing.T) {
 			// The rest, configured through the environment only (flag-less db and destination).
 			p = start(t, []string{"OUTBOX_DB=" + db, "OUTBOX_TABLE=" + table, "OUTBOX_TO=" + rcv.URL + "/hook", "OUTBOX_SECRET=" + rcv.secret,
 				"OUTBOX_ALLOW_PREFIX=127.0.0.0/8", "OUTBOX_POLL_INTERVAL=50ms", "OUTBOX_TOPICS=audit.*"}, "relay")
-			waitFor(t, 30*time.Second, "all delivered", func() bool {
-				if !p.running() {
-					t.Fatalf("relay exited: %s", p.errb.String())
-				}
+			p.runUntil(t, "all delivered", func() bool {
 				return status(t, db, table).Pending == 0
 			})
-			if code := p.stop(t); code != 0 {
-				t.Fatalf("relay exit status %d after SIGTERM; stderr: %s", code, p.errb.String())
-			}
 			if got := rcv.received(); !slices.Equal(sorted(got), sorted(ids)) {
 				t.Fatalf("received %d ids, want all %d", len(got), len(ids))
 			}
@@ -436,15 +424,9 @@ func TestDeadLetters(t *testing.T) {
 			rcv := newReceiver(t, http.StatusInternalServerError)
 			p := start(t, nil, "relay", "--db", db, "--table", table, "--to", rcv.URL, "--secret", rcv.secret,
 				"--allow-prefix", "127.0.0.1", "--max-attempts", "1", "--poll-interval", "50ms")
-			waitFor(t, 30*time.Second, "all dead-lettered", func() bool {
-				if !p.running() {
-					t.Fatalf("relay exited: %s", p.errb.String())
-				}
+			p.runUntil(t, "all dead-lettered", func() bool {
 				return status(t, db, table).DeadLettered == 6
 			})
-			if code := p.stop(t); code != 0 {
-				t.Fatalf("relay exit status %d; stderr: %s", code, p.errb.String())
-			}
 
 			all := sorted(ids)
 			check := func(what string, got, want []string) {
@@ -607,15 +589,9 @@ func TestRelayKafka(t *testing.T) {
 
 			p := start(t, nil, "relay", "--db", db, "--table", table, "--to", "kafka://"+strings.Join(c.ListenAddrs(), ","),
 				"--dest-topic", topic, "--topics", "orders.*", "--poll-interval", "50ms")
-			waitFor(t, 30*time.Second, "all delivered", func() bool {
-				if !p.running() {
-					t.Fatalf("relay exited: %s", p.errb.String())
-				}
+			p.runUntil(t, "all delivered", func() bool {
 				return status(t, db, table).Pending == 0
 			})
-			if code := p.stop(t); code != 0 {
-				t.Fatalf("relay exit status %d; stderr: %s", code, p.errb.String())
-			}
 
 			sc := wmkafka.DefaultSaramaSubscriberConfig()
 			sc.Consumer.Offsets.Initial = sarama.OffsetOldest

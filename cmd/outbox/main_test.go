@@ -180,6 +180,21 @@ func (p *process) running() bool {
 	}
 }
 
+// runUntil waits up to 30 s for cond while the relay p keeps running (failing with what when
+// cond does not come to hold), then stops it with SIGTERM and requires exit status 0.
+func (p *process) runUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	waitFor(t, 30*time.Second, what, func() bool {
+		if !p.running() {
+			t.Fatalf("relay exited: %s", p.errb.String())
+		}
+		return cond()
+	})
+	if code := p.stop(t); code != 0 {
+		t.Fatalf("relay exit status %d after SIGTERM; stderr: %s", code, p.errb.String())
+	}
+}
+
 // stop sends SIGTERM and returns the exit status (failing the test when it does not exit
 // within 30 s).
 func (p *process) stop(t *testing.T) int {

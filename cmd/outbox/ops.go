@@ -46,9 +46,20 @@ func (f *dbFlags) open(ctx context.Context, create bool) (*database, error) {
 	return d, nil
 }
 
-// subscriber returns an outbox Subscriber for the operations (it runs no relay).
-func (d *database) subscriber() (*outbox.Subscriber, error) {
-	return outbox.NewSubscriber(d.handle(), outbox.SubscriberConfig{Schema: d.schema}, nil)
+// withSubscriber opens the database (the outbox table must exist), runs fn with an outbox
+// Subscriber for the operations (it runs no relay), then closes the Subscriber and the database.
+func (f *dbFlags) withSubscriber(ctx context.Context, fn func(d *database, sub *outbox.Subscriber) error) error {
+	d, err := f.open(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	sub, err := outbox.NewSubscriber(d.handle(), outbox.SubscriberConfig{Schema: d.schema}, nil)
+	if err != nil {
+		return err
+	}
+	defer sub.Close()
+	return fn(d, sub)
 }
 
 func newMigrateCmd() *cobra.Command {
@@ -103,21 +114,13 @@ pending and no dead letters are left out).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			d, err := f.open(ctx, false)
-			if err != nil {
-				return err
-			}
-			defer d.Close()
-			sub, err := d.subscriber()
-			if err != nil {
-				return err
-			}
-			defer sub.Close()
-			topics, err := backlogByTopic(ctx, d, sub)
-			if err != nil {
-				return d.queryError("reading the backlog per topic", err)
-			}
-			return printStatus(cmd.OutOrStdout(), totalOf(topics), topics, asJSON)
+			return f.withSubscriber(ctx, func(d *database, sub *outbox.Subscriber) error {
+				topics, err := backlogByTopic(ctx, d, sub)
+				if err != nil {
+					return d.queryError("reading the backlog per topic", err)
+				}
+				return printStatus(cmd.OutOrStdout(), totalOf(topics), topics, asJSON)
+			})
 		},
 	}
 	f.register(cmd)
@@ -261,25 +264,17 @@ func newDeadListCmd() *cobra.Command {
 				return &usageError{fmt.Errorf("--limit %d: give 1..%d", limit, outbox.MaxBatchSize)}
 			}
 			ctx := cmd.Context()
-			d, err := f.open(ctx, false)
-			if err != nil {
-				return err
-			}
-			defer d.Close()
-			sub, err := d.subscriber()
-			if err != nil {
-				return err
-			}
-			defer sub.Close()
-			dls, err := listDead(ctx, d, sub, flt, limit+1)
-			if err != nil {
-				return d.queryError("listing dead letters", err)
-			}
-			more := len(dls) > limit
-			if more {
-				dls = dls[:limit]
-			}
-			return printDead(cmd.OutOrStdout(), cmd.ErrOrStderr(), dls, more, limit, asJSON)
+			return f.withSubscriber(ctx, func(d *database, sub *outbox.Subscriber) error {
+				dls, err := listDead(ctx, d, sub, flt, limit+1)
+				if err != nil {
+					return d.queryError("listing dead letters", err)
+				}
+				more := len(dls) > limit
+				if more {
+					dls = dls[:limit]
+				}
+				return printDead(cmd.OutOrStdout(), cmd.ErrOrStderr(), dls, more, limit, asJSON)
+			})
 		},
 	}
 	f.register(cmd)
@@ -355,76 +350,65 @@ func clipFront(s string, n int) string {
 	return "…" + string(r[len(r)-n+1:])
 }
 
-func newDeadRetryCmd() *cobra.Command {
+// deadAction is a dead subcommand that acts on the selected dead letters (at least one filter
+// is required) and reports how many it acted on.
+type deadAction struct {
+	name        string // subcommand name, e.g. "retry"
+	short, long string // help texts
+	doing       string // what a failed act was doing, for queryError
+	done        string // the past tense that leads the report, e.g. "retried"
+	act         func(ctx context.Context, d *database, sub *outbox.Subscriber, f deadFilter) (int64, error)
+}
+
+func (a deadAction) command() *cobra.Command {
 	var f deadFlags
 	cmd := &cobra.Command{
-		Use:   "retry --db URL (--topic PATTERN | --id UUID)… [--older-than DURATION]",
-		Short: "Give the selected dead letters fresh attempts (--topic '*' for all)",
-		Long: `retry gives the selected dead-lettered events fresh attempts: attempts reset to 0, due now,
-last_error kept. The events of their ordering keys that waited behind them follow in order.`,
-		Args: cobra.NoArgs,
+		Use:   a.name + " --db URL (--topic PATTERN | --id UUID)… [--older-than DURATION]",
+		Short: a.short,
+		Long:  a.long,
+		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			flt, err := f.filter(false)
 			if err != nil {
 				return err
 			}
 			ctx := cmd.Context()
-			d, err := f.open(ctx, false)
-			if err != nil {
-				return err
-			}
-			defer d.Close()
-			sub, err := d.subscriber()
-			if err != nil {
-				return err
-			}
-			defer sub.Close()
-			n, err := retryDead(ctx, d, sub, flt)
-			if err != nil {
-				return d.queryError("retrying dead letters", err)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "retried %s\n", plural(n, "dead-lettered event", "dead-lettered events"))
-			return nil
+			return f.withSubscriber(ctx, func(d *database, sub *outbox.Subscriber) error {
+				n, err := a.act(ctx, d, sub, flt)
+				if err != nil {
+					return d.queryError(a.doing, err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", a.done, plural(n, "dead-lettered event", "dead-lettered events"))
+				return nil
+			})
 		},
 	}
 	f.register(cmd)
 	return withEnv(cmd)
 }
 
+func newDeadRetryCmd() *cobra.Command {
+	return deadAction{
+		name:  "retry",
+		short: "Give the selected dead letters fresh attempts (--topic '*' for all)",
+		long: `retry gives the selected dead-lettered events fresh attempts: attempts reset to 0, due now,
+last_error kept. The events of their ordering keys that waited behind them follow in order.`,
+		doing: "retrying dead letters",
+		done:  "retried",
+		act:   retryDead,
+	}.command()
+}
+
 func newDeadPurgeCmd() *cobra.Command {
-	var f deadFlags
-	cmd := &cobra.Command{
-		Use:   "purge --db URL (--topic PATTERN | --id UUID)… [--older-than DURATION]",
-		Short: "Delete the selected dead letters for good (--topic '*' for all)",
-		Long: `purge deletes the selected dead-lettered events. Their ordering keys are then no longer held:
+	return deadAction{
+		name:  "purge",
+		short: "Delete the selected dead letters for good (--topic '*' for all)",
+		long: `purge deletes the selected dead-lettered events. Their ordering keys are then no longer held:
 later events of those keys are delivered. This cannot be undone.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			flt, err := f.filter(false)
-			if err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			d, err := f.open(ctx, false)
-			if err != nil {
-				return err
-			}
-			defer d.Close()
-			sub, err := d.subscriber()
-			if err != nil {
-				return err
-			}
-			defer sub.Close()
-			n, err := purgeDead(ctx, d, sub, flt)
-			if err != nil {
-				return d.queryError("purging dead letters", err)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "purged %s\n", plural(n, "dead-lettered event", "dead-lettered events"))
-			return nil
-		},
-	}
-	f.register(cmd)
-	return withEnv(cmd)
+		doing: "purging dead letters",
+		done:  "purged",
+		act:   purgeDead,
+	}.command()
 }
 
 func newCleanupCmd() *cobra.Command {
@@ -451,29 +435,21 @@ a producer may retry with the same key. The relay never cleans up by itself.`,
 				return &usageError{fmt.Errorf("--dead-older-than %s is negative: give a duration such as 720h, or 0s for every dead letter", deadOlder)}
 			}
 			ctx := cmd.Context()
-			d, err := f.open(ctx, false)
-			if err != nil {
-				return err
-			}
-			defer d.Close()
-			sub, err := d.subscriber()
-			if err != nil {
-				return err
-			}
-			defer sub.Close()
-			n, err := sub.CleanupPublished(ctx, publishedOlder)
-			if err != nil {
-				return d.queryError("deleting published events", err)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "deleted %s older than %s\n", plural(n, "published event", "published events"), publishedOlder)
-			if cmd.Flags().Changed("dead-older-than") {
-				n, err := sub.CleanupDeadLettered(ctx, deadOlder)
+			return f.withSubscriber(ctx, func(d *database, sub *outbox.Subscriber) error {
+				n, err := sub.CleanupPublished(ctx, publishedOlder)
 				if err != nil {
-					return d.queryError("deleting dead-lettered events", err)
+					return d.queryError("deleting published events", err)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "deleted %s older than %s\n", plural(n, "dead-lettered event", "dead-lettered events"), deadOlder)
-			}
-			return nil
+				fmt.Fprintf(cmd.OutOrStdout(), "deleted %s older than %s\n", plural(n, "published event", "published events"), publishedOlder)
+				if cmd.Flags().Changed("dead-older-than") {
+					n, err := sub.CleanupDeadLettered(ctx, deadOlder)
+					if err != nil {
+						return d.queryError("deleting dead-lettered events", err)
+					}
+					fmt.Fprintf(cmd.OutOrStdout(), "deleted %s older than %s\n", plural(n, "dead-lettered event", "dead-lettered events"), deadOlder)
+				}
+				return nil
+			})
 		},
 	}
 	f.register(cmd)

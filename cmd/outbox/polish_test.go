@@ -141,6 +141,22 @@ func TestBacklogNote(t *testing.T) {
 // demoHeader matches the demo's header line.
 var demoHeader = regexp.MustCompile(`^outbox demo: (\d+) writers?, (\d+) transactions? over (\d+) keys?, (.+) → (.+)$`)
 
+// quietDemoLines checks a demo run (checkDemo), that it wrote nothing to stderr and that its
+// first line is the header with these writer, transaction and key counts; it returns the
+// lines of stdout.
+func quietDemoLines(t *testing.T, r result, writers, transactions, keys string) []string {
+	t.Helper()
+	checkDemo(t, r)
+	if r.stderr != "" {
+		t.Fatalf("stderr %q, want nothing", r.stderr)
+	}
+	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+	if m := demoHeader.FindStringSubmatch(lines[0]); m == nil || m[1] != writers || m[2] != transactions || m[3] != keys {
+		t.Fatalf("first line %q is not the header", lines[0])
+	}
+	return lines
+}
+
 // TestDemoOutput: the header is printed once, on stdout, with the writer count; a quiet demo
 // writes nothing to stderr; under --keep the report ends (before the summary) with what was
 // kept and a command that drops it, which works.
@@ -148,14 +164,7 @@ func TestDemoOutput(t *testing.T) {
 	t.Run("sqlite temp file", func(t *testing.T) {
 		tmp := t.TempDir()
 		r := cli(t, []string{"TMPDIR=" + tmp}, "demo", "--transactions", "60", "--writers", "2", "--keys", "6", "--quiet", "--keep")
-		checkDemo(t, r)
-		if r.stderr != "" {
-			t.Fatalf("stderr %q, want nothing", r.stderr)
-		}
-		lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
-		if m := demoHeader.FindStringSubmatch(lines[0]); m == nil || m[1] != "2" || m[2] != "60" || m[3] != "6" {
-			t.Fatalf("first line %q is not the header", lines[0])
-		}
+		lines := quietDemoLines(t, r, "2", "60", "6")
 		if n := strings.Count(r.stdout, "outbox demo:"); n != 1 {
 			t.Fatalf("header printed %d times:\n%s", n, r.stdout)
 		}
@@ -183,14 +192,7 @@ func TestDemoOutput(t *testing.T) {
 	t.Run("postgres", func(t *testing.T) {
 		pool := pgtest.Require(t)
 		r := cli(t, nil, "demo", "--db", pgtest.DSN(), "--transactions", "40", "--writers", "1", "--keys", "1", "--keep")
-		checkDemo(t, r)
-		if r.stderr != "" {
-			t.Fatalf("stderr %q, want nothing", r.stderr)
-		}
-		lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
-		if m := demoHeader.FindStringSubmatch(lines[0]); m == nil || m[1] != "1" || m[2] != "40" || m[3] != "1" {
-			t.Fatalf("first line %q is not the header", lines[0])
-		}
+		lines := quietDemoLines(t, r, "1", "40", "1")
 		kept := regexp.MustCompile(`^  kept                tables (outbox_demo_[0-9a-f]{8}) and (demo_orders_[0-9a-f]{8}) in PostgreSQL at `).FindStringSubmatch(lines[len(lines)-4])
 		if kept == nil {
 			t.Fatalf("no kept line before the summary:\n%s", r.stdout)

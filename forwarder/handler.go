@@ -2,6 +2,8 @@ package forwarder
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -30,6 +32,27 @@ type Outgoing struct {
 type BatchPublisher interface {
 	message.Publisher
 	PublishBatch(ctx context.Context, batch []Outgoing) []error
+}
+
+// PublishViaBatch implements message.Publisher's Publish for a destination that has
+// PublishBatch: it sends msgs to topic as one batch (with the first message's context) and
+// returns nil when every message succeeded, otherwise the per-message errors joined
+// (errors.Join), each naming its message UUID. No messages is a no-op.
+func PublishViaBatch(publishBatch func(ctx context.Context, batch []Outgoing) []error, topic string, msgs ...*message.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	batch := make([]Outgoing, len(msgs))
+	for i, m := range msgs {
+		batch[i] = Outgoing{Topic: topic, Message: m}
+	}
+	var errs []error
+	for i, err := range publishBatch(msgs[0].Context(), batch) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("message %s: %w", msgs[i].UUID, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Handler returns the forwarding handler, for adding to your own Watermill router with your own

@@ -181,20 +181,7 @@ func (p *Publisher) dial() (*amqp091.Connection, error) {
 // channel and waits for every confirm. It returns nil when each message was confirmed and
 // routed, otherwise the per-message errors joined, each naming its message UUID.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
-	if len(msgs) == 0 {
-		return nil
-	}
-	batch := make([]forwarder.Outgoing, len(msgs))
-	for i, m := range msgs {
-		batch[i] = forwarder.Outgoing{Topic: topic, Message: m}
-	}
-	var errs []error
-	for i, err := range p.PublishBatch(msgs[0].Context(), batch) {
-		if err != nil {
-			errs = append(errs, fmt.Errorf("message %s: %w", msgs[i].UUID, err))
-		}
-	}
-	return errors.Join(errs...)
+	return forwarder.PublishViaBatch(p.PublishBatch, topic, msgs...)
 }
 
 // PublishBatch implements forwarder.BatchPublisher: it publishes the batch in order on one

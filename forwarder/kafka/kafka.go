@@ -203,20 +203,7 @@ func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error
 // It returns nil when every message was acknowledged, otherwise the per-message errors joined
 // (each naming its message UUID); an ordering key's messages after a refused one are not sent.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
-	if len(msgs) == 0 {
-		return nil
-	}
-	batch := make([]forwarder.Outgoing, len(msgs))
-	for i, m := range msgs {
-		batch[i] = forwarder.Outgoing{Topic: topic, Message: m}
-	}
-	var errs []error
-	for i, err := range p.PublishBatch(msgs[0].Context(), batch) {
-		if err != nil {
-			errs = append(errs, fmt.Errorf("message %s: %w", msgs[i].UUID, err))
-		}
-	}
-	return errors.Join(errs...)
+	return forwarder.PublishViaBatch(p.PublishBatch, topic, msgs...)
 }
 
 // PublishBatch implements forwarder.BatchPublisher: the messages go out in one SendMessages

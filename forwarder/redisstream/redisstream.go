@@ -121,20 +121,7 @@ func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error
 // when every XADD succeeded, otherwise the per-message errors joined, each naming its message
 // UUID.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
-	if len(msgs) == 0 {
-		return nil
-	}
-	batch := make([]forwarder.Outgoing, len(msgs))
-	for i, m := range msgs {
-		batch[i] = forwarder.Outgoing{Topic: topic, Message: m}
-	}
-	var errs []error
-	for i, err := range p.PublishBatch(msgs[0].Context(), batch) {
-		if err != nil {
-			errs = append(errs, fmt.Errorf("message %s: %w", msgs[i].UUID, err))
-		}
-	}
-	return errors.Join(errs...)
+	return forwarder.PublishViaBatch(p.PublishBatch, topic, msgs...)
 }
 
 // PublishBatch implements forwarder.BatchPublisher: one XADD per message, all in one pipeline,

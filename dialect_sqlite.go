@@ -392,14 +392,22 @@ SELECT NULL, (SELECT max(k) FROM scanned), (SELECT count(*) FROM scanned)`,
 		t, unpublishedKeyed, claimable, s.cfg.BatchSize, s.cfg.MaxRunPerKey, s.cfg.KeyScan, s.s.index("keyed_idx"), s.s.index("unordered_idx"))
 }
 
-// sqliteClaim runs the SQLite claim: the selection (buildSQLiteClaimSQL) and an UPDATE …
-// RETURNING that leases it, in one IMMEDIATE transaction so no other writer comes between.
-func (sub *subscription) sqliteClaim(token string) (items []*item, cursor *string, scanned *int64, err error) {
-	s := sub.s
+// buildSQLiteLeaseSQL is the leasing half of the SQLite claim: $1 the lease end
+// (microseconds), $2 the fencing token, $3 the selected sequences (a JSON array); it returns
+// the rows in the layout scanClaimed reads.
+func (s *Subscriber) buildSQLiteLeaseSQL() string {
 	var extra strings.Builder
 	for _, c := range s.s.cfg.ExtraColumns {
 		extra.WriteString(", " + pgx.Identifier{c.Name}.Sanitize())
 	}
+	return fmt.Sprintf(`UPDATE %s SET "lease_until" = $1, "leased_by" = $2 WHERE "sequence" IN (SELECT value FROM json_each($3))
+RETURNING 0, "sequence", "id", "topic", "payload", "headers", "ordering_key", "created_at", "attempts", "last_error", NULL%s, NULL, NULL`, s.s.table, extra.String())
+}
+
+// sqliteClaim runs the SQLite claim: the selection (buildSQLiteClaimSQL) and an UPDATE …
+// RETURNING that leases it, in one IMMEDIATE transaction so no other writer comes between.
+func (sub *subscription) sqliteClaim(token string) (items []*item, cursor *string, scanned *int64, err error) {
+	s := sub.s
 	err = withSQLiteTx(sub.ctx, s.db, func(ex execer) error {
 		// The clock is read once the write lock is held: BEGIN IMMEDIATE may wait up to the
 		// busy timeout, and a lease computed before that wait could already have expired.
@@ -428,9 +436,7 @@ func (sub *subscription) sqliteClaim(token string) (items []*item, cursor *strin
 		if err := rs.Err(); err != nil || len(seqs) == 0 {
 			return err
 		}
-		q := fmt.Sprintf(`UPDATE %s SET "lease_until" = $1, "leased_by" = $2 WHERE "sequence" IN (SELECT value FROM json_each($3))
-RETURNING 0, "sequence", "id", "topic", "payload", "headers", "ordering_key", "created_at", "attempts", "last_error", NULL%s, NULL, NULL`, s.s.table, extra.String())
-		rs, err = ex.query(sub.ctx, q, micros(now.Add(s.cfg.LeaseDuration)), token, jsonList(seqs))
+		rs, err = ex.query(sub.ctx, sub.leaseSQL, micros(now.Add(s.cfg.LeaseDuration)), token, jsonList(seqs))
 		if err != nil {
 			return err
 		}

@@ -170,7 +170,8 @@ type subscription struct {
 	s        *Subscriber
 	sel      topicSelection
 	claimSQL string
-	args     []any // filter parameters, from $4 on
+	leaseSQL string // SQLite: the UPDATE that leases what claimSQL selected
+	args     []any  // filter parameters, from $4 on
 	cursor   string
 	// oldest is how many of the oldest claimable keyed events the next claim walks and locks
 	// (SKIP LOCKED) to find its keys: BatchSize, or about twice the keys the last full batch
@@ -195,7 +196,7 @@ func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscr
 	filter := sel.sql(`"topic"`, &args, s.s.sqlite)
 	sub.args = args[3:]
 	if s.s.sqlite {
-		sub.claimSQL = s.buildSQLiteClaimSQL(filter)
+		sub.claimSQL, sub.leaseSQL = s.buildSQLiteClaimSQL(filter), s.buildSQLiteLeaseSQL()
 	} else {
 		sub.claimSQL = s.buildClaimSQL(filter, len(args)+1)
 	}

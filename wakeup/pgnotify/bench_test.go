@@ -98,7 +98,7 @@ func newBenchWakeup(b *testing.B, mode pgnotify.Mode) *pgnotify.Wakeup {
 // pollCounter counts the relay's claims and the events they returned (its Trace lines).
 type pollCounter struct {
 	watermill.NopLogger
-	n, events atomic.Int64
+	n, events, nanos atomic.Int64
 }
 
 func (c *pollCounter) Trace(msg string, f watermill.LogFields) {
@@ -106,6 +106,9 @@ func (c *pollCounter) Trace(msg string, f watermill.LogFields) {
 		c.n.Add(1)
 		if n, ok := f["events"].(int); ok {
 			c.events.Add(int64(n))
+		}
+		if d, ok := f["duration"].(time.Duration); ok {
+			c.nanos.Add(int64(d))
 		}
 	}
 }
@@ -138,7 +141,7 @@ func measureLatency(b *testing.B, w wakeup.Wakeup, wake bool, poll time.Duration
 	defer func() {
 		n := polls.n.Load()
 		b.ReportMetric(float64(n)/d.Seconds(), "polls/s")
-		b.Logf("relay: %d polls, %.1f events per poll", n, float64(polls.events.Load())/float64(max(n, 1)))
+		b.Logf("relay: %d polls, %.1f events per poll, %.2f ms per claim", n, float64(polls.events.Load())/float64(max(n, 1)), float64(polls.nanos.Load())/1e6/float64(max(n, 1)))
 	}()
 	msgs, err := sub.Subscribe(ctx, "bench.latency")
 	if err != nil {

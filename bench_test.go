@@ -138,6 +138,27 @@ func seedRows(b *testing.B, pool *pgxpool.Pool, table string, n, keys int, publi
 	pool.Exec(ctx, fmt.Sprintf(`VACUUM ANALYZE %q`, table))
 }
 
+// claimCounter counts the relay's claims, the events they leased and their time (its Trace lines).
+type claimCounter struct {
+	watermill.NopLogger
+	n, events, nanos atomic.Int64
+}
+
+func (c *claimCounter) Trace(msg string, f watermill.LogFields) {
+	if msg != "outbox: claimed" {
+		return
+	}
+	c.n.Add(1)
+	if n, ok := f["events"].(int); ok {
+		c.events.Add(int64(n))
+	}
+	if d, ok := f["duration"].(time.Duration); ok {
+		c.nanos.Add(int64(d))
+	}
+}
+
+func (c *claimCounter) With(watermill.LogFields) watermill.LoggerAdapter { return c }
+
 // drain runs relays Subscribers on db (BatchSize 1000, MaxRunPerKey 100, Concurrency 100, 10 ms
 // poll) with a handler that acks at once until n events are delivered and pending() reports 0
 // (the marks are written), and reports events/s. The caller has stopped the timer.
@@ -147,9 +168,14 @@ func drain(b *testing.B, db any, schema outbox.SchemaConfig, n, relays int, pend
 	var got atomic.Int64
 	done := make(chan struct{})
 	var subs []*outbox.Subscriber
+	polls := &claimCounter{}
+	defer func() {
+		n := polls.n.Load()
+		b.Logf("%d claims, %.1f events per claim, %.2f ms per claim", n, float64(polls.events.Load())/float64(max(n, 1)), float64(polls.nanos.Load())/1e6/float64(max(n, 1)))
+	}()
 	for r := range relays {
 		sub, err := outbox.NewSubscriber(db, outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, MaxRunPerKey: 100, Concurrency: 100, KeyScan: envInt("OUTBOX_BENCH_KEYSCAN", 0), SyncCommit: os.Getenv("OUTBOX_BENCH_SYNC_COMMIT") != "",
-			PollInterval: 10 * time.Millisecond, RelayName: fmt.Sprintf("bench-%d", r)}, nil)
+			PollInterval: 10 * time.Millisecond, RelayName: fmt.Sprintf("bench-%d", r)}, polls)
 		if err != nil {
 			b.Fatal(err)
 		}

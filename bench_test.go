@@ -149,6 +149,9 @@ func (c *claimCounter) Trace(msg string, f watermill.LogFields) {
 		return
 	}
 	c.n.Add(1)
+	if os.Getenv("OUTBOX_BENCH_TRACE") != "" {
+		fmt.Fprintf(os.Stderr, "claim %s %v events=%v %v\n", time.Now().Format("15:04:05.000"), f["token"], f["events"], f["duration"])
+	}
 	if n, ok := f["events"].(int); ok {
 		c.events.Add(int64(n))
 	}
@@ -205,7 +208,8 @@ func drain(b *testing.B, db any, schema outbox.SchemaConfig, n, relays int, pend
 // OUTBOX_BENCH_HISTORY adds that many published rows first (e.g. 5000000);
 // OUTBOX_BENCH_SHAPE runs one shape only (unordered, 1000keys, distinctkeys, 10hotkeys);
 // OUTBOX_BENCH_KEYSCAN sets SubscriberConfig.KeyScan (default: the config's default);
-// OUTBOX_BENCH_SYNC_COMMIT=1 sets SubscriberConfig.SyncCommit.
+// OUTBOX_BENCH_SYNC_COMMIT=1 sets SubscriberConfig.SyncCommit; OUTBOX_BENCH_TRACE=1 prints
+// every claim (time, token, events, duration) to stderr.
 func BenchmarkDrain(b *testing.B) {
 	pool := pgtest.Require(b)
 	n := envInt("OUTBOX_BENCH_EVENTS", 100000)

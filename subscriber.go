@@ -174,9 +174,25 @@ type subscription struct {
 	args     []any  // filter parameters, from $4 on
 	cursor   string
 	// oldest is how many of the oldest claimable keyed events the next claim walks and locks
-	// (SKIP LOCKED) to find its keys: BatchSize, or about twice the keys the last full batch
-	// needed, so a concurrent relay's walk skips only those keys and finds others.
+	// (SKIP LOCKED) to find its keys: about twice the keys the last full batch needed, so a
+	// concurrent relay's walk skips only those keys and finds others; doubled (up to
+	// BatchSize) after each batch that was not full.
 	oldest int
+	// maxKeys caps how many keys the next claim leases runs of (PostgreSQL): BatchSize, or
+	// half the keys of the last batch for splitFor claims once a claim found every key held by
+	// the marks still being written — a batch that took every key's run leaves the next claim
+	// nothing to do beside its marks, while two halves alternate, one claimed while the
+	// other's marks are written.
+	maxKeys  int
+	splitFor int
+	// serialFor counts the next claims that wait for the previous batch's marks first: set
+	// when a claim beside the marks found nothing and the other keys were not free.
+	serialFor int
+	// lastKeys is the number of ordering keys in the last claimed batch; lastScanned the
+	// number of keys with unpublished events the last claim's key scan saw when it saw all of
+	// them, else -1.
+	lastKeys, lastScanned int
+
 	emit   func(ctx context.Context, b []*item) bool
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -191,7 +207,7 @@ func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscr
 	if err != nil {
 		return nil, err
 	}
-	sub := &subscription{s: s, sel: sel, oldest: s.cfg.BatchSize}
+	sub := &subscription{s: s, sel: sel, oldest: s.cfg.BatchSize, maxKeys: s.cfg.BatchSize, lastScanned: -1}
 	args := []any{nil, nil, nil}
 	if s.s.sqlite {
 		filter := sel.sql(`"topic"`, &args, true)
@@ -291,14 +307,27 @@ const (
 func (sub *subscription) poll() (again bool, err error) {
 	s := sub.s
 	token := s.tokenPrefix + strconv.FormatInt(s.claims.Add(1), 10)
+	if sub.serialFor > 0 {
+		sub.serialFor--
+		sub.waitMarks()
+	}
 	items, more, err := sub.claim(token)
 	if err == nil && len(items) == 0 && sub.marking != nil {
 		select {
 		case <-sub.marking:
 		default:
 			// The previous batch's marks are still being written, and its keys' next
-			// events wait for them: poll again as soon as they land.
+			// events wait for them: poll again as soon as they land. When that batch held
+			// every key there is, the next claims take half of the keys each (one half is
+			// claimed while the other's marks are written); otherwise the other keys are
+			// another relay's, and the next claims wait for the marks first instead of
+			// claiming nothing beside them.
 			sub.waitMarks()
+			if sub.lastKeys > 1 && sub.lastScanned >= 0 && sub.lastScanned <= sub.lastKeys {
+				sub.maxKeys, sub.splitFor = (sub.lastKeys+1)/2, splitClaims
+			} else {
+				sub.serialFor = splitClaims
+			}
 			return true, nil
 		}
 	}
@@ -327,6 +356,10 @@ func (sub *subscription) poll() (again bool, err error) {
 	}()
 	return true, nil
 }
+
+// splitClaims is how many claims lease runs of at most half the keys once a claim found
+// every key held by marks in flight; then the relay tries whole batches again.
+const splitClaims = 16
 
 // splitRuns keeps, for each ordering key, only the run that starts at the key's head with no
 // gap (a run member skipped by SKIP LOCKED or changed concurrently breaks the run); the rest is
@@ -432,7 +465,7 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 		AND (h."next_attempt_at" IS NULL OR h."next_attempt_at" <= now()) AND (h."lease_until" IS NULL OR h."lease_until" < now()) AND %[7]s LIMIT 1) h
 	ORDER BY x.pri DESC, x.seq
 ), runs AS MATERIALIZED (
-	SELECT c.k, r."sequence", r.rn FROM ok_heads c CROSS JOIN LATERAL (
+	SELECT c.k, r."sequence", r.rn FROM (SELECT k, seq FROM ok_heads LIMIT $%[14]d) c CROSS JOIN LATERAL (
 		SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM %[1]s
 		WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
 		AND ("ordering_key", "sequence") >= (c.k, c.seq) AND ("ordering_key", "sequence") <= (c.k, 9223372036854775807)
@@ -461,7 +494,7 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 SELECT false, upd.*, NULL::text, NULL::bigint FROM upd
 UNION ALL
 SELECT true%[11]s, (SELECT max(k) FROM scanned), (SELECT count(*) FROM scanned)`,
-		t, pending, claimable, filter, batch, keyScan, hfilter, run, payload, extra.String(), strings.Repeat(", NULL", 10+len(s.s.cfg.ExtraColumns)), oldestParam, pkFilter)
+		t, pending, claimable, filter, batch, keyScan, hfilter, run, payload, extra.String(), strings.Repeat(", NULL", 10+len(s.s.cfg.ExtraColumns)), oldestParam, pkFilter, oldestParam+1)
 }
 
 // claim leases the next batch. more reports that the key skip scan stopped at its KeyScan
@@ -477,7 +510,7 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		items, cursor, scanned, err = sub.sqliteClaim(token)
 	} else {
 		args := append([]any{sub.cursor, s.cfg.LeaseDuration.Microseconds(), token}, sub.args...)
-		args = append(args, sub.oldest)
+		args = append(args, sub.oldest, sub.maxKeys)
 		var rs rows
 		rs, err = s.db.query(sub.ctx, sub.claimSQL, s.db.oneShot(args)...)
 		if err == nil {
@@ -488,15 +521,31 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		return nil, false, fmt.Errorf("outbox: claim from %s: %w", s.s.table, err)
 	}
 	sort.Slice(items, func(i, j int) bool { return items[i].ev.Sequence < items[j].ev.Sequence })
-	sub.oldest = s.cfg.BatchSize
-	if len(items) >= s.cfg.BatchSize {
-		keys := map[string]struct{}{}
-		for _, it := range items {
-			if it.ev.OrderingKey != "" {
-				keys[it.ev.OrderingKey] = struct{}{}
-			}
+	keys := map[string]struct{}{}
+	for _, it := range items {
+		if it.ev.OrderingKey != "" {
+			keys[it.ev.OrderingKey] = struct{}{}
 		}
+	}
+	if len(items) >= s.cfg.BatchSize {
 		sub.oldest = min(s.cfg.BatchSize, max(2*len(keys), 16))
+	} else {
+		// Grow the walk step by step, not at once: its row locks are what a concurrent
+		// relay's runs skip, so a walk of BatchSize rows after one short batch (short
+		// because of that relay) shortened that relay's batches in turn.
+		sub.oldest = min(s.cfg.BatchSize, 2*sub.oldest)
+	}
+	if len(items) > 0 {
+		sub.lastKeys = len(keys)
+	}
+	sub.lastScanned = -1
+	if scanned != nil && sub.cursor == "" && *scanned < int64(s.cfg.KeyScan) {
+		sub.lastScanned = int(*scanned)
+	}
+	if sub.splitFor > 0 {
+		if sub.splitFor--; sub.splitFor == 0 {
+			sub.maxKeys = s.cfg.BatchSize
+		}
 	}
 	// Both claims lease only gap-free runs from each key's head (PostgreSQL keeps a run's
 	// members only while every one before them is locked; SQLite has one writer and no SKIP

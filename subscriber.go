@@ -527,9 +527,14 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 			keys[it.ev.OrderingKey] = struct{}{}
 		}
 	}
-	if len(items) >= s.cfg.BatchSize {
+	switch {
+	case len(items) >= s.cfg.BatchSize:
 		sub.oldest = min(s.cfg.BatchSize, max(2*len(keys), 16))
-	} else {
+	case len(items) == 0:
+		// Nothing claimable: the walk's rows were later events of keys held elsewhere. Keep
+		// it short, for a shorter claim and fewer locks in another relay's way.
+		sub.oldest = min(s.cfg.BatchSize, max(2*sub.lastKeys, 16))
+	default:
 		// Grow the walk step by step, not at once: its row locks are what a concurrent
 		// relay's runs skip, so a walk of BatchSize rows after one short batch (short
 		// because of that relay) shortened that relay's batches in turn.

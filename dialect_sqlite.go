@@ -401,7 +401,7 @@ func (s *Subscriber) buildSQLiteLeaseSQL() string {
 		extra.WriteString(", " + pgx.Identifier{c.Name}.Sanitize())
 	}
 	return fmt.Sprintf(`UPDATE %s SET "lease_until" = $1, "leased_by" = $2 WHERE "sequence" IN (SELECT value FROM json_each($3))
-RETURNING 0, "sequence", "id", "topic", "payload", "headers", "ordering_key", "created_at", "attempts", "last_error", NULL%s, NULL, NULL`, s.s.table, extra.String())
+RETURNING 0, "sequence", "id", "topic", "payload", "headers", "ordering_key", "created_at", "attempts", "last_error", NULL%s, NULL, NULL, NULL`, s.s.table, extra.String())
 }
 
 // sqliteClaim runs the SQLite claim: the selection (buildSQLiteClaimSQL) and an UPDATE …

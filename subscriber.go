@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -170,28 +172,33 @@ type subscription struct {
 	s        *Subscriber
 	sel      topicSelection
 	claimSQL string
+	splitSQL string // PostgreSQL: claimSQL with the hot keys capped (see hot)
 	leaseSQL string // SQLite: the UPDATE that leases what claimSQL selected
 	args     []any  // filter parameters, from $4 on
 	cursor   string
 	// oldest is how many of the oldest claimable keyed events the next claim walks and locks
-	// (SKIP LOCKED) to find its keys: about twice the keys the last full batch needed, so a
-	// concurrent relay's walk skips only those keys and finds others; doubled (up to
-	// BatchSize) after each batch that was not full.
+	// (SKIP LOCKED) to find its keys (PostgreSQL): about twice the keys the last full batch
+	// needed, so a concurrent relay's walk skips only those keys and finds others; doubled (up
+	// to BatchSize) after each batch that was not full; back to about twice the last batch's
+	// keys after a claim that found claimable keyed events but leased nothing.
 	oldest int
-	// maxKeys caps how many keys the next claim leases runs of (PostgreSQL): BatchSize, or
-	// half the keys of the last batch for splitFor claims once a claim found every key held by
-	// the marks still being written — a batch that took every key's run leaves the next claim
-	// nothing to do beside its marks, while two halves alternate, one claimed while the
-	// other's marks are written.
+	// During splitFor claims, at most maxKeys of the keys in hot (the keys of a batch that
+	// held every key with claimable events, at most maxHotKeys) get runs in one claim, so
+	// that half of them is claimed while the other half's marks are written; other keys are
+	// not capped (PostgreSQL). Otherwise hot is empty.
+	hot      []string
 	maxKeys  int
 	splitFor int
-	// serialFor counts the next claims that wait for the previous batch's marks first: set
-	// when a claim beside the marks found nothing and the other keys were not free.
+	// serialFor counts the next polls that wait for the previous batch's marks before
+	// claiming: set when one hot key's events were all the claimable work there was.
 	serialFor int
-	// lastKeys is the number of ordering keys in the last claimed batch; lastScanned the
-	// number of keys with unpublished events the last claim's key scan saw when it saw all of
-	// them, else -1.
-	lastKeys, lastScanned int
+	// lastKeyCount is the number of distinct ordering keys of the last batch that leased
+	// events, lastKeys those keys when there are at most maxHotKeys; walked the number of keys
+	// the last claim's oldest-keyed walk found (claimable keyed events exist), -1 when the
+	// claim does not report it (SQLite).
+	lastKeyCount int
+	lastKeys     []string
+	walked       int64
 
 	emit   func(ctx context.Context, b []*item) bool
 	ctx    context.Context
@@ -207,14 +214,15 @@ func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscr
 	if err != nil {
 		return nil, err
 	}
-	sub := &subscription{s: s, sel: sel, oldest: s.cfg.BatchSize, maxKeys: s.cfg.BatchSize, lastScanned: -1}
+	sub := &subscription{s: s, sel: sel, oldest: s.cfg.BatchSize, maxKeys: s.cfg.BatchSize, walked: -1}
 	args := []any{nil, nil, nil}
 	if s.s.sqlite {
 		filter := sel.sql(`"topic"`, &args, true)
 		sub.claimSQL, sub.leaseSQL = s.buildSQLiteClaimSQL(filter), s.buildSQLiteLeaseSQL()
 	} else {
 		filter := sel.sql(`"topic"`, &args, false)
-		sub.claimSQL = s.buildClaimSQL(filter, len(args)+1)
+		sub.claimSQL = s.buildClaimSQL(filter, len(args)+1, false)
+		sub.splitSQL = s.buildClaimSQL(filter, len(args)+1, true)
 	}
 	sub.args = args[3:]
 	sub.ctx, sub.cancel = context.WithCancel(ctx)
@@ -311,25 +319,32 @@ func (sub *subscription) poll() (again bool, err error) {
 		sub.serialFor--
 		sub.waitMarks()
 	}
-	items, more, err := sub.claim(token)
-	if err == nil && len(items) == 0 && sub.marking != nil {
+	inflight := false // the previous batch's marks are being written beside this claim
+	if sub.marking != nil {
 		select {
 		case <-sub.marking:
 		default:
-			// The previous batch's marks are still being written, and its keys' next
-			// events wait for them: poll again as soon as they land. When that batch held
-			// every key there is, the next claims take half of the keys each (one half is
-			// claimed while the other's marks are written); otherwise the other keys are
-			// another relay's, and the next claims wait for the marks first instead of
-			// claiming nothing beside them.
-			sub.waitMarks()
-			if sub.lastKeys > 1 && sub.lastScanned >= 0 && sub.lastScanned <= sub.lastKeys {
-				sub.maxKeys, sub.splitFor = (sub.lastKeys+1)/2, splitClaims
-			} else {
+			inflight = true
+		}
+	}
+	items, more, err := sub.claim(token)
+	if err == nil && len(items) == 0 && inflight {
+		// The claim ran beside the previous batch's marks and leased nothing: poll again as
+		// soon as they land, since the batch's keys may have more events waiting for them.
+		// When the walk found such claimable keyed events and the batch held a few keys,
+		// the next claims take half of those keys each (one half is claimed while the other
+		// half's marks are written); with one key, they wait for the marks first instead of
+		// claiming nothing beside them.
+		sub.waitMarks()
+		if sub.walked > 0 {
+			switch n := sub.lastKeyCount; {
+			case n > 1 && n <= maxHotKeys:
+				sub.hot, sub.maxKeys, sub.splitFor = sub.lastKeys, (n+1)/2, splitClaims
+			case n == 1:
 				sub.serialFor = splitClaims
 			}
-			return true, nil
 		}
+		return true, nil
 	}
 	if err != nil || len(items) == 0 {
 		return more, err
@@ -357,9 +372,14 @@ func (sub *subscription) poll() (again bool, err error) {
 	return true, nil
 }
 
-// splitClaims is how many claims lease runs of at most half the keys once a claim found
-// every key held by marks in flight; then the relay tries whole batches again.
-const splitClaims = 16
+// splitClaims is how many claims cap a few hot keys at half of them (or, for one hot key,
+// wait for the marks first) once a claim beside the marks found their keys all still leased;
+// then the relay tries whole batches again. maxHotKeys is the most keys a batch may hold for
+// that: with more keys, other keys are claimable beside the marks.
+const (
+	splitClaims = 16
+	maxHotKeys  = 64
+)
 
 // splitRuns keeps, for each ordering key, only the run that starts at the key's head with no
 // gap (a run member skipped by SKIP LOCKED or changed concurrently breaks the run); the rest is
@@ -388,8 +408,14 @@ func splitRuns(items []*item) (deliver, release []*item) {
 	return deliver, release
 }
 
-func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
+func (s *Subscriber) buildClaimSQL(filter string, oldestParam int, split bool) string {
 	t := s.s.table
+	heads := `SELECT k, seq FROM ok_heads ORDER BY pri DESC, seq`
+	if split {
+		heads = fmt.Sprintf(`SELECT k, seq FROM (
+			SELECT k, seq, pri, count(*) FILTER (WHERE k = ANY($%[2]d::text[])) OVER (ORDER BY pri DESC, seq ROWS UNBOUNDED PRECEDING) AS nhot FROM ok_heads
+		) o WHERE nhot <= $%[1]d OR NOT k = ANY($%[2]d::text[]) ORDER BY pri DESC, seq`, oldestParam+1, oldestParam+2)
+	}
 	pending := `"published_at" IS NULL AND "dead_lettered_at" IS NULL`
 	claimable := `("next_attempt_at" IS NULL OR "next_attempt_at" <= now()) AND ("lease_until" IS NULL OR "lease_until" < now())`
 	// The primary-key lookups (key heads, run members) test the topic on an expression, never
@@ -405,9 +431,10 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 	if s.s.cfg.PayloadType == PayloadBytea {
 		payload = `o."payload"`
 	}
-	var extra strings.Builder
+	var extra, uextra strings.Builder
 	for _, c := range s.s.cfg.ExtraColumns {
 		extra.WriteString(", o." + pgx.Identifier{c.Name}.Sanitize())
+		uextra.WriteString(", u." + pgx.Identifier{c.Name}.Sanitize())
 	}
 	batch, run, keyScan := s.cfg.BatchSize, s.cfg.MaxRunPerKey, s.cfg.KeyScan
 	// Key lookups are written as row comparisons on ("ordering_key", "sequence") so that only the
@@ -428,9 +455,13 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 	// primary-key lookup each (LIMIT 1 keeps it a per-row lookup: as a join it was planned as
 	// a sequential scan on a table without statistics), and heads of keys from the oldest walk
 	// carry a priority instead of being compared with every key of that walk (1,000 × 1,000
-	// text comparisons took 15 ms per claim over distinct keys). The lease UPDATE returns no
-	// rank: the leased runs are gap-free, so Go counts ranks (array_position per row was
-	// quadratic in the batch).
+	// text comparisons took 15 ms per claim over distinct keys). Each leased row's rank in its
+	// key's run comes from a join of the UPDATE's rows with picked (array_position per row was
+	// quadratic in the batch), so splitRuns checks the runs independently of the SQL that
+	// built them.
+	//
+	// During a split (subscription.hot) at most $maxKeys of the hot keys get runs, in the
+	// order of ok_heads; other keys are not capped.
 	//
 	// The last row of the result carries the skip scan's last key and how many keys it saw:
 	// the next claim resumes after that key, so every key is looked at within a few polls
@@ -460,12 +491,12 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 		SELECT seq, 0 FROM scanned
 	) x ORDER BY seq, pri DESC
 ), ok_heads AS MATERIALIZED (
-	SELECT h."ordering_key" AS k, h."sequence" AS seq FROM heads x CROSS JOIN LATERAL (
+	SELECT h."ordering_key" AS k, h."sequence" AS seq, x.pri FROM heads x CROSS JOIN LATERAL (
 		SELECT "ordering_key", "sequence" FROM %[1]s h WHERE h."sequence" = x.seq AND h."dead_lettered_at" IS NULL
 		AND (h."next_attempt_at" IS NULL OR h."next_attempt_at" <= now()) AND (h."lease_until" IS NULL OR h."lease_until" < now()) AND %[7]s LIMIT 1) h
 	ORDER BY x.pri DESC, x.seq
 ), runs AS MATERIALIZED (
-	SELECT c.k, r."sequence", r.rn FROM (SELECT k, seq FROM ok_heads LIMIT $%[14]d) c CROSS JOIN LATERAL (
+	SELECT c.k, r."sequence", r.rn FROM (%[14]s) c CROSS JOIN LATERAL (
 		SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM %[1]s
 		WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
 		AND ("ordering_key", "sequence") >= (c.k, c.seq) AND ("ordering_key", "sequence") <= (c.k, 9223372036854775807)
@@ -488,13 +519,13 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 ), upd AS (
 	UPDATE %[1]s o SET "lease_until" = now() + $2 * interval '1 microsecond', "leased_by" = $3
 	WHERE o."sequence" = ANY(ARRAY(SELECT "sequence" FROM picked))
-	RETURNING o."sequence", o."id"::text AS id, o."topic", %[9]s AS payload, o."headers"::text AS headers, o."ordering_key", o."created_at", o."attempts", o."last_error",
-		NULL::bigint AS rn%[10]s
+	RETURNING o."sequence", o."id"::text AS id, o."topic", %[9]s AS payload, o."headers"::text AS headers, o."ordering_key", o."created_at", o."attempts", o."last_error"%[10]s
 )
-SELECT false, upd.*, NULL::text, NULL::bigint FROM upd
+SELECT false, u."sequence", u.id, u."topic", u.payload, u.headers, u."ordering_key", u."created_at", u."attempts", u."last_error", p.rn%[15]s, NULL::text, NULL::bigint, NULL::bigint
+FROM upd u JOIN picked p ON p."sequence" = u."sequence"
 UNION ALL
-SELECT true%[11]s, (SELECT max(k) FROM scanned), (SELECT count(*) FROM scanned)`,
-		t, pending, claimable, filter, batch, keyScan, hfilter, run, payload, extra.String(), strings.Repeat(", NULL", 10+len(s.s.cfg.ExtraColumns)), oldestParam, pkFilter, oldestParam+1)
+SELECT true%[11]s, (SELECT max(k) FROM scanned), (SELECT count(*) FROM scanned), (SELECT count(*) FROM oldest)`,
+		t, pending, claimable, filter, batch, keyScan, hfilter, run, payload, extra.String(), strings.Repeat(", NULL", 10+len(s.s.cfg.ExtraColumns)), oldestParam, pkFilter, heads, uextra.String())
 }
 
 // claim leases the next batch. more reports that the key skip scan stopped at its KeyScan
@@ -502,6 +533,7 @@ SELECT true%[11]s, (SELECT max(k) FROM scanned), (SELECT count(*) FROM scanned)`
 func (sub *subscription) claim(token string) (items []*item, more bool, err error) {
 	s := sub.s
 	began := time.Now()
+	sub.walked = -1
 	var (
 		cursor  *string
 		scanned *int64
@@ -510,9 +542,13 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		items, cursor, scanned, err = sub.sqliteClaim(token)
 	} else {
 		args := append([]any{sub.cursor, s.cfg.LeaseDuration.Microseconds(), token}, sub.args...)
-		args = append(args, sub.oldest, sub.maxKeys)
+		args = append(args, sub.oldest)
+		q := sub.claimSQL
+		if len(sub.hot) > 0 {
+			q, args = sub.splitSQL, append(args, sub.maxKeys, sub.hot)
+		}
 		var rs rows
-		rs, err = s.db.query(sub.ctx, sub.claimSQL, s.db.oneShot(args)...)
+		rs, err = s.db.query(sub.ctx, q, s.db.oneShot(args)...)
 		if err == nil {
 			items, cursor, scanned, err = sub.scanClaimed(rs)
 		}
@@ -528,33 +564,32 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		}
 	}
 	switch {
-	case len(items) >= s.cfg.BatchSize:
+	case len(items) >= s.cfg.BatchSize || (len(items) > 0 && sub.splitFor > 0):
 		sub.oldest = min(s.cfg.BatchSize, max(2*len(keys), 16))
-	case len(items) == 0:
-		// Nothing claimable: the walk's rows were later events of keys held elsewhere. Keep
-		// it short, for a shorter claim and fewer locks in another relay's way.
-		sub.oldest = min(s.cfg.BatchSize, max(2*sub.lastKeys, 16))
-	default:
+	case len(items) == 0 && sub.walked > 0:
+		// Claimable keyed events whose keys are held (by this relay's marks or another
+		// relay): keep the walk short, for a shorter claim and fewer locks in the way of
+		// the relay that holds them.
+		sub.oldest = min(s.cfg.BatchSize, max(2*sub.lastKeyCount, 16))
+	case len(items) > 0:
 		// Grow the walk step by step, not at once: its row locks are what a concurrent
 		// relay's runs skip, so a walk of BatchSize rows after one short batch (short
 		// because of that relay) shortened that relay's batches in turn.
 		sub.oldest = min(s.cfg.BatchSize, 2*sub.oldest)
 	}
 	if len(items) > 0 {
-		sub.lastKeys = len(keys)
-	}
-	sub.lastScanned = -1
-	if scanned != nil && sub.cursor == "" && *scanned < int64(s.cfg.KeyScan) {
-		sub.lastScanned = int(*scanned)
+		sub.lastKeyCount, sub.lastKeys = len(keys), nil
+		if len(keys) <= maxHotKeys {
+			sub.lastKeys = slices.Collect(maps.Keys(keys))
+		}
 	}
 	if sub.splitFor > 0 {
 		if sub.splitFor--; sub.splitFor == 0 {
-			sub.maxKeys = s.cfg.BatchSize
+			sub.hot, sub.maxKeys = nil, s.cfg.BatchSize
 		}
 	}
-	// Both claims lease only gap-free runs from each key's head (PostgreSQL keeps a run's
-	// members only while every one before them is locked; SQLite has one writer and no SKIP
-	// LOCKED gaps), so ranks are counted here: 1 for a key's head, then 2, 3 …
+	// A claim that leases only gap-free runs without reporting ranks (SQLite: one writer, no
+	// SKIP LOCKED gaps) leaves them to be counted here: 1 for a key's head, then 2, 3 …
 	ranks := map[string]int64{}
 	for _, it := range items {
 		if it.rank >= 0 {
@@ -592,6 +627,7 @@ func (sub *subscription) scanClaimed(rs rows) (items []*item, cursor *string, sc
 			created   time.Time
 			attempts  *int
 			rank      *int64
+			walked    *int64
 			payload   []byte
 			extraVals = make([]any, len(s.s.cfg.ExtraColumns))
 		)
@@ -599,11 +635,14 @@ func (sub *subscription) scanClaimed(rs rows) (items []*item, cursor *string, sc
 		for i := range extraVals {
 			dest = append(dest, &extraVals[i])
 		}
-		dest = append(dest, &cursor, &scanned)
+		dest = append(dest, &cursor, &scanned, &walked)
 		if err := rs.Scan(dest...); err != nil {
 			return nil, nil, nil, fmt.Errorf("scan: %w", err)
 		}
 		if marker {
+			if walked != nil {
+				sub.walked = *walked
+			}
 			continue
 		}
 		ev := Event{Sequence: *seq, Topic: *topic, Payload: payload, CreatedAt: created, Attempts: *attempts}

@@ -465,7 +465,8 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int, split bool) s
 	//
 	// The last row of the result carries the skip scan's last key and how many keys it saw:
 	// the next claim resumes after that key, so every key is looked at within a few polls
-	// however many keys are blocked (dead-lettered or backing off) before it.
+	// however many keys are blocked (dead-lettered or backing off) before it. It also carries
+	// how many keys the oldest walk found (subscription.walked).
 	//
 	// Per-key order under SKIP LOCKED (see FACTS of the project): key heads are found without
 	// locking — the oldest claimable keyed events' keys, then a bounded skip scan of the key

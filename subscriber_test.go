@@ -91,6 +91,27 @@ var errNoAnswer = errors.New("no answer")
 
 func ack(*message.Message) error { return nil }
 
+// drainedExactlyOnce waits until schema's table has no pending event and checks that the
+// recorder saw n deliveries of n distinct events; it returns them in delivery order.
+func (r *recorder) drainedExactlyOnce(t *testing.T, b *backend, schema outbox.SchemaConfig, n int) []delivery {
+	t.Helper()
+	pgtest.Eventually(t, 60*time.Second, "all events published", func() bool {
+		return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NULL`, schema.Table)) == 0
+	})
+	ds := r.all()
+	if len(ds) != n {
+		t.Fatalf("%d deliveries, want %d (exactly once)", len(ds), n)
+	}
+	ids := map[string]bool{}
+	for _, d := range ds {
+		if ids[d.id] {
+			t.Fatalf("event %s delivered twice", d.id)
+		}
+		ids[d.id] = true
+	}
+	return ds
+}
+
 func checkPerKeyOrder(t *testing.T, ds []delivery) {
 	t.Helper()
 	last := map[string]int64{}
@@ -125,21 +146,7 @@ func TestTwoRelaysExactlyOnceInKeyOrder(t *testing.T) {
 			}
 			rec.consume(ch, ack)
 		}
-		pgtest.Eventually(t, 60*time.Second, "all events published", func() bool {
-			return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NULL`, schema.Table)) == 0
-		})
-		ds := rec.all()
-		if len(ds) != n {
-			t.Fatalf("%d deliveries, want %d (exactly once)", len(ds), n)
-		}
-		ids := map[string]bool{}
-		for _, d := range ds {
-			if ids[d.id] {
-				t.Fatalf("event %s delivered twice", d.id)
-			}
-			ids[d.id] = true
-		}
-		checkPerKeyOrder(t, ds)
+		checkPerKeyOrder(t, rec.drainedExactlyOnce(t, b, schema, n))
 	})
 }
 
@@ -348,14 +355,7 @@ func TestHotKeysClaimedInHalves(t *testing.T) {
 		}
 		rec := &recorder{}
 		rec.consume(ch, ack)
-		pgtest.Eventually(t, 60*time.Second, "all events published", func() bool {
-			return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NULL`, schema.Table)) == 0
-		})
-		ds := rec.all()
-		if len(ds) != n {
-			t.Fatalf("%d deliveries, want %d (exactly once)", len(ds), n)
-		}
-		checkPerKeyOrder(t, ds)
+		checkPerKeyOrder(t, rec.drainedExactlyOnce(t, b, schema, n))
 		if b.dialect == outbox.DialectSQLite {
 			return // one writer: SQLite claims and marks never run side by side
 		}

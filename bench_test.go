@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/internal/claimlog"
 	"github.com/watermill-outbox/outbox/internal/pgtest"
 )
 
@@ -147,30 +148,6 @@ func seedRows(b *testing.B, pool *pgxpool.Pool, table string, n, keys int, publi
 	pool.Exec(ctx, `CHECKPOINT`)
 }
 
-// claimCounter counts the relay's claims, the events they leased and their time (its Trace lines).
-type claimCounter struct {
-	watermill.NopLogger
-	n, events, nanos atomic.Int64
-}
-
-func (c *claimCounter) Trace(msg string, f watermill.LogFields) {
-	if msg != "outbox: claimed" {
-		return
-	}
-	c.n.Add(1)
-	if os.Getenv("OUTBOX_BENCH_TRACE") != "" {
-		fmt.Fprintf(os.Stderr, "claim %s %v events=%v %v\n", time.Now().Format("15:04:05.000"), f["token"], f["events"], f["duration"])
-	}
-	if n, ok := f["events"].(int); ok {
-		c.events.Add(int64(n))
-	}
-	if d, ok := f["duration"].(time.Duration); ok {
-		c.nanos.Add(int64(d))
-	}
-}
-
-func (c *claimCounter) With(watermill.LogFields) watermill.LoggerAdapter { return c }
-
 // drain runs relays Subscribers on db (BatchSize 1000, MaxRunPerKey 100, Concurrency 100, 10 ms
 // poll) with a handler that acks at once until n events are delivered and pending() reports 0
 // (the marks are written), and reports events/s. The caller has stopped the timer.
@@ -180,10 +157,13 @@ func drain(b *testing.B, db any, schema outbox.SchemaConfig, n, relays int, pend
 	var got atomic.Int64
 	done := make(chan struct{})
 	var subs []*outbox.Subscriber
-	polls := &claimCounter{}
+	polls := &claimlog.Log{}
+	if os.Getenv("OUTBOX_BENCH_TRACE") != "" {
+		polls.Print = os.Stderr
+	}
 	defer func() {
-		n := polls.n.Load()
-		b.Logf("%d claims, %.1f events per claim, %.2f ms per claim", n, float64(polls.events.Load())/float64(max(n, 1)), float64(polls.nanos.Load())/1e6/float64(max(n, 1)))
+		n, perClaim, ms := polls.Summary()
+		b.Logf("%d claims, %.1f events per claim, %.2f ms per claim", n, perClaim, ms)
 	}()
 	for r := range relays {
 		sub, err := outbox.NewSubscriber(db, outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, MaxRunPerKey: 100, Concurrency: 100, KeyScan: envInt("OUTBOX_BENCH_KEYSCAN", 0), SyncCommit: os.Getenv("OUTBOX_BENCH_SYNC_COMMIT") != "",

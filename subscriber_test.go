@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 
 	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/internal/claimlog"
 	"github.com/watermill-outbox/outbox/internal/pgtest"
 )
 
@@ -315,23 +315,6 @@ func TestFencing(t *testing.T) {
 	})
 }
 
-// claimSizes records the size of every claim a subscriber makes (its "outbox: claimed" trace).
-type claimSizes struct {
-	watermill.NopLogger
-	mu    sync.Mutex
-	sizes []int
-}
-
-func (c *claimSizes) Trace(msg string, f watermill.LogFields) {
-	if n, ok := f["events"].(int); ok && msg == "outbox: claimed" {
-		c.mu.Lock()
-		c.sizes = append(c.sizes, n)
-		c.mu.Unlock()
-	}
-}
-
-func (c *claimSizes) With(watermill.LogFields) watermill.LoggerAdapter { return c }
-
 // A few hot keys: every batch holds a run of every key, so the claim beside its marks finds
 // all keys still leased. The relay then claims half of the keys at a time (one half while the
 // other half's marks are written); order and exactly-once delivery are unchanged.
@@ -343,7 +326,7 @@ func TestHotKeysClaimedInHalves(t *testing.T) {
 		b.seed(t, schema, "hot", n, keys)
 		cfg := fastCfg(schema)
 		cfg.BatchSize, cfg.MaxRunPerKey = 400, 100
-		claims := &claimSizes{}
+		claims := &claimlog.Log{}
 		sub, err := outbox.NewSubscriber(b.db, cfg, claims)
 		if err != nil {
 			t.Fatal(err)
@@ -359,17 +342,16 @@ func TestHotKeysClaimedInHalves(t *testing.T) {
 		if b.dialect == outbox.DialectSQLite {
 			return // one writer: SQLite claims and marks never run side by side
 		}
-		claims.mu.Lock()
-		defer claims.mu.Unlock()
+		sizes := claims.Sizes()
 		// Whole batches hold 4 runs of 100; halves 2 runs of 100.
 		halves := 0
-		for _, size := range claims.sizes {
+		for _, size := range sizes {
 			if size == 200 {
 				halves++
 			}
 		}
 		if halves == 0 {
-			t.Fatalf("no claim of half the keys (200 events); claim sizes %v", claims.sizes)
+			t.Fatalf("no claim of half the keys (200 events); claim sizes %v", sizes)
 		}
 	})
 }

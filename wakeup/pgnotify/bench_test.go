@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/internal/claimlog"
 	"github.com/watermill-outbox/outbox/internal/pgtest"
 	"github.com/watermill-outbox/outbox/wakeup"
 	"github.com/watermill-outbox/outbox/wakeup/internal/wakeuptest"
@@ -95,26 +95,6 @@ func newBenchWakeup(b *testing.B, mode pgnotify.Mode) *pgnotify.Wakeup {
 	return w
 }
 
-// pollCounter counts the relay's claims and the events they returned (its Trace lines).
-type pollCounter struct {
-	watermill.NopLogger
-	n, events, nanos atomic.Int64
-}
-
-func (c *pollCounter) Trace(msg string, f watermill.LogFields) {
-	if msg == "outbox: claimed" {
-		c.n.Add(1)
-		if n, ok := f["events"].(int); ok {
-			c.events.Add(int64(n))
-		}
-		if d, ok := f["duration"].(time.Duration); ok {
-			c.nanos.Add(int64(d))
-		}
-	}
-}
-
-func (c *pollCounter) With(watermill.LogFields) watermill.LoggerAdapter { return c }
-
 type stamp struct {
 	mu                sync.Mutex
 	committed, handed time.Time
@@ -132,16 +112,16 @@ func measureLatency(b *testing.B, w wakeup.Wakeup, wake bool, poll time.Duration
 	if wake {
 		cfg.Wakeup = w
 	}
-	polls := &pollCounter{}
+	polls := &claimlog.Log{}
 	sub, err := outbox.NewSubscriber(pool, cfg, polls)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer sub.Close()
 	defer func() {
-		n := polls.n.Load()
+		n, perPoll, ms := polls.Summary()
 		b.ReportMetric(float64(n)/d.Seconds(), "polls/s")
-		b.Logf("relay: %d polls, %.1f events per poll, %.2f ms per claim", n, float64(polls.events.Load())/float64(max(n, 1)), float64(polls.nanos.Load())/1e6/float64(max(n, 1)))
+		b.Logf("relay: %d polls, %.1f events per poll, %.2f ms per claim", n, perPoll, ms)
 	}()
 	msgs, err := sub.Subscribe(ctx, "bench.latency")
 	if err != nil {

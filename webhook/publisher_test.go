@@ -520,7 +520,12 @@ func TestCloseCancelsInFlightAndWaits(t *testing.T) {
 		}
 	})
 	t.Cleanup(func() { close(release) })
-	p := newPub(t, Config{URL: rcv.URL(), Timeout: time.Minute})
+	// OnResult runs inside Publish, after the attempt ends and before Publish returns, so it
+	// tells whether the in-flight Publish had finished when Close returned. (The goroutine's
+	// send on published happens after Publish returns and cannot tell that without racing.)
+	attemptEnded := make(chan Result, 1)
+	p := newPub(t, Config{URL: rcv.URL(), Timeout: time.Minute,
+		OnResult: func(_ context.Context, r Result) { attemptEnded <- r }})
 
 	published := make(chan error, 1)
 	go func() { published <- p.Publish("t", newMsg(eventID, `{}`, nil)) }()
@@ -529,12 +534,20 @@ func TestCloseCancelsInFlightAndWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
+	case r := <-attemptEnded:
+		if r.EventID != eventID || r.Err == "" {
+			t.Errorf("attempt result = %+v, want a failed attempt of %s", r, eventID)
+		}
+	default:
+		t.Fatal("Close returned before the in-flight Publish did")
+	}
+	select {
 	case err := <-published:
 		if !errors.Is(err, context.Canceled) {
 			t.Errorf("in-flight Publish: %v, want context.Canceled", err)
 		}
-	default:
-		t.Fatal("Close returned before the in-flight Publish did")
+	case <-time.After(10 * time.Second):
+		t.Fatal("in-flight Publish did not return")
 	}
 }
 

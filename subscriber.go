@@ -410,9 +410,9 @@ func splitRuns(items []*item) (deliver, release []*item) {
 
 func (s *Subscriber) buildClaimSQL(filter string, oldestParam int, split bool) string {
 	t := s.s.table
-	heads := `SELECT k, seq FROM ok_heads ORDER BY pri DESC, seq`
+	heads := `SELECT k, seq, pri FROM ok_heads`
 	if split {
-		heads = fmt.Sprintf(`SELECT k, seq FROM (
+		heads = fmt.Sprintf(`SELECT k, seq, pri FROM (
 			SELECT k, seq, pri, count(*) FILTER (WHERE k = ANY($%[2]d::text[])) OVER (ORDER BY pri DESC, seq ROWS UNBOUNDED PRECEDING) AS nhot FROM ok_heads
 		) o WHERE nhot <= $%[1]d OR NOT k = ANY($%[2]d::text[]) ORDER BY pri DESC, seq`, oldestParam+1, oldestParam+2)
 	}
@@ -480,39 +480,47 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int, split bool) s
 	SELECT n."ordering_key", n."sequence" FROM skip s CROSS JOIN LATERAL (SELECT "ordering_key", "sequence" FROM %[1]s WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL AND "ordering_key" > s.k ORDER BY "ordering_key", "sequence" LIMIT 1) n
 ), scanned AS MATERIALIZED (
 	SELECT k, seq FROM skip LIMIT %[6]d
-), oldest AS (
-	SELECT DISTINCT "ordering_key" AS k FROM (SELECT "ordering_key" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NOT NULL AND %[3]s AND %[4]s ORDER BY "sequence" LIMIT $%[12]d FOR UPDATE SKIP LOCKED) o
-), heads AS MATERIALIZED (
-	SELECT DISTINCT ON (seq) seq, pri FROM (
-		SELECT h."sequence" AS seq, 1 AS pri FROM oldest o CROSS JOIN LATERAL (
-			SELECT "ordering_key", "sequence" FROM %[1]s WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
-			AND ("ordering_key", "sequence") >= (o.k, 0) ORDER BY "ordering_key", "sequence" LIMIT 1) h
-		WHERE h."ordering_key" = o.k
-		UNION ALL
-		SELECT seq, 0 FROM scanned
-	) x ORDER BY seq, pri DESC
-), ok_heads AS MATERIALIZED (
-	SELECT h."ordering_key" AS k, h."sequence" AS seq, x.pri FROM heads x CROSS JOIN LATERAL (
-		SELECT "ordering_key", "sequence" FROM %[1]s h WHERE h."sequence" = x.seq AND h."dead_lettered_at" IS NULL
-		AND (h."next_attempt_at" IS NULL OR h."next_attempt_at" <= now()) AND (h."lease_until" IS NULL OR h."lease_until" < now()) AND %[7]s LIMIT 1) h
-	ORDER BY x.pri DESC, x.seq
-), runs AS MATERIALIZED (
-	SELECT c.k, r."sequence", r.rn FROM (%[14]s) c CROSS JOIN LATERAL (
+), walk AS MATERIALIZED (
+	SELECT "ordering_key" AS k, min("sequence") AS s FROM (SELECT "ordering_key", "sequence" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NOT NULL AND %[3]s AND %[4]s ORDER BY "sequence" LIMIT $%[12]d FOR UPDATE SKIP LOCKED) o GROUP BY 1
+), wruns AS MATERIALIZED (
+	SELECT w.k, w.s AS head, r."sequence", r.rn FROM walk w CROSS JOIN LATERAL (
 		SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM %[1]s
 		WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
-		AND ("ordering_key", "sequence") >= (c.k, c.seq) AND ("ordering_key", "sequence") <= (c.k, 9223372036854775807)
+		AND ("ordering_key", "sequence") >= (w.k, 0) AND ("ordering_key", "sequence") <= (w.k, 9223372036854775807)
 		ORDER BY "ordering_key", "sequence" LIMIT %[8]d) r
+), ok_heads AS MATERIALIZED (
+	SELECT k, head AS seq, 1 AS pri FROM wruns WHERE rn = 1 AND "sequence" = head
+	UNION ALL
+	SELECT h."ordering_key", h."sequence", 0 FROM (SELECT x.seq FROM scanned x WHERE NOT EXISTS (SELECT 1 FROM walk w WHERE w.k = x.k)) x CROSS JOIN LATERAL (
+		SELECT "ordering_key", "sequence" FROM %[1]s h WHERE h."sequence" = x.seq AND h."dead_lettered_at" IS NULL
+		AND (h."next_attempt_at" IS NULL OR h."next_attempt_at" <= now()) AND (h."lease_until" IS NULL OR h."lease_until" < now()) AND %[7]s LIMIT 1) h
+), chosen AS MATERIALIZED (
+	%[14]s
+), runs AS MATERIALIZED (
+	SELECT k, "sequence", rn, pri FROM (
+		SELECT c.k, w."sequence", w.rn, c.pri, c.seq AS head FROM chosen c JOIN wruns w ON w.k = c.k WHERE c.pri = 1
+		UNION ALL
+		SELECT c.k, r."sequence", r.rn, c.pri, c.seq FROM (SELECT k, seq, pri FROM chosen WHERE pri = 0) c CROSS JOIN LATERAL (
+			SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM %[1]s
+			WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
+			AND ("ordering_key", "sequence") >= (c.k, c.seq) AND ("ordering_key", "sequence") <= (c.k, 9223372036854775807)
+			ORDER BY "ordering_key", "sequence" LIMIT %[8]d) r
+	) x ORDER BY pri DESC, head, rn
 	LIMIT %[5]d
 ), keyed AS (
-	SELECT "sequence" FROM %[1]s WHERE "sequence" = ANY(ARRAY(SELECT "sequence" FROM runs)) AND %[2]s AND %[3]s AND %[13]s
+	SELECT "sequence" FROM %[1]s WHERE "sequence" = ANY(ARRAY(SELECT "sequence" FROM runs WHERE rn > 1 OR pri = 0)) AND %[2]s AND %[3]s AND %[13]s
 	ORDER BY "sequence" LIMIT %[5]d FOR UPDATE SKIP LOCKED
+), locked AS (
+	SELECT "sequence" FROM keyed
+	UNION ALL
+	SELECT "sequence" FROM runs WHERE rn = 1 AND pri = 1
 ), unordered AS (
 	SELECT "sequence" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NULL AND %[3]s AND %[4]s
 	ORDER BY "sequence" LIMIT %[5]d FOR UPDATE SKIP LOCKED
 ), picked AS MATERIALIZED (
 	SELECT "sequence", rn FROM (
 		SELECT r."sequence", r.rn, count(*) OVER (PARTITION BY r.k ORDER BY r.rn) AS locked
-		FROM runs r JOIN keyed l ON l."sequence" = r."sequence"
+		FROM runs r JOIN locked l ON l."sequence" = r."sequence"
 	) x WHERE x.locked = x.rn
 	UNION ALL
 	SELECT "sequence", 0 FROM unordered
@@ -525,7 +533,7 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int, split bool) s
 SELECT false, u."sequence", u.id, u."topic", u.payload, u.headers, u."ordering_key", u."created_at", u."attempts", u."last_error", p.rn%[15]s, NULL::text, NULL::bigint, NULL::bigint
 FROM upd u JOIN picked p ON p."sequence" = u."sequence"
 UNION ALL
-SELECT true%[11]s, (SELECT max(k) FROM scanned), (SELECT count(*) FROM scanned), (SELECT count(*) FROM oldest)`,
+SELECT true%[11]s, (SELECT max(k) FROM scanned), (SELECT count(*) FROM scanned), (SELECT count(*) FROM walk)`,
 		t, pending, claimable, filter, batch, keyScan, hfilter, run, payload, extra.String(), strings.Repeat(", NULL", 10+len(s.s.cfg.ExtraColumns)), oldestParam, pkFilter, heads, uextra.String())
 }
 

@@ -172,7 +172,6 @@ type subscription struct {
 	s        *Subscriber
 	sel      topicSelection
 	claimSQL string
-	splitSQL string // PostgreSQL: claimSQL with the hot keys capped (see hot)
 	leaseSQL string // SQLite: the UPDATE that leases what claimSQL selected
 	args     []any  // filter parameters, from $4 on
 	cursor   string
@@ -182,12 +181,12 @@ type subscription struct {
 	// to BatchSize) after each batch that was not full; back to about twice the last batch's
 	// keys after a claim that found claimable keyed events but leased nothing.
 	oldest int
-	// During splitFor claims, at most maxKeys of the keys in hot (the keys of a batch that
-	// held every key with claimable events, at most maxHotKeys) get runs in one claim, so
-	// that half of them is claimed while the other half's marks are written; other keys are
-	// not capped (PostgreSQL). Otherwise hot is empty.
-	hot      []string
-	maxKeys  int
+	// During splitFor claims, the claim skips the ordering keys in excluded: at first the
+	// second half of the keys of a batch that held every key with claimable events (at most
+	// maxHotKeys keys), then the keys of the previous batch, whose marks are being written
+	// beside the claim. So one half of a few hot keys is claimed while the other half's marks
+	// are written (PostgreSQL). Otherwise excluded is empty.
+	excluded []string
 	splitFor int
 	// serialFor counts the next polls that wait for the previous batch's marks before
 	// claiming: set when one hot key's events were all the claimable work there was.
@@ -214,15 +213,14 @@ func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscr
 	if err != nil {
 		return nil, err
 	}
-	sub := &subscription{s: s, sel: sel, oldest: s.cfg.BatchSize, maxKeys: s.cfg.BatchSize, walked: -1}
+	sub := &subscription{s: s, sel: sel, oldest: s.cfg.BatchSize, walked: -1}
 	args := []any{nil, nil, nil}
 	if s.s.sqlite {
 		filter := sel.sql(`"topic"`, &args, true)
 		sub.claimSQL, sub.leaseSQL = s.buildSQLiteClaimSQL(filter), s.buildSQLiteLeaseSQL()
 	} else {
 		filter := sel.sql(`"topic"`, &args, false)
-		sub.claimSQL = s.buildClaimSQL(filter, len(args)+1, false)
-		sub.splitSQL = s.buildClaimSQL(filter, len(args)+1, true)
+		sub.claimSQL = s.buildClaimSQL(filter, len(args)+1)
 	}
 	sub.args = args[3:]
 	sub.ctx, sub.cancel = context.WithCancel(ctx)
@@ -339,7 +337,8 @@ func (sub *subscription) poll() (again bool, err error) {
 		if sub.walked > 0 {
 			switch n := sub.lastKeyCount; {
 			case n > 1 && n <= maxHotKeys:
-				sub.hot, sub.maxKeys, sub.splitFor = sub.lastKeys, (n+1)/2, splitClaims
+				keys := slices.Sorted(slices.Values(sub.lastKeys))
+				sub.excluded, sub.splitFor = keys[n/2:], splitClaims
 			case n == 1:
 				sub.serialFor = splitClaims
 			}
@@ -408,14 +407,8 @@ func splitRuns(items []*item) (deliver, release []*item) {
 	return deliver, release
 }
 
-func (s *Subscriber) buildClaimSQL(filter string, oldestParam int, split bool) string {
+func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 	t := s.s.table
-	heads := `SELECT k, seq, pri FROM ok_heads`
-	if split {
-		heads = fmt.Sprintf(`SELECT k, seq, pri FROM (
-			SELECT k, seq, pri, count(*) FILTER (WHERE k = ANY($%[2]d::text[])) OVER (ORDER BY pri DESC, seq ROWS UNBOUNDED PRECEDING) AS nhot FROM ok_heads
-		) o WHERE nhot <= $%[1]d OR NOT k = ANY($%[2]d::text[]) ORDER BY pri DESC, seq`, oldestParam+1, oldestParam+2)
-	}
 	pending := `"published_at" IS NULL AND "dead_lettered_at" IS NULL`
 	claimable := `("next_attempt_at" IS NULL OR "next_attempt_at" <= now()) AND ("lease_until" IS NULL OR "lease_until" < now())`
 	// The primary-key lookups (key heads, run members) test the topic on an expression, never
@@ -441,39 +434,45 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int, split bool) s
 	// key index can serve them: with a plain "ordering_key" = k the planner may walk the
 	// primary key past every published event of the key.
 	//
-	// Only the gap-free start of each run is leased (a member's rank equals the number of its
+	// Keys come from two places:
+	//   - walk: the oldest claimable keyed events, locked before their LIMIT (SKIP LOCKED), so
+	//     a second relay claiming at the same moment finds other keys instead of the first
+	//     relay's whole candidate list (those row locks end with the statement). A walked key
+	//     is claimable when its oldest walked event is its head (its lowest unpublished
+	//     event): one descent of the key index reads the key's run from its head and tells
+	//     that, and the head needs no other check (the walk checked and locked it).
+	//   - scanned: a bounded skip scan of the key index after a cursor, for keys whose
+	//     claimable head sits behind blocked keys' events (dead-lettered or backing off) that
+	//     fill the walk. Its heads are checked by one primary-key lookup each (LIMIT 1 keeps it
+	//     a per-row lookup: as a join it was planned as a sequential scan on a table without
+	//     statistics).
+	// runs reads the walked keys' runs in head order, then the scanned keys' runs, and stops
+	// at BatchSize rows: the nested loops run lazily under that LIMIT, so a claim reads about
+	// BatchSize rows of runs (reading every walked key's run first took 110 ms per claim over
+	// 1,000 keys with 1,000 events each). Run members other than walked heads are then
+	// locked by primary key with their own ORDER BY … LIMIT … FOR UPDATE SKIP LOCKED, and
+	// only the gap-free start of each run is leased (a member's rank equals the number of its
 	// key's members locked up to it): when another relay holds a key's head, this claim
 	// leases nothing of that key instead of stranding its later events.
 	//
-	// The walk of the oldest claimable keyed events locks before its LIMIT (SKIP LOCKED), so a
-	// second relay claiming at the same moment finds other keys instead of the first relay's
-	// whole candidate list (those row locks end with the statement).
+	// Materialized CTEs and arrays of primary keys keep every step from being re-run per row
+	// (a nested loop over a re-scanned head search took seconds under concurrent claims).
+	// Each leased row's rank comes from a join of the UPDATE's rows with picked
+	// (array_position per row was quadratic in the batch), so splitRuns checks the runs
+	// independently of the SQL that built them.
 	//
-	// Every step reads the previous one's result through a materialized CTE or an array of
-	// primary keys, so no plan can re-run the head search per row (a nested loop over a
-	// re-scanned head search took seconds under concurrent claims). Heads are checked by one
-	// primary-key lookup each (LIMIT 1 keeps it a per-row lookup: as a join it was planned as
-	// a sequential scan on a table without statistics), and heads of keys from the oldest walk
-	// carry a priority instead of being compared with every key of that walk (1,000 × 1,000
-	// text comparisons took 15 ms per claim over distinct keys). Each leased row's rank in its
-	// key's run comes from a join of the UPDATE's rows with picked (array_position per row was
-	// quadratic in the batch), so splitRuns checks the runs independently of the SQL that
-	// built them.
-	//
-	// During a split (subscription.hot) at most $maxKeys of the hot keys get runs, in the
-	// order of ok_heads; other keys are not capped.
+	// $excluded lists ordering keys the claim leaves alone (subscription.excluded).
 	//
 	// The last row of the result carries the skip scan's last key and how many keys it saw:
 	// the next claim resumes after that key, so every key is looked at within a few polls
-	// however many keys are blocked (dead-lettered or backing off) before it. It also carries
-	// how many keys the oldest walk found (subscription.walked).
+	// however many keys are blocked before it. It also carries how many keys the walk found
+	// (subscription.walked).
 	//
-	// Per-key order under SKIP LOCKED (see FACTS of the project): key heads are found without
-	// locking — the oldest claimable keyed events' keys, then a bounded skip scan of the key
-	// index after a cursor — each key's run is read from its head, and the run members are
-	// then locked by primary key with their own ORDER BY … LIMIT … FOR UPDATE SKIP LOCKED; a
-	// row changed after the snapshot is re-checked by PostgreSQL and dropped, and the Go side
-	// keeps only gap-free runs (splitRuns). Unordered events are locked by their own scan.
+	// Per-key order under SKIP LOCKED (see FACTS of the project): key heads are found under
+	// the statement's snapshot, never by a per-key LIMIT 1 FOR UPDATE SKIP LOCKED (that hands
+	// out a key's second event when its head is locked); a row changed after the snapshot is
+	// re-checked by PostgreSQL when it is locked and dropped, and the Go side keeps only
+	// gap-free runs (splitRuns). Unordered events are locked by their own scan.
 	return fmt.Sprintf(`WITH RECURSIVE skip(k, seq) AS (
 	(SELECT "ordering_key", "sequence" FROM %[1]s WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL AND "ordering_key" > $1 ORDER BY "ordering_key", "sequence" LIMIT 1)
 	UNION ALL
@@ -481,31 +480,28 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int, split bool) s
 ), scanned AS MATERIALIZED (
 	SELECT k, seq FROM skip LIMIT %[6]d
 ), walk AS MATERIALIZED (
-	SELECT "ordering_key" AS k, min("sequence") AS s FROM (SELECT "ordering_key", "sequence" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NOT NULL AND %[3]s AND %[4]s ORDER BY "sequence" LIMIT $%[12]d FOR UPDATE SKIP LOCKED) o GROUP BY 1
-), wruns AS MATERIALIZED (
-	SELECT w.k, w.s AS head, r."sequence", r.rn FROM walk w CROSS JOIN LATERAL (
-		SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM %[1]s
-		WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
-		AND ("ordering_key", "sequence") >= (w.k, 0) AND ("ordering_key", "sequence") <= (w.k, 9223372036854775807)
-		ORDER BY "ordering_key", "sequence" LIMIT %[8]d) r
-), ok_heads AS MATERIALIZED (
-	SELECT k, head AS seq, 1 AS pri FROM wruns WHERE rn = 1 AND "sequence" = head
-	UNION ALL
-	SELECT h."ordering_key", h."sequence", 0 FROM (SELECT x.seq FROM scanned x WHERE NOT EXISTS (SELECT 1 FROM walk w WHERE w.k = x.k)) x CROSS JOIN LATERAL (
+	SELECT "ordering_key" AS k, min("sequence") AS s FROM (SELECT "ordering_key", "sequence" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NOT NULL AND %[3]s AND %[4]s
+		AND NOT "ordering_key" = ANY($%[14]d::text[]) ORDER BY "sequence" LIMIT $%[12]d FOR UPDATE SKIP LOCKED) o GROUP BY 1
+), sheads AS MATERIALIZED (
+	SELECT h."ordering_key" AS k, h."sequence" AS seq FROM (
+		SELECT x.seq FROM scanned x WHERE NOT x.k = ANY($%[14]d::text[]) AND NOT EXISTS (SELECT 1 FROM walk w WHERE w.k = x.k)
+	) x CROSS JOIN LATERAL (
 		SELECT "ordering_key", "sequence" FROM %[1]s h WHERE h."sequence" = x.seq AND h."dead_lettered_at" IS NULL
 		AND (h."next_attempt_at" IS NULL OR h."next_attempt_at" <= now()) AND (h."lease_until" IS NULL OR h."lease_until" < now()) AND %[7]s LIMIT 1) h
-), chosen AS MATERIALIZED (
-	%[14]s
 ), runs AS MATERIALIZED (
-	SELECT k, "sequence", rn, pri FROM (
-		SELECT c.k, w."sequence", w.rn, c.pri, c.seq AS head FROM chosen c JOIN wruns w ON w.k = c.k WHERE c.pri = 1
-		UNION ALL
-		SELECT c.k, r."sequence", r.rn, c.pri, c.seq FROM (SELECT k, seq, pri FROM chosen WHERE pri = 0) c CROSS JOIN LATERAL (
-			SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM %[1]s
+	SELECT w.k, r."sequence", r.rn, 1 AS pri FROM (SELECT k, s FROM walk ORDER BY s) w CROSS JOIN LATERAL (
+		SELECT "sequence", rn FROM (
+			SELECT "sequence", row_number() OVER o AS rn, first_value("sequence") OVER o AS head FROM %[1]s
 			WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
-			AND ("ordering_key", "sequence") >= (c.k, c.seq) AND ("ordering_key", "sequence") <= (c.k, 9223372036854775807)
-			ORDER BY "ordering_key", "sequence" LIMIT %[8]d) r
-	) x ORDER BY pri DESC, head, rn
+			AND ("ordering_key", "sequence") >= (w.k, 0) AND ("ordering_key", "sequence") <= (w.k, 9223372036854775807)
+			WINDOW o AS (ORDER BY "ordering_key", "sequence") ORDER BY "ordering_key", "sequence" LIMIT %[8]d) q
+		WHERE q.head = w.s) r
+	UNION ALL
+	SELECT c.k, r."sequence", r.rn, 0 FROM (SELECT k, seq FROM sheads ORDER BY seq) c CROSS JOIN LATERAL (
+		SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM %[1]s
+		WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
+		AND ("ordering_key", "sequence") >= (c.k, c.seq) AND ("ordering_key", "sequence") <= (c.k, 9223372036854775807)
+		ORDER BY "ordering_key", "sequence" LIMIT %[8]d) r
 	LIMIT %[5]d
 ), keyed AS (
 	SELECT "sequence" FROM %[1]s WHERE "sequence" = ANY(ARRAY(SELECT "sequence" FROM runs WHERE rn > 1 OR pri = 0)) AND %[2]s AND %[3]s AND %[13]s
@@ -534,7 +530,7 @@ SELECT false, u."sequence", u.id, u."topic", u.payload, u.headers, u."ordering_k
 FROM upd u JOIN picked p ON p."sequence" = u."sequence"
 UNION ALL
 SELECT true%[11]s, (SELECT max(k) FROM scanned), (SELECT count(*) FROM scanned), (SELECT count(*) FROM walk)`,
-		t, pending, claimable, filter, batch, keyScan, hfilter, run, payload, extra.String(), strings.Repeat(", NULL", 10+len(s.s.cfg.ExtraColumns)), oldestParam, pkFilter, heads, uextra.String())
+		t, pending, claimable, filter, batch, keyScan, hfilter, run, payload, extra.String(), strings.Repeat(", NULL", 10+len(s.s.cfg.ExtraColumns)), oldestParam, pkFilter, oldestParam+1, uextra.String())
 }
 
 // claim leases the next batch. more reports that the key skip scan stopped at its KeyScan
@@ -553,9 +549,11 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		args := append([]any{sub.cursor, s.cfg.LeaseDuration.Microseconds(), token}, sub.args...)
 		args = append(args, sub.oldest)
 		q := sub.claimSQL
-		if len(sub.hot) > 0 {
-			q, args = sub.splitSQL, append(args, sub.maxKeys, sub.hot)
+		excluded := sub.excluded
+		if excluded == nil {
+			excluded = []string{}
 		}
+		args = append(args, excluded)
 		var rs rows
 		rs, err = s.db.query(sub.ctx, q, s.db.oneShot(args)...)
 		if err == nil {
@@ -593,8 +591,11 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		}
 	}
 	if sub.splitFor > 0 {
+		if len(items) > 0 {
+			sub.excluded = sub.lastKeys
+		}
 		if sub.splitFor--; sub.splitFor == 0 {
-			sub.hot, sub.maxKeys = nil, s.cfg.BatchSize
+			sub.excluded = nil
 		}
 	}
 	// A claim that leases only gap-free runs without reporting ranks (SQLite: one writer, no

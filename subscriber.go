@@ -6,9 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"math/rand/v2"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -181,22 +179,20 @@ type subscription struct {
 	// to BatchSize) after each batch that was not full; back to about twice the last batch's
 	// keys after a claim that found claimable keyed events but leased nothing.
 	oldest int
-	// During splitFor claims, the claim skips the ordering keys in excluded: at first the
-	// second half of the keys of a batch that held every key with claimable events (at most
-	// maxHotKeys keys), then the keys of the previous batch, whose marks are being written
-	// beside the claim. So one half of a few hot keys is claimed while the other half's marks
-	// are written (PostgreSQL). Otherwise excluded is empty.
-	excluded []string
-	splitFor int
+	// During splitFor claims, a claim leases at most splitLimit keyed events: half of a batch
+	// that held every key with claimable events (at most maxHotKeys keys), so one half of a
+	// few hot keys is claimed while the other half's marks are written (PostgreSQL).
+	splitLimit int
+	splitFor   int
 	// serialFor counts the next polls that wait for the previous batch's marks before
 	// claiming: set when one hot key's events were all the claimable work there was.
 	serialFor int
 	// lastKeyCount is the number of distinct ordering keys of the last batch that leased
-	// events, lastKeys those keys when there are at most maxHotKeys; walked the number of keys
+	// events, lastLen its size; walked the number of keys
 	// the last claim's oldest-keyed walk found (claimable keyed events exist), -1 when the
 	// claim does not report it (SQLite).
 	lastKeyCount int
-	lastKeys     []string
+	lastLen      int
 	walked       int64
 
 	emit   func(ctx context.Context, b []*item) bool
@@ -336,9 +332,11 @@ func (sub *subscription) poll() (again bool, err error) {
 		sub.waitMarks()
 		if sub.walked > 0 {
 			switch n := sub.lastKeyCount; {
+			case sub.splitFor > 0:
+				sub.splitFor, sub.serialFor = splitClaims, splitClaims
 			case n > 1 && n <= maxHotKeys:
-				keys := slices.Sorted(slices.Values(sub.lastKeys))
-				sub.excluded, sub.splitFor = keys[n/2:], splitClaims
+				half := (int(min(sub.walked, maxHotKeys)) + 1) / 2
+				sub.splitLimit, sub.splitFor = min(s.cfg.BatchSize, half*s.cfg.MaxRunPerKey), splitClaims
 			case n == 1:
 				sub.serialFor = splitClaims
 			}
@@ -379,6 +377,17 @@ const (
 	splitClaims = 16
 	maxHotKeys  = 64
 )
+
+// unorderedCount returns how many of items have no ordering key.
+func unorderedCount(items []*item) int {
+	n := 0
+	for _, it := range items {
+		if it.ev.OrderingKey == "" {
+			n++
+		}
+	}
+	return n
+}
 
 // splitRuns keeps, for each ordering key, only the run that starts at the key's head with no
 // gap (a run member skipped by SKIP LOCKED or changed concurrently breaks the run); the rest is
@@ -461,7 +470,7 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 	// (array_position per row was quadratic in the batch), so splitRuns checks the runs
 	// independently of the SQL that built them.
 	//
-	// $excluded lists ordering keys the claim leaves alone (subscription.excluded).
+	// $runLimit caps the keyed events of the claim (BatchSize, or subscription.splitLimit).
 	//
 	// The last row of the result carries the skip scan's last key and how many keys it saw:
 	// the next claim resumes after that key, so every key is looked at within a few polls
@@ -481,10 +490,10 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 	SELECT k, seq FROM skip LIMIT %[6]d
 ), walk AS MATERIALIZED (
 	SELECT "ordering_key" AS k, min("sequence") AS s FROM (SELECT "ordering_key", "sequence" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NOT NULL AND %[3]s AND %[4]s
-		AND NOT "ordering_key" = ANY($%[14]d::text[]) ORDER BY "sequence" LIMIT $%[12]d FOR UPDATE SKIP LOCKED) o GROUP BY 1
+		ORDER BY "sequence" LIMIT $%[12]d FOR UPDATE SKIP LOCKED) o GROUP BY 1
 ), sheads AS MATERIALIZED (
 	SELECT h."ordering_key" AS k, h."sequence" AS seq FROM (
-		SELECT x.seq FROM scanned x WHERE NOT x.k = ANY($%[14]d::text[]) AND NOT EXISTS (SELECT 1 FROM walk w WHERE w.k = x.k)
+		SELECT x.seq FROM scanned x WHERE NOT EXISTS (SELECT 1 FROM walk w WHERE w.k = x.k)
 	) x CROSS JOIN LATERAL (
 		SELECT "ordering_key", "sequence" FROM %[1]s h WHERE h."sequence" = x.seq AND h."dead_lettered_at" IS NULL
 		AND (h."next_attempt_at" IS NULL OR h."next_attempt_at" <= now()) AND (h."lease_until" IS NULL OR h."lease_until" < now()) AND %[7]s LIMIT 1) h
@@ -502,7 +511,7 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 		WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
 		AND ("ordering_key", "sequence") >= (c.k, c.seq) AND ("ordering_key", "sequence") <= (c.k, 9223372036854775807)
 		ORDER BY "ordering_key", "sequence" LIMIT %[8]d) r
-	LIMIT %[5]d
+	LIMIT $%[14]d
 ), keyed AS (
 	SELECT "sequence" FROM %[1]s WHERE "sequence" = ANY(ARRAY(SELECT "sequence" FROM runs WHERE rn > 1 OR pri = 0)) AND %[2]s AND %[3]s AND %[13]s
 	ORDER BY "sequence" LIMIT %[5]d FOR UPDATE SKIP LOCKED
@@ -549,11 +558,11 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		args := append([]any{sub.cursor, s.cfg.LeaseDuration.Microseconds(), token}, sub.args...)
 		args = append(args, sub.oldest)
 		q := sub.claimSQL
-		excluded := sub.excluded
-		if excluded == nil {
-			excluded = []string{}
+		limit := s.cfg.BatchSize
+		if sub.splitFor > 0 {
+			limit = sub.splitLimit
 		}
-		args = append(args, excluded)
+		args = append(args, limit)
 		var rs rows
 		rs, err = s.db.query(sub.ctx, q, s.db.oneShot(args)...)
 		if err == nil {
@@ -585,17 +594,13 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		sub.oldest = min(s.cfg.BatchSize, 2*sub.oldest)
 	}
 	if len(items) > 0 {
-		sub.lastKeyCount, sub.lastKeys = len(keys), nil
-		if len(keys) <= maxHotKeys {
-			sub.lastKeys = slices.Collect(maps.Keys(keys))
-		}
+		sub.lastKeyCount, sub.lastLen = len(keys), len(items)
 	}
 	if sub.splitFor > 0 {
-		if len(items) > 0 {
-			sub.excluded = sub.lastKeys
-		}
-		if sub.splitFor--; sub.splitFor == 0 {
-			sub.excluded = nil
+		sub.splitFor--
+		// Still a few hot keys filling the capped claim: keep splitting.
+		if keyed := len(items) - unorderedCount(items); keyed >= sub.splitLimit && len(keys) <= maxHotKeys {
+			sub.splitFor = splitClaims
 		}
 	}
 	// A claim that leases only gap-free runs without reporting ranks (SQLite: one writer, no
@@ -767,6 +772,12 @@ func (sub *subscription) deliverEach(ctx context.Context, items []*item, out cha
 		for !stopped && inflight < sub.s.cfg.Concurrency && len(ready) > 0 {
 			l := ready[0]
 			ready = ready[1:]
+			if ctx.Err() != nil {
+				// Stopped (closing, or the lease was lost): a select with a reader waiting
+				// would pick the send half of the time.
+				stopped = true
+				continue
+			}
 			it := l.items[l.pos]
 			msg := sub.newMessage(ctx, it)
 			select {
@@ -815,13 +826,19 @@ func (sub *subscription) deliverBatch(ctx context.Context, items []*item, out ch
 	for i, it := range items {
 		b.Messages[i] = sub.newMessage(ctx, it)
 	}
-	select {
-	case out <- b:
-	case <-ctx.Done():
+	release := func() bool {
 		for _, it := range items {
 			it.state = stateReleased
 		}
 		return false
+	}
+	if ctx.Err() != nil {
+		return release()
+	}
+	select {
+	case out <- b:
+	case <-ctx.Done():
+		return release()
 	}
 	tctx, cancel := context.WithTimeout(context.Background(), sub.s.cfg.DeliveryTimeout)
 	defer cancel()
@@ -895,9 +912,9 @@ func (sub *subscription) renewWhileOut(token string, items []*item, lost func())
 				case err != nil:
 					s.logger.Error("outbox: lease renewal failed", err, watermill.LogFields{"token": token})
 				case n < int64(len(seqs)):
+					lost()
 					s.logger.Error("outbox: lease lost; the rest of the batch is left to the relay that took it over", nil,
 						watermill.LogFields{"token": token, "held": n, "claimed": len(seqs)})
-					lost()
 					return
 				}
 			}

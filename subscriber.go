@@ -179,20 +179,21 @@ type subscription struct {
 	// to BatchSize) after each batch that was not full; back to about twice the last batch's
 	// keys after a claim that found claimable keyed events but leased nothing.
 	oldest int
-	// During splitFor claims, a claim leases at most splitLimit keyed events: half of a batch
-	// that held every key with claimable events (at most maxHotKeys keys), so one half of a
-	// few hot keys is claimed while the other half's marks are written (PostgreSQL).
+	// During splitFor claims, a claim leases at most splitLimit keyed events: the runs of
+	// half the keys the walk found, set after a batch that held every key with claimable
+	// events (at most maxHotKeys keys), so one half of a few hot keys is claimed while the
+	// other half's marks are written (PostgreSQL). Capped claims that fill up renew it.
 	splitLimit int
 	splitFor   int
 	// serialFor counts the next polls that wait for the previous batch's marks before
-	// claiming: set when one hot key's events were all the claimable work there was.
+	// claiming: set when one hot key's events were all the claimable work there was, or when
+	// a claim beside the marks found nothing even though the split was on (another relay
+	// holds the other half).
 	serialFor int
 	// lastKeyCount is the number of distinct ordering keys of the last batch that leased
-	// events, lastLen its size; walked the number of keys
-	// the last claim's oldest-keyed walk found (claimable keyed events exist), -1 when the
-	// claim does not report it (SQLite).
+	// events; walked the number of keys the last claim's oldest-keyed walk found (claimable
+	// keyed events exist), -1 when the claim does not report it (SQLite).
 	lastKeyCount int
-	lastLen      int
 	walked       int64
 
 	emit   func(ctx context.Context, b []*item) bool
@@ -326,9 +327,9 @@ func (sub *subscription) poll() (again bool, err error) {
 		// The claim ran beside the previous batch's marks and leased nothing: poll again as
 		// soon as they land, since the batch's keys may have more events waiting for them.
 		// When the walk found such claimable keyed events and the batch held a few keys,
-		// the next claims take half of those keys each (one half is claimed while the other
-		// half's marks are written); with one key, they wait for the marks first instead of
-		// claiming nothing beside them.
+		// the next claims take the runs of half the walked keys each (one half is claimed
+		// while the other half's marks are written); with one key, or when that split was
+		// already on, they wait for the marks first instead of claiming nothing beside them.
 		sub.waitMarks()
 		if sub.walked > 0 {
 			switch n := sub.lastKeyCount; {
@@ -369,9 +370,9 @@ func (sub *subscription) poll() (again bool, err error) {
 	return true, nil
 }
 
-// splitClaims is how many claims cap a few hot keys at half of them (or, for one hot key,
-// wait for the marks first) once a claim beside the marks found their keys all still leased;
-// then the relay tries whole batches again. maxHotKeys is the most keys a batch may hold for
+// splitClaims is how many claims cap a few hot keys at half of them (renewed while capped
+// claims fill up) or wait for the marks first, once a claim beside the marks found their keys
+// all still leased; then the relay tries whole batches again. maxHotKeys is the most keys a batch may hold for
 // that: with more keys, other keys are claimable beside the marks.
 const (
 	splitClaims = 16
@@ -594,7 +595,7 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		sub.oldest = min(s.cfg.BatchSize, 2*sub.oldest)
 	}
 	if len(items) > 0 {
-		sub.lastKeyCount, sub.lastLen = len(keys), len(items)
+		sub.lastKeyCount = len(keys)
 	}
 	if sub.splitFor > 0 {
 		sub.splitFor--

@@ -40,7 +40,8 @@ type SubscriberConfig struct {
 	// MaxRunPerKey caps how many consecutive events of one ordering key one batch may hold;
 	// they are emitted one after another. 1..BatchSize; default BatchSize/10, at least 1.
 	// When a batch holds a run of every key there is (a few hot keys), a PostgreSQL relay
-	// then claims half of the keys at a time, so that one half is claimed while the other
+	// then claims the runs of half of the keys at a time (at most ceil(keys/2) ×
+	// MaxRunPerKey keyed events per claim), so that one half is claimed while the other
 	// half's marks are written (a key's next run waits for its previous run's marks).
 	MaxRunPerKey int
 	// KeyScan caps how many ordering keys one claim inspects for their head event (a bounded

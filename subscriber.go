@@ -179,10 +179,12 @@ type subscription struct {
 	// to BatchSize) after each batch that was not full; back to about twice the last batch's
 	// keys after a claim that found claimable keyed events but leased nothing.
 	oldest int
-	// During splitFor claims, a claim leases at most splitLimit keyed events: the runs of
-	// half the keys the walk found, set after a batch that held every key with claimable
-	// events (at most maxHotKeys keys), so one half of a few hot keys is claimed while the
-	// other half's marks are written (PostgreSQL). Capped claims that fill up renew it.
+	// During splitFor claims, a claim leases at most splitLimit keyed events of any keys:
+	// the runs of half the last batch's keys (at most maxHotKeys keys), set when a claim
+	// beside that batch's marks found claimable keyed events but leased nothing, so one half
+	// of a few hot keys is claimed while the other half's marks are written (PostgreSQL).
+	// Capped claims that fill up with long runs (on average at least MaxRunPerKey/2) renew
+	// it; many short runs let it end.
 	splitLimit int
 	splitFor   int
 	// serialFor counts the next polls that wait for the previous batch's marks before
@@ -322,22 +324,23 @@ func (sub *subscription) poll() (again bool, err error) {
 			inflight = true
 		}
 	}
+	splitting := sub.splitFor > 0 // before claim counts this claim off
 	items, more, err := sub.claim(token)
 	if err == nil && len(items) == 0 && inflight {
 		// The claim ran beside the previous batch's marks and leased nothing: poll again as
 		// soon as they land, since the batch's keys may have more events waiting for them.
 		// When the walk found such claimable keyed events and the batch held a few keys,
-		// the next claims take the runs of half the walked keys each (one half is claimed
+		// the next claims take the runs of half of those keys each (one half is claimed
 		// while the other half's marks are written); with one key, or when that split was
-		// already on, they wait for the marks first instead of claiming nothing beside them.
+		// already on (another relay holds the other half), they wait for the marks first
+		// instead of claiming nothing beside them.
 		sub.waitMarks()
 		if sub.walked > 0 {
 			switch n := sub.lastKeyCount; {
-			case sub.splitFor > 0:
+			case splitting:
 				sub.splitFor, sub.serialFor = splitClaims, splitClaims
 			case n > 1 && n <= maxHotKeys:
-				half := (int(min(sub.walked, maxHotKeys)) + 1) / 2
-				sub.splitLimit, sub.splitFor = min(s.cfg.BatchSize, half*s.cfg.MaxRunPerKey), splitClaims
+				sub.splitLimit, sub.splitFor = min(s.cfg.BatchSize, (n+1)/2*s.cfg.MaxRunPerKey), splitClaims
 			case n == 1:
 				sub.serialFor = splitClaims
 			}
@@ -370,10 +373,11 @@ func (sub *subscription) poll() (again bool, err error) {
 	return true, nil
 }
 
-// splitClaims is how many claims cap a few hot keys at half of them (renewed while capped
-// claims fill up) or wait for the marks first, once a claim beside the marks found their keys
-// all still leased; then the relay tries whole batches again. maxHotKeys is the most keys a batch may hold for
-// that: with more keys, other keys are claimable beside the marks.
+// splitClaims is how many claims cap keyed events at the runs of half the last batch's keys
+// (renewed while capped claims fill up with long runs) or wait for the marks first, once a
+// claim beside the marks found their keys all still leased; then the relay tries whole
+// batches again. maxHotKeys is the most keys a batch may hold for that: with more keys, other
+// keys are claimable beside the marks.
 const (
 	splitClaims = 16
 	maxHotKeys  = 64
@@ -448,18 +452,21 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 	//   - walk: the oldest claimable keyed events, locked before their LIMIT (SKIP LOCKED), so
 	//     a second relay claiming at the same moment finds other keys instead of the first
 	//     relay's whole candidate list (those row locks end with the statement). A walked key
-	//     is claimable when its oldest walked event is its head (its lowest unpublished
-	//     event): one descent of the key index reads the key's run from its head and tells
-	//     that, and the head needs no other check (the walk checked and locked it).
+	//     is claimable when its oldest walked event is its head: no unpublished event of the
+	//     key sorts before it in the key index (one descent that returns no row, and stops
+	//     at the first earlier event of a blocked key: reading a blocked key's run window
+	//     instead cost 72-94 ms per claim over 1,000 keys whose heads were backing off). Such
+	//     a head needs no other check and no second lock: the walk checked and locked it.
 	//   - scanned: a bounded skip scan of the key index after a cursor, for keys whose
 	//     claimable head sits behind blocked keys' events (dead-lettered or backing off) that
 	//     fill the walk. Its heads are checked by one primary-key lookup each (LIMIT 1 keeps it
 	//     a per-row lookup: as a join it was planned as a sequential scan on a table without
 	//     statistics).
-	// runs reads the walked keys' runs in head order, then the scanned keys' runs, and stops
-	// at BatchSize rows: the nested loops run lazily under that LIMIT, so a claim reads about
-	// BatchSize rows of runs (reading every walked key's run first took 110 ms per claim over
-	// 1,000 keys with 1,000 events each). Run members other than walked heads are then
+	// runs reads the claimable walked keys' runs in head order, then the scanned keys' runs,
+	// and stops at $runLimit rows (BatchSize, or subscription.splitLimit during a split): the
+	// nested loops run lazily under that LIMIT, so a claim reads about that many rows of runs
+	// (reading every walked key's run first took 110 ms per claim over 1,000 keys with 1,000
+	// events each). OFFSET 0 keeps the ordered subqueries from being flattened into the join. Run members other than walked heads are then
 	// locked by primary key with their own ORDER BY … LIMIT … FOR UPDATE SKIP LOCKED, and
 	// only the gap-free start of each run is leased (a member's rank equals the number of its
 	// key's members locked up to it): when another relay holds a key's head, this claim
@@ -499,15 +506,18 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 		SELECT "ordering_key", "sequence" FROM %[1]s h WHERE h."sequence" = x.seq AND h."dead_lettered_at" IS NULL
 		AND (h."next_attempt_at" IS NULL OR h."next_attempt_at" <= now()) AND (h."lease_until" IS NULL OR h."lease_until" < now()) AND %[7]s LIMIT 1) h
 ), runs AS MATERIALIZED (
-	SELECT w.k, r."sequence", r.rn, 1 AS pri FROM (SELECT k, s FROM walk ORDER BY s) w CROSS JOIN LATERAL (
-		SELECT "sequence", rn FROM (
-			SELECT "sequence", row_number() OVER o AS rn, first_value("sequence") OVER o AS head FROM %[1]s
-			WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
-			AND ("ordering_key", "sequence") >= (w.k, 0) AND ("ordering_key", "sequence") <= (w.k, 9223372036854775807)
-			WINDOW o AS (ORDER BY "ordering_key", "sequence") ORDER BY "ordering_key", "sequence" LIMIT %[8]d) q
-		WHERE q.head = w.s) r
+	SELECT w.k, r."sequence", r.rn, 1 AS pri FROM (
+		SELECT k, s FROM walk w WHERE NOT EXISTS (
+			SELECT 1 FROM %[1]s WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
+			AND ("ordering_key", "sequence") >= (w.k, 0) AND ("ordering_key", "sequence") < (w.k, w.s))
+		ORDER BY s OFFSET 0
+	) w CROSS JOIN LATERAL (
+		SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM %[1]s
+		WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
+		AND ("ordering_key", "sequence") >= (w.k, w.s) AND ("ordering_key", "sequence") <= (w.k, 9223372036854775807)
+		ORDER BY "ordering_key", "sequence" LIMIT %[8]d) r
 	UNION ALL
-	SELECT c.k, r."sequence", r.rn, 0 FROM (SELECT k, seq FROM sheads ORDER BY seq) c CROSS JOIN LATERAL (
+	SELECT c.k, r."sequence", r.rn, 0 FROM (SELECT k, seq FROM sheads ORDER BY seq OFFSET 0) c CROSS JOIN LATERAL (
 		SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM %[1]s
 		WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
 		AND ("ordering_key", "sequence") >= (c.k, c.seq) AND ("ordering_key", "sequence") <= (c.k, 9223372036854775807)
@@ -599,8 +609,9 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	}
 	if sub.splitFor > 0 {
 		sub.splitFor--
-		// Still a few hot keys filling the capped claim: keep splitting.
-		if keyed := len(items) - unorderedCount(items); keyed >= sub.splitLimit && len(keys) <= maxHotKeys {
+		// Still a few hot keys filling the capped claim with long runs (at least half of
+		// MaxRunPerKey on average): keep splitting. Many short runs end the split.
+		if keyed := len(items) - unorderedCount(items); keyed >= sub.splitLimit && 2*keyed >= len(keys)*s.cfg.MaxRunPerKey {
 			sub.splitFor = splitClaims
 		}
 	}

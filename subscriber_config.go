@@ -39,10 +39,11 @@ type SubscriberConfig struct {
 	BatchSize int
 	// MaxRunPerKey caps how many consecutive events of one ordering key one batch may hold;
 	// they are emitted one after another. 1..BatchSize; default BatchSize/10, at least 1.
-	// When a batch holds a run of every key there is (a few hot keys), a PostgreSQL relay
-	// then claims the runs of half of the keys at a time (at most ceil(keys/2) ×
-	// MaxRunPerKey keyed events per claim), so that one half is claimed while the other
-	// half's marks are written (a key's next run waits for its previous run's marks).
+	// When a batch holds a run of every key there is (a few hot keys, at most 64), a
+	// PostgreSQL relay then claims the runs of half of them at a time (at most
+	// ceil(keys/2) × MaxRunPerKey keyed events per claim, of any keys), so that one half is
+	// claimed while the other half's marks are written (a key's next run waits for its
+	// previous run's marks). The cap lasts while capped claims fill up with long runs.
 	MaxRunPerKey int
 	// KeyScan caps how many ordering keys one claim inspects for their head event (a bounded
 	// skip scan that resumes after the last key it reached, so every key is looked at within

@@ -452,11 +452,12 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 	//   - walk: the oldest claimable keyed events, locked before their LIMIT (SKIP LOCKED), so
 	//     a second relay claiming at the same moment finds other keys instead of the first
 	//     relay's whole candidate list (those row locks end with the statement). A walked key
-	//     is claimable when its oldest walked event is its head: no unpublished event of the
-	//     key sorts before it in the key index (one descent that returns no row, and stops
-	//     at the first earlier event of a blocked key: reading a blocked key's run window
-	//     instead cost 72-94 ms per claim over 1,000 keys whose heads were backing off). Such
-	//     a head needs no other check and no second lock: the walk checked and locked it.
+	//     is claimable when its oldest walked event is its head, the first unpublished event
+	//     of the key in the key index (a LIMIT 1 lookup, run per key as a one-time filter of
+	//     the key's run scan, so a blocked key costs one index row: reading a blocked key's
+	//     run window instead cost 72-94 ms per claim over 1,000 keys whose heads were backing
+	//     off; as NOT EXISTS it was planned as a sequential scan). Such a head needs no other
+	//     check and no second lock: the walk checked and locked it.
 	//   - scanned: a bounded skip scan of the key index after a cursor, for keys whose
 	//     claimable head sits behind blocked keys' events (dead-lettered or backing off) that
 	//     fill the walk. Its heads are checked by one primary-key lookup each (LIMIT 1 keeps it
@@ -506,15 +507,13 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 		SELECT "ordering_key", "sequence" FROM %[1]s h WHERE h."sequence" = x.seq AND h."dead_lettered_at" IS NULL
 		AND (h."next_attempt_at" IS NULL OR h."next_attempt_at" <= now()) AND (h."lease_until" IS NULL OR h."lease_until" < now()) AND %[7]s LIMIT 1) h
 ), runs AS MATERIALIZED (
-	SELECT w.k, r."sequence", r.rn, 1 AS pri FROM (
-		SELECT k, s FROM walk w WHERE NOT EXISTS (
-			SELECT 1 FROM %[1]s WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
-			AND ("ordering_key", "sequence") >= (w.k, 0) AND ("ordering_key", "sequence") < (w.k, w.s))
-		ORDER BY s OFFSET 0
-	) w CROSS JOIN LATERAL (
+	SELECT w.k, r."sequence", r.rn, 1 AS pri FROM (SELECT k, s FROM walk ORDER BY s OFFSET 0) w CROSS JOIN LATERAL (
 		SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM %[1]s
 		WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
 		AND ("ordering_key", "sequence") >= (w.k, w.s) AND ("ordering_key", "sequence") <= (w.k, 9223372036854775807)
+		AND (SELECT e."sequence" FROM %[1]s e WHERE e."published_at" IS NULL AND e."ordering_key" IS NOT NULL
+			AND (e."ordering_key", e."sequence") >= (w.k, 0) AND (e."ordering_key", e."sequence") <= (w.k, w.s)
+			ORDER BY e."ordering_key", e."sequence" LIMIT 1) = w.s
 		ORDER BY "ordering_key", "sequence" LIMIT %[8]d) r
 	UNION ALL
 	SELECT c.k, r."sequence", r.rn, 0 FROM (SELECT k, seq FROM sheads ORDER BY seq OFFSET 0) c CROSS JOIN LATERAL (

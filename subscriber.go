@@ -383,17 +383,6 @@ const (
 	maxHotKeys  = 64
 )
 
-// unorderedCount returns how many of items have no ordering key.
-func unorderedCount(items []*item) int {
-	n := 0
-	for _, it := range items {
-		if it.ev.OrderingKey == "" {
-			n++
-		}
-	}
-	return n
-}
-
 // splitRuns keeps, for each ordering key, only the run that starts at the key's head with no
 // gap (a run member skipped by SKIP LOCKED or changed concurrently breaks the run); the rest is
 // released. Items are in sequence order.
@@ -583,10 +572,11 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		return nil, false, fmt.Errorf("outbox: claim from %s: %w", s.s.table, err)
 	}
 	sort.Slice(items, func(i, j int) bool { return items[i].ev.Sequence < items[j].ev.Sequence })
-	keys := map[string]struct{}{}
+	keys, keyed := map[string]struct{}{}, 0
 	for _, it := range items {
 		if it.ev.OrderingKey != "" {
 			keys[it.ev.OrderingKey] = struct{}{}
+			keyed++
 		}
 	}
 	switch {
@@ -610,7 +600,7 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		sub.splitFor--
 		// Still a few hot keys filling the capped claim with long runs (at least half of
 		// MaxRunPerKey on average): keep splitting. Many short runs end the split.
-		if keyed := len(items) - unorderedCount(items); keyed >= sub.splitLimit && 2*keyed >= len(keys)*s.cfg.MaxRunPerKey {
+		if keyed >= sub.splitLimit && 2*keyed >= len(keys)*s.cfg.MaxRunPerKey {
 			sub.splitFor = splitClaims
 		}
 	}

@@ -355,3 +355,53 @@ func TestHotKeysClaimedInHalves(t *testing.T) {
 		}
 	})
 }
+
+// TestRetryBelowScanStartClaimedDuringBacklog: after a full batch the next claim's scan starts
+// at that batch's lowest sequence; an event that becomes claimable again below that start (a
+// retry) must still be claimed while full batches go on (the scans go back to the start every
+// few full batches), not only once the backlog is drained.
+func TestRetryBelowScanStartClaimedDuringBacklog(t *testing.T) {
+	pool := pgtest.Require(t)
+	b := &backend{dialect: outbox.DialectPostgreSQL, db: pool, raw: pgtest.StdDB(t)}
+	schema := b.table(t)
+	const n = 2000
+	b.seed(t, schema, "t", n, []string{""})
+	cfg := fastCfg(schema)
+	cfg.BatchSize, cfg.RetryBase, cfg.RetryMax = 10, time.Millisecond, time.Millisecond
+	sub := b.newSub(t, cfg)
+	ch, err := sub.Subscribe(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nacked string
+	acked, retriedAfter := 0, -1
+	seen := map[string]int{}
+	for acked < n {
+		select {
+		case m := <-ch:
+			seq := m.Metadata.Get(outbox.MetadataSequence)
+			seen[seq]++
+			if nacked == "" {
+				nacked = seq
+				m.Nack()
+				continue
+			}
+			if seq == nacked {
+				retriedAfter = acked
+			}
+			acked++
+			m.Ack()
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%d of %d events acked within 30s", acked, n)
+		}
+	}
+	// 16 full batches of 10 may pass on the raised scan start before a claim scans from the
+	// start again; the backlog is 200 batches.
+	if retriedAfter < 0 || retriedAfter > n/2 {
+		t.Fatalf("retried event %s delivered again after %d other acks, want within the first %d", nacked, retriedAfter, n/2)
+	}
+	if len(seen) != n || seen[nacked] != 2 {
+		t.Fatalf("%d distinct events, the nacked one delivered %d times; want %d and 2", len(seen), seen[nacked], n)
+	}
+	t.Logf("retried event delivered again after %d acks", retriedAfter)
+}

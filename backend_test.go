@@ -31,12 +31,18 @@ type backend struct {
 func eachBackend(t *testing.T, fn func(t *testing.T, b *backend)) {
 	t.Helper()
 	t.Run("postgresql", func(t *testing.T) {
-		pool := pgtest.Require(t)
-		fn(t, &backend{dialect: outbox.DialectPostgreSQL, db: pool, raw: pgtest.StdDB(t)})
+		fn(t, pgBackend(t))
 	})
 	t.Run("sqlite", func(t *testing.T) {
 		fn(t, sqliteBackend(t))
 	})
+}
+
+// pgBackend is the PostgreSQL backend of the test database (the pool, and database/sql for
+// raw checks).
+func pgBackend(t *testing.T) *backend {
+	t.Helper()
+	return &backend{dialect: outbox.DialectPostgreSQL, db: pgtest.Require(t), raw: pgtest.StdDB(t)}
 }
 
 // sqliteBackend opens a fresh SQLite database file for t.

@@ -493,11 +493,12 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 	// and stops at $runLimit rows (BatchSize, or subscription.splitLimit during a split): the
 	// nested loops run lazily under that LIMIT, so a claim reads about that many rows of runs
 	// (reading every walked key's run first took 110 ms per claim over 1,000 keys with 1,000
-	// events each). OFFSET 0 keeps the ordered subqueries from being flattened into the join. Run members other than walked heads are then
-	// locked by primary key with their own ORDER BY … LIMIT … FOR UPDATE SKIP LOCKED, and
-	// only the gap-free start of each run is leased (a member's rank equals the number of its
-	// key's members locked up to it): when another relay holds a key's head, this claim
-	// leases nothing of that key instead of stranding its later events.
+	// events each). OFFSET 0 keeps the ordered subqueries from being flattened into the join.
+	// Run members other than walked heads are then locked by primary key with their own
+	// ORDER BY … LIMIT … FOR UPDATE SKIP LOCKED, and only the gap-free start of each run is
+	// leased (a member's rank equals the number of its key's members locked up to it): when
+	// another relay holds a key's head, this claim leases nothing of that key instead of
+	// stranding its later events.
 	//
 	// Materialized CTEs and arrays of primary keys keep every step from being re-run per row
 	// (a nested loop over a re-scanned head search took seconds under concurrent claims).

@@ -285,7 +285,7 @@ func TestRouterRecordError(t *testing.T) {
 // asynchronously (the default over a pool) and synchronously (SyncCommit): the same exact
 // outcome — every event published once, failures counted — either way.
 func TestSyncCommitBothWays(t *testing.T) {
-	b := &backend{dialect: outbox.DialectPostgreSQL, db: pgtest.Require(t), raw: pgtest.StdDB(t)}
+	b := pgBackend(t)
 	for _, sync := range []bool{false, true} {
 		t.Run(fmt.Sprintf("SyncCommit=%v", sync), func(t *testing.T) {
 			schema := b.table(t)

@@ -361,8 +361,7 @@ func TestHotKeysClaimedInHalves(t *testing.T) {
 // retry) must still be claimed while full batches go on (the scans go back to the start every
 // few full batches), not only once the backlog is drained.
 func TestRetryBelowScanStartClaimedDuringBacklog(t *testing.T) {
-	pool := pgtest.Require(t)
-	b := &backend{dialect: outbox.DialectPostgreSQL, db: pool, raw: pgtest.StdDB(t)}
+	b := pgBackend(t)
 	schema := b.table(t)
 	const n = 2000
 	b.seed(t, schema, "t", n, []string{""})

@@ -602,6 +602,10 @@ func TestConfigErrors(t *testing.T) {
 		{"builtin extra column", outbox.SchemaConfig{ExtraColumns: []outbox.Column{{Name: "topic", Type: "TEXT"}}}.Validate()},
 		{"bad extra name", outbox.SchemaConfig{ExtraColumns: []outbox.Column{{Name: "a b", Type: "TEXT"}}}.Validate()},
 		{"bad extra type", outbox.SchemaConfig{ExtraColumns: []outbox.Column{{Name: "ab", Type: "TEXT; DROP TABLE x"}}}.Validate()},
+		{"fillfactor below 10", outbox.SchemaConfig{FillFactor: 9}.Validate()},
+		{"fillfactor above 100", outbox.SchemaConfig{FillFactor: 101}.Validate()},
+		{"negative fillfactor", outbox.SchemaConfig{FillFactor: -1}.Validate()},
+		{"fillfactor on SQLite", outbox.SchemaConfig{FillFactor: 50, Dialect: outbox.DialectSQLite}.Validate()},
 	} {
 		var ce *outbox.ConfigError
 		if !errors.Is(c.err, outbox.ErrConfig) || !errors.As(c.err, &ce) {

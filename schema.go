@@ -58,7 +58,21 @@ type SchemaConfig struct {
 	// Dialect is the database the table lives in: DialectPostgreSQL (default) or
 	// DialectSQLite. A handle of the other dialect is a *ConfigError.
 	Dialect Dialect
+	// FillFactor is the table's fillfactor storage parameter (PostgreSQL docs, CREATE TABLE,
+	// "Storage Parameters"): the percentage, 10..100, of each heap page that inserts fill.
+	// Default DefaultFillFactor (50). The free half lets a claim's lease write (lease_until,
+	// leased_by: no index covers them) be a heap-only tuple (HOT) update on the row's own
+	// page, so it adds no index entries; with full pages every leased row added one entry to
+	// each of the table's five indexes. Measured on a 2-core box (BenchmarkDrain, 100,000
+	// events): unordered +20 %, 10 hot keys +35 %. The cost is disk: pending rows take about
+	// twice the pages (published rows' space is reused after VACUUM). Migrate sets it on an
+	// existing table too; pages already written keep their fill until rewritten. PostgreSQL
+	// only: a non-zero FillFactor with DialectSQLite is a *ConfigError.
+	FillFactor int
 }
+
+// DefaultFillFactor is SchemaConfig.FillFactor's default, in percent.
+const DefaultFillFactor = 50
 
 // Built-in column names. RelayOwnedColumns are written only by the relay and the database.
 var (
@@ -109,6 +123,16 @@ func (c SchemaConfig) compile() (*schema, error) {
 	}
 	if c.Dialect == DialectSQLite && len(parts) > 1 {
 		return nil, &ConfigError{Field: "SchemaConfig.Table", Reason: fmt.Sprintf("%q: a SQLite table name cannot be schema-qualified", c.Table)}
+	}
+	switch {
+	case c.Dialect == DialectSQLite:
+		if c.FillFactor != 0 {
+			return nil, &ConfigError{Field: "SchemaConfig.FillFactor", Reason: "a fillfactor is a PostgreSQL storage parameter; SQLite has none"}
+		}
+	case c.FillFactor == 0:
+		c.FillFactor = DefaultFillFactor
+	case c.FillFactor < 10 || c.FillFactor > 100:
+		return nil, &ConfigError{Field: "SchemaConfig.FillFactor", Reason: fmt.Sprintf("%d: want a percentage in 10..100", c.FillFactor)}
 	}
 	if c.PayloadType != PayloadJSONB && c.PayloadType != PayloadBytea {
 		return nil, &ConfigError{Field: "SchemaConfig.PayloadType", Reason: fmt.Sprintf("unknown payload type %d", c.PayloadType)}
@@ -203,7 +227,8 @@ func (s *schema) statements() []string {
 	"leased_by"        TEXT NULL,
 	"published_at"     TIMESTAMPTZ NULL,
 	"dead_lettered_at" TIMESTAMPTZ NULL
-)`, t, s.cfg.PayloadType.sqlType()),
+) WITH (fillfactor = %d)`, t, s.cfg.PayloadType.sqlType(), s.cfg.FillFactor),
+		fmt.Sprintf(`ALTER TABLE %s SET (fillfactor = %d)`, t, s.cfg.FillFactor),
 	}
 	for _, col := range s.cfg.ExtraColumns {
 		stmts = append(stmts, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s`, t, pgx.Identifier{col.Name}.Sanitize(), col.Type))

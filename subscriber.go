@@ -206,6 +206,21 @@ type subscription struct {
 	// batch that was not full, and after lowClaims full batches in a row (lowAge).
 	lowUnordered, lowKeyed int64
 	lowAge                 int
+	// contKeys, contAfter and contToken are the next claim's continuations (PostgreSQL): the
+	// keys whose run in the last batch (claimed under contToken) held MaxRunPerKey events and
+	// was acked whole, with the run's last sequence. The next claim may lease such a key's
+	// following events while that batch's marks are still being written, because the events
+	// before them are this relay's own, already delivered (see buildClaimSQL).
+	contKeys   []string
+	contAfter  []int64
+	contFrom   []int64
+	contStreak map[string]int // continued batches in a row, per key in contKeys
+	contToken  string
+	// unconfirmed holds the ordering keys of a batch whose acks its mark did not write (the
+	// statement failed, or the lease had passed to another relay): that batch's continuation
+	// events of those keys are released instead of marked published, so they go out again
+	// after the events before them. Written by the mark goroutine before marking is closed.
+	unconfirmed map[string]bool
 
 	emit   func(ctx context.Context, b []*item) bool
 	ctx    context.Context
@@ -301,6 +316,7 @@ func (sub *subscription) run() {
 type item struct {
 	ev     *Event
 	rank   int64 // position in its key's run, 1 for the head; 0 for unordered
+	cont   bool  // leased as a continuation of the previous batch's run of its key
 	msg    *message.Message
 	hold   *errHolder
 	cancel context.CancelFunc // cancels msg's context once it is answered
@@ -335,6 +351,7 @@ func (sub *subscription) poll() (again bool, err error) {
 	}
 	splitting := sub.splitFor > 0 // before claim counts this claim off
 	items, more, err := sub.claim(token)
+	sub.contKeys, sub.contAfter, sub.contFrom = sub.contKeys[:0], sub.contAfter[:0], sub.contFrom[:0]
 	if err == nil && len(items) == 0 && inflight {
 		// The claim ran beside the previous batch's marks and leased nothing: poll again as
 		// soon as they land, since the batch's keys may have more events waiting for them.
@@ -371,16 +388,92 @@ func (sub *subscription) poll() (again bool, err error) {
 		lost()
 	}
 	sub.waitMarks()
+	sub.confirm(items)
+	sub.continueRuns(token, deliver)
 	done := make(chan struct{})
 	sub.marking = done
 	go func() {
 		defer close(done)
-		if err := sub.mark(token, items); err != nil {
+		var err error
+		sub.unconfirmed, err = sub.mark(token, items)
+		if err != nil {
 			s.logger.Error("outbox: writing marks failed; the events are delivered again after their lease", err, watermill.LogFields{"token": token})
 		}
 	}()
 	return true, nil
 }
+
+// confirm releases, instead of marking published, the acked continuation events (see
+// subscription.contKeys) whose keys' previous events the last mark did not write as
+// published: publishing them would put them before those events, which go out again after
+// their lease (at least once, in order). Call after waitMarks.
+func (sub *subscription) confirm(items []*item) {
+	if len(sub.unconfirmed) == 0 {
+		return
+	}
+	for _, it := range items {
+		if it.cont && it.state == stateAcked && sub.unconfirmed[it.ev.OrderingKey] {
+			it.state = stateReleased
+		}
+	}
+	sub.unconfirmed = nil
+}
+
+// continueRuns sets the next claim's continuations from a delivered batch: every ordering
+// key whose run held MaxRunPerKey events, all acked (PostgreSQL only; SQLite's single writer
+// needs none). A key continued contRounds batches in a row is left out once (one key per
+// batch, and never a batch's only key): its next run goes to whichever relay claims it first
+// after this batch's marks, so that several relays end up sharing a few hot keys instead of
+// the first one keeping them all.
+func (sub *subscription) continueRuns(token string, deliver []*item) {
+	sub.contKeys, sub.contAfter, sub.contFrom, sub.contToken = sub.contKeys[:0], sub.contAfter[:0], sub.contFrom[:0], token
+	if sub.s.s.sqlite || sub.ctx.Err() != nil {
+		return
+	}
+	type run struct {
+		n           int
+		first, last int64
+		ok          bool
+	}
+	runs := map[string]*run{}
+	var order []string
+	for _, it := range deliver { // in sequence order
+		k := it.ev.OrderingKey
+		if k == "" {
+			continue
+		}
+		r := runs[k]
+		if r == nil {
+			r = &run{ok: true, first: it.ev.Sequence}
+			runs[k] = r
+			order = append(order, k)
+		}
+		r.n++
+		r.last = it.ev.Sequence
+		r.ok = r.ok && it.state == stateAcked
+	}
+	rounds := make(map[string]int, len(order))
+	dropped := false
+	for _, k := range order {
+		if r := runs[k]; r.ok && r.n >= sub.s.cfg.MaxRunPerKey {
+			n := sub.contStreak[k] + 1
+			if n > contRounds && !dropped && len(order) > 1 {
+				dropped = true
+				continue
+			}
+			rounds[k] = n
+			sub.contKeys = append(sub.contKeys, k)
+			sub.contAfter = append(sub.contAfter, r.last)
+			sub.contFrom = append(sub.contFrom, r.first)
+		}
+	}
+	sub.contStreak = rounds
+}
+
+// contRounds is how many batches in a row a key may be continued before it is left out once
+// (see continueRuns). Measured with 10 hot keys and two relays (BenchmarkDrain): 4 let the keys
+// spread over both relays; without it the first relay kept all ten and the second only polled.
+const contRounds = 4
 
 // lowClaims is how many full batches in a row may start their scans at the lows (see
 // subscription.lowUnordered) before a claim scans from the start again.
@@ -474,7 +567,18 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 	// key index can serve them: with a plain "ordering_key" = k the planner may walk the
 	// primary key past every published event of the key.
 	//
-	// Keys come from two places:
+	// Keys come from three places:
+	//   - cont: the previous batch's keys whose run was full and acked whole
+	//     (subscription.contKeys, with the run's first and last sequence and the batch's
+	//     token). Their next run may be leased while that batch's marks are still being
+	//     written, since the events before it are this relay's own and already delivered: the
+	//     key's first unpublished event (looked up from the run's first sequence, not from the
+	//     key's start, so the published events' index entries are not stepped over) must be
+	//     either after the run (the marks landed) or leased under that token with at least a
+	//     third of LeaseDuration left. The run is then the events after the old run's last,
+	//     every one locked by primary key. Without this a relay's hot keys waited for their
+	//     marks before each claim (a claim beside the marks found them all still leased).
+	//     Continued keys are left out of the two other sources.
 	//   - walk: the oldest claimable keyed events, locked before their LIMIT (SKIP LOCKED), so
 	//     a second relay claiming at the same moment finds other keys instead of the first
 	//     relay's whole candidate list (those row locks end with the statement). A walked key
@@ -489,7 +593,8 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 	//     fill the walk. Its heads are checked by one primary-key lookup each (LIMIT 1 keeps it
 	//     a per-row lookup: as a join it was planned as a sequential scan on a table without
 	//     statistics).
-	// runs reads the claimable walked keys' runs in head order, then the scanned keys' runs,
+	// runs reads the continued keys' runs, then the claimable walked keys' runs in head order,
+	// then the scanned keys' runs,
 	// and stops at $runLimit rows (BatchSize, or subscription.splitLimit during a split): the
 	// nested loops run lazily under that LIMIT, so a claim reads about that many rows of runs
 	// (reading every walked key's run first took 110 ms per claim over 1,000 keys with 1,000
@@ -527,14 +632,26 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 ), walk AS MATERIALIZED (
 	SELECT "ordering_key" AS k, min("sequence") AS s FROM (SELECT "ordering_key", "sequence" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NOT NULL AND %[3]s AND %[4]s
 		AND "sequence" >= $%[17]d ORDER BY "sequence" LIMIT $%[12]d FOR UPDATE SKIP LOCKED) o GROUP BY 1
+), cont AS MATERIALIZED (
+	SELECT c.k, c.a FROM unnest($%[18]d::text[], $%[19]d::bigint[], $%[22]d::bigint[]) AS c(k, a, f) CROSS JOIN LATERAL (
+		SELECT h."sequence", h."leased_by", h."lease_until" FROM %[1]s h WHERE h."published_at" IS NULL AND h."ordering_key" IS NOT NULL
+		AND (h."ordering_key", h."sequence") >= (c.k, c.f) AND (h."ordering_key", h."sequence") <= (c.k, 9223372036854775807)
+		ORDER BY h."ordering_key", h."sequence" LIMIT 1) h
+	WHERE h."sequence" > c.a OR (h."leased_by" = $%[20]d AND h."lease_until" > now() + $%[21]d * interval '1 microsecond')
 ), sheads AS MATERIALIZED (
 	SELECT h."ordering_key" AS k, h."sequence" AS seq FROM (
-		SELECT x.seq FROM scanned x WHERE NOT EXISTS (SELECT 1 FROM walk w WHERE w.k = x.k)
+		SELECT x.seq FROM scanned x WHERE NOT EXISTS (SELECT 1 FROM walk w WHERE w.k = x.k) AND NOT (x.k = ANY(COALESCE($%[18]d::text[], '{}')))
 	) x CROSS JOIN LATERAL (
 		SELECT "ordering_key", "sequence" FROM %[1]s h WHERE h."sequence" = x.seq AND h."dead_lettered_at" IS NULL
 		AND (h."next_attempt_at" IS NULL OR h."next_attempt_at" <= now()) AND (h."lease_until" IS NULL OR h."lease_until" < now()) AND %[7]s LIMIT 1) h
 ), runs AS MATERIALIZED (
-	SELECT w.k, r."sequence", r.rn, 1 AS pri FROM (SELECT k, s FROM walk ORDER BY s OFFSET 0) w CROSS JOIN LATERAL (
+	SELECT c.k, r."sequence", r.rn, 0 AS pri FROM (SELECT k, a FROM cont OFFSET 0) c CROSS JOIN LATERAL (
+		SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM %[1]s
+		WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
+		AND ("ordering_key", "sequence") > (c.k, c.a) AND ("ordering_key", "sequence") <= (c.k, 9223372036854775807)
+		ORDER BY "ordering_key", "sequence" LIMIT %[8]d) r
+	UNION ALL
+	SELECT w.k, r."sequence", r.rn, 1 FROM (SELECT k, s FROM walk WHERE NOT (k = ANY(COALESCE($%[18]d::text[], '{}'))) ORDER BY s OFFSET 0) w CROSS JOIN LATERAL (
 		SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM %[1]s
 		WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
 		AND ("ordering_key", "sequence") >= (w.k, w.s) AND ("ordering_key", "sequence") <= (w.k, 9223372036854775807)
@@ -576,7 +693,7 @@ SELECT false, u."sequence", u.id, u."topic", u.payload, u.headers, u."ordering_k
 FROM upd u JOIN picked p ON p."sequence" = u."sequence"
 UNION ALL
 SELECT true%[11]s, (SELECT max(k) FROM scanned), (SELECT count(*) FROM scanned), (SELECT count(*) FROM walk)`,
-		t, pending, claimable, filter, batch, keyScan, hfilter, run, payload, extra.String(), strings.Repeat(", NULL", 10+len(s.s.cfg.ExtraColumns)), oldestParam, pkFilter, oldestParam+1, uextra.String(), oldestParam+2, oldestParam+3)
+		t, pending, claimable, filter, batch, keyScan, hfilter, run, payload, extra.String(), strings.Repeat(", NULL", 10+len(s.s.cfg.ExtraColumns)), oldestParam, pkFilter, oldestParam+1, uextra.String(), oldestParam+2, oldestParam+3, oldestParam+4, oldestParam+5, oldestParam+6, oldestParam+7, oldestParam+8)
 }
 
 // claim leases the next batch. more reports that the key skip scan stopped at its KeyScan
@@ -599,7 +716,7 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		if sub.splitFor > 0 {
 			limit = sub.splitLimit
 		}
-		args = append(args, limit, sub.lowUnordered, sub.lowKeyed)
+		args = append(args, limit, sub.lowUnordered, sub.lowKeyed, sub.contKeys, sub.contAfter, sub.contToken, (s.cfg.LeaseDuration / 3).Microseconds(), sub.contFrom)
 		var rs rows
 		rs, err = s.db.query(sub.ctx, q, s.db.oneShot(args)...)
 		if err == nil {
@@ -610,6 +727,17 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		return nil, false, fmt.Errorf("outbox: claim from %s: %w", s.s.table, err)
 	}
 	sort.Slice(items, func(i, j int) bool { return items[i].ev.Sequence < items[j].ev.Sequence })
+	if len(sub.contKeys) > 0 {
+		// The claim reads continuation keys' runs only after their previous events, never
+		// through the walk or the key scan.
+		cont := make(map[string]bool, len(sub.contKeys))
+		for _, k := range sub.contKeys {
+			cont[k] = true
+		}
+		for _, it := range items {
+			it.cont = cont[it.ev.OrderingKey]
+		}
+	}
 	keys, keyed := map[string]struct{}{}, 0
 	for _, it := range items {
 		if it.ev.OrderingKey != "" {
@@ -966,7 +1094,7 @@ func (sub *subscription) renewWhileOut(token string, items []*item, lost func())
 // mark writes the batch's outcome in one statement, conditioned on the fencing token: acks
 // become published, failures a retry with backoff or a dead letter, releases give the lease
 // back. It runs even while the subscriber is closing.
-func (sub *subscription) mark(token string, items []*item) error {
+func (sub *subscription) mark(token string, items []*item) (unconfirmed map[string]bool, err error) {
 	s := sub.s
 	var (
 		acked, released, failed []int64
@@ -991,21 +1119,33 @@ func (sub *subscription) mark(token string, items []*item) error {
 		byseq[seq] = it
 	}
 	if len(byseq) == 0 {
-		return nil
+		return nil, nil
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(sub.ctx), 30*time.Second)
 	defer cancel()
-	var (
-		results []markResult
-		err     error
-	)
+	var results []markResult
 	if s.s.sqlite {
 		results, err = sub.sqliteMark(ctx, token, acked, released, failed, errs, jitters)
 	} else {
 		results, err = sub.pgMark(ctx, token, acked, released, failed, errs, jitters)
 	}
+	// The keys whose acks were not written: every key of the batch when the statement failed.
+	written := make(map[int64]bool, len(results))
+	if err == nil {
+		for _, r := range results {
+			written[r.seq] = true
+		}
+	}
+	for _, seq := range acked {
+		if k := byseq[seq].ev.OrderingKey; k != "" && !written[seq] {
+			if unconfirmed == nil {
+				unconfirmed = map[string]bool{}
+			}
+			unconfirmed[k] = true
+		}
+	}
 	if err != nil {
-		return fmt.Errorf("outbox: mark batch %s: %w", token, err)
+		return unconfirmed, fmt.Errorf("outbox: mark batch %s: %w", token, err)
 	}
 	// Logs and hooks run after the connection went back to the pool.
 	for _, r := range results {
@@ -1038,7 +1178,7 @@ func (sub *subscription) mark(token string, items []*item) error {
 			}
 		}
 	}
-	return nil
+	return unconfirmed, nil
 }
 
 // markResult is one row a mark wrote: the event's attempts and, for a failure, when it is tried

@@ -39,11 +39,15 @@ type SubscriberConfig struct {
 	BatchSize int
 	// MaxRunPerKey caps how many consecutive events of one ordering key one batch may hold;
 	// they are emitted one after another. 1..BatchSize; default BatchSize/10, at least 1.
-	// When a batch holds a run of every key there is (a few hot keys, at most 64), a
-	// PostgreSQL relay then claims the runs of half of them at a time (at most
-	// ceil(keys/2) × MaxRunPerKey keyed events per claim, of any keys), so that one half is
-	// claimed while the other half's marks are written (a key's next run waits for its
-	// previous run's marks). The cap lasts while capped claims fill up with long runs.
+	// On PostgreSQL, a key whose run in a batch was full (MaxRunPerKey events) and acked
+	// whole is continued by the relay's next claim, which runs while that batch's marks are
+	// written: it leases the key's following events, since the ones before them are this
+	// relay's own and delivered. Its acks are written only if the earlier run's were. A key
+	// continued 4 batches in a row is left out once, so that other relays can take it over.
+	// When a claim beside the marks still finds the last batch's keys all held (a few hot
+	// keys, at most 64, shared with other relays), the relay claims the runs of half of them
+	// at a time (at most ceil(keys/2) × MaxRunPerKey keyed events per claim, of any keys)
+	// while capped claims fill up with long runs.
 	MaxRunPerKey int
 	// KeyScan caps how many ordering keys one claim inspects for their head event (a bounded
 	// skip scan that resumes after the last key it reached, so every key is looked at within

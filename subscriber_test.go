@@ -315,10 +315,12 @@ func TestFencing(t *testing.T) {
 	})
 }
 
-// A few hot keys: every batch holds a run of every key, so the claim beside its marks finds
-// all keys still leased. The relay then claims half of the keys at a time (one half while the
-// other half's marks are written); order and exactly-once delivery are unchanged.
-func TestHotKeysClaimedInHalves(t *testing.T) {
+// A few hot keys: every batch holds a full run of every key, and the next claim runs while
+// that batch's marks are written. It continues the keys' runs after the ones just delivered
+// (they are this relay's own, acked), so no claim comes back empty until the backlog is
+// drained; order and exactly-once delivery are unchanged. Without continuations the claim
+// beside the marks found all four keys still leased and came back empty.
+func TestHotKeysContinuedBesideMarks(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		schema := b.table(t)
 		n := b.scale(8000, 8)
@@ -342,18 +344,83 @@ func TestHotKeysClaimedInHalves(t *testing.T) {
 		if b.dialect == outbox.DialectSQLite {
 			return // one writer: SQLite claims and marks never run side by side
 		}
-		sizes := claims.Sizes()
-		// Whole batches hold 4 runs of 100; halves 2 runs of 100.
-		halves := 0
-		for _, size := range sizes {
-			if size == 200 {
-				halves++
+		// Every key has 2,000 events: 20 runs of 100. A key continued 4 batches in a row is
+		// left out once (one key per batch), so a claim holds 3 or 4 runs until the keys run
+		// out.
+		sizes, total := claims.Sizes(), 0
+		for i, size := range sizes {
+			if total == n {
+				break
 			}
+			if size == 0 {
+				t.Fatalf("claim %d of the backlog leased nothing; claim sizes %v", i+1, sizes)
+			}
+			total += size
 		}
-		if halves == 0 {
-			t.Fatalf("no claim of half the keys (200 events); claim sizes %v", sizes)
+		if total != n {
+			t.Fatalf("claims leased %d events, want %d; claim sizes %v", total, n, sizes)
 		}
 	})
+}
+
+// TestContinuationWaitsForItsPredecessorsMark: a batch's mark fails (an injected error from a
+// trigger, once) while the next claim has already continued its key. The continuation is
+// delivered, but its acks are not written: it is released, and both batches go out again, the
+// failed one first, once its lease has expired. So no event is published before an earlier
+// event of its key (published_at follows sequence order).
+func TestContinuationWaitsForItsPredecessorsMark(t *testing.T) {
+	b := pgBackend(t)
+	schema := b.table(t)
+	const n = 300
+	b.seed(t, schema, "t", n, []string{"k"})
+	fn, once := schema.Table+"_fail", schema.Table+"_once"
+	b.exec(t, fmt.Sprintf(`CREATE SEQUENCE %q`, once))
+	t.Cleanup(func() {
+		b.raw.ExecContext(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %q; DROP FUNCTION IF EXISTS %q(); DROP SEQUENCE IF EXISTS %q`, schema.Table, fn, once))
+	})
+	// Nested IFs: the sequence is consumed only by the update that publishes the 50th event.
+	b.exec(t, fmt.Sprintf(`CREATE FUNCTION %[1]q() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF NEW.published_at IS NOT NULL AND OLD.published_at IS NULL AND NEW.sequence = (SELECT min(sequence) + 49 FROM %[2]q) THEN
+		IF nextval('%[3]s') = 1 THEN
+			RAISE EXCEPTION 'injected mark failure';
+		END IF;
+	END IF;
+	RETURN NEW;
+END $$`, fn, schema.Table, once))
+	b.exec(t, fmt.Sprintf(`CREATE TRIGGER fail_once BEFORE UPDATE ON %q FOR EACH ROW EXECUTE FUNCTION %q()`, schema.Table, fn))
+	cfg := fastCfg(schema)
+	cfg.BatchSize, cfg.MaxRunPerKey = 100, 100
+	ch, err := b.newSub(t, cfg).Subscribe(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	rec.consume(ch, ack)
+	pgtest.Eventually(t, 30*time.Second, "all events published", func() bool {
+		return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NULL`, schema.Table)) == 0
+	})
+	if fired := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE is_called`, once)); fired != 1 {
+		t.Fatal("the injected mark failure never fired")
+	}
+	checkPerKeyOrder(t, rec.all()[:100]) // the first batch, before anything was redelivered
+	out := b.count(t, fmt.Sprintf(`SELECT count(*) FROM (SELECT published_at < lag(published_at) OVER (ORDER BY sequence) AS early FROM %q) x WHERE early`, schema.Table))
+	if out != 0 {
+		t.Fatalf("%d events published before the event preceding them", out)
+	}
+	// The first two batches went out twice (the second as a continuation whose acks were
+	// released), the third once.
+	times := map[int64]int{}
+	for _, d := range rec.all() {
+		times[d.seq]++
+	}
+	byCount := map[int]int{}
+	for _, c := range times {
+		byCount[c]++
+	}
+	if len(times) != n || byCount[2] != 200 || byCount[1] != 100 {
+		t.Fatalf("deliveries per event: %v events delivered twice, %v once, of %d distinct; want 200 and 100 of %d", byCount[2], byCount[1], len(times), n)
+	}
 }
 
 // TestRetryBelowScanStartClaimedDuringBacklog: after a full batch the next claim's scan starts

@@ -63,11 +63,13 @@ type SchemaConfig struct {
 	// Default DefaultFillFactor (50). The free half lets a claim's lease write (lease_until,
 	// leased_by: no index covers them) be a heap-only tuple (HOT) update on the row's own
 	// page, so it adds no index entries; with full pages every leased row added one entry to
-	// each of the table's five indexes. Measured on a 2-core box (BenchmarkDrain, 100,000
-	// events): unordered +20 %, 10 hot keys +35 %. The cost is disk: pending rows take about
-	// twice the pages (published rows' space is reused after VACUUM). Migrate sets it on an
-	// existing table too; pages already written keep their fill until rewritten. PostgreSQL
-	// only: a non-zero FillFactor with DialectSQLite is a *ConfigError.
+	// each index that holds it (five for a pending keyed row, four for an unordered one).
+	// Measured on a 2-core box (BenchmarkDrain, 100,000 events): unordered +20 %, 10 hot
+	// keys +35 %. The cost is disk: pending rows take about twice the pages (published rows'
+	// space is reused after VACUUM). The default applies to a table Migrate creates; a value
+	// set here is also set on an existing table (when it differs), whose pages already
+	// written keep their fill until rewritten. PostgreSQL only: a non-zero FillFactor with
+	// DialectSQLite is a *ConfigError.
 	FillFactor int
 }
 
@@ -97,6 +99,9 @@ type schema struct {
 	lockSeed  int64  // seed of the per-ordering-key advisory lock hash
 	extra     map[string]bool
 	sqlite    bool // DialectSQLite
+	// fillDefault: SchemaConfig.FillFactor was left 0, so only a new table gets the default
+	// (an existing table keeps the fillfactor it has, which an operator may have tuned).
+	fillDefault bool
 }
 
 // Validate checks the configuration and returns a *ConfigError naming the field, or nil.
@@ -124,20 +129,21 @@ func (c SchemaConfig) compile() (*schema, error) {
 	if c.Dialect == DialectSQLite && len(parts) > 1 {
 		return nil, &ConfigError{Field: "SchemaConfig.Table", Reason: fmt.Sprintf("%q: a SQLite table name cannot be schema-qualified", c.Table)}
 	}
+	fillDefault := false
 	switch {
 	case c.Dialect == DialectSQLite:
 		if c.FillFactor != 0 {
 			return nil, &ConfigError{Field: "SchemaConfig.FillFactor", Reason: "a fillfactor is a PostgreSQL storage parameter; SQLite has none"}
 		}
 	case c.FillFactor == 0:
-		c.FillFactor = DefaultFillFactor
+		c.FillFactor, fillDefault = DefaultFillFactor, true
 	case c.FillFactor < 10 || c.FillFactor > 100:
 		return nil, &ConfigError{Field: "SchemaConfig.FillFactor", Reason: fmt.Sprintf("%d: want a percentage in 10..100", c.FillFactor)}
 	}
 	if c.PayloadType != PayloadJSONB && c.PayloadType != PayloadBytea {
 		return nil, &ConfigError{Field: "SchemaConfig.PayloadType", Reason: fmt.Sprintf("unknown payload type %d", c.PayloadType)}
 	}
-	s := &schema{cfg: c, table: pgx.Identifier(parts).Sanitize(), tableName: parts[len(parts)-1], extra: map[string]bool{}, sqlite: c.Dialect == DialectSQLite}
+	s := &schema{cfg: c, table: pgx.Identifier(parts).Sanitize(), tableName: parts[len(parts)-1], extra: map[string]bool{}, sqlite: c.Dialect == DialectSQLite, fillDefault: fillDefault}
 	if len(parts) == 2 {
 		s.schemaPfx = pgx.Identifier{parts[0]}.Sanitize() + "."
 	}
@@ -228,12 +234,28 @@ func (s *schema) statements() []string {
 	"published_at"     TIMESTAMPTZ NULL,
 	"dead_lettered_at" TIMESTAMPTZ NULL
 ) WITH (fillfactor = %d)`, t, s.cfg.PayloadType.sqlType(), s.cfg.FillFactor),
-		fmt.Sprintf(`ALTER TABLE %s SET (fillfactor = %d)`, t, s.cfg.FillFactor),
+	}
+	if !s.fillDefault {
+		stmts = append(stmts, s.setFillFactor())
 	}
 	for _, col := range s.cfg.ExtraColumns {
 		stmts = append(stmts, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s`, t, pgx.Identifier{col.Name}.Sanitize(), col.Type))
 	}
 	return append(stmts, s.indexStatements()...)
+}
+
+// setFillFactor returns a statement that sets the configured fillfactor on an existing table
+// unless it has it already (ALTER TABLE … SET takes a SHARE UPDATE EXCLUSIVE lock, which waits
+// for a running VACUUM: not worth taking on every start).
+func (s *schema) setFillFactor() string {
+	ff := s.cfg.FillFactor
+	body := fmt.Sprintf(`BEGIN IF NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = '%s'::regclass AND 'fillfactor=%d' = ANY(coalesce(reloptions, '{}'))) THEN ALTER TABLE %s SET (fillfactor = %d); END IF; END`,
+		strings.ReplaceAll(s.table, "'", "''"), ff, s.table, ff)
+	tag := "$ff$" // a dollar-quote tag the body (a table name may hold '$') does not contain
+	for i := 0; strings.Contains(body, tag); i++ {
+		tag = fmt.Sprintf("$ff%d$", i)
+	}
+	return "DO " + tag + body + tag
 }
 
 // SchemaSQL returns the outbox table's DDL for its dialect (PostgreSQL by default) as one script of statements ending in

@@ -5,13 +5,16 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/internal/pgtest"
 )
 
 // TestFillFactor: Migrate creates the table with the configured fillfactor (default 50) and
-// sets it on an existing table; with the default, a lease write (lease_until, leased_by) is a
-// heap-only tuple update for most rows, with full pages for almost none.
+// sets an explicitly configured one on an existing table, but not the default. With the
+// default, a lease write (lease_until, leased_by) is a heap-only tuple update for most rows;
+// with full pages, for almost none.
 func TestFillFactor(t *testing.T) {
 	pool := pgtest.Require(t)
 	b := pgBackend(t)
@@ -58,7 +61,17 @@ func TestFillFactor(t *testing.T) {
 		t.Fatalf("fillfactor 100: %d of 1000 lease writes were heap-only, want at most 100 (full pages)", hot)
 	}
 
-	// An existing table gets the configured value on the next Migrate.
+	// An existing table keeps its fillfactor under the default config (an operator may have
+	// tuned it) and gets an explicitly configured one on the next Migrate.
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`ALTER TABLE %q SET (fillfactor = 70)`, def.Table)); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Migrate(ctx, pool, def); err != nil {
+		t.Fatal(err)
+	}
+	if got := reloptions(def.Table); got != "fillfactor=70" {
+		t.Fatalf("after Migrate with the default: table options %q, want the operator's fillfactor=70", got)
+	}
 	full.FillFactor = 80
 	if err := outbox.Migrate(ctx, pool, full); err != nil {
 		t.Fatal(err)
@@ -70,7 +83,29 @@ func TestFillFactor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(ddl, ") WITH (fillfactor = 80);") || !strings.Contains(ddl, "SET (fillfactor = 80);") {
+	if !strings.Contains(ddl, ") WITH (fillfactor = 80);") || !strings.Contains(ddl, "SET (fillfactor = 80); END IF; END$ff$;") {
 		t.Fatalf("SchemaSQL does not set fillfactor 80:\n%s", ddl)
 	}
 }
+
+// TestFillFactorOddTableName: the statement that sets an explicit fillfactor on an existing
+// table quotes a name holding a quote and a dollar-quote tag.
+func TestFillFactorOddTableName(t *testing.T) {
+	pool := pgtest.Require(t)
+	schema := outbox.SchemaConfig{Table: pgtest.Table(t) + `'$ff$`, FillFactor: 60}
+	t.Cleanup(func() { pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s`, pgxIdent(schema.Table))) })
+	for range 2 { // create, then the existing table
+		if err := outbox.Migrate(ctx, pool, schema); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var opts string
+	if err := pool.QueryRow(ctx, `SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = $1::regclass`, pgxIdent(schema.Table)).Scan(&opts); err != nil {
+		t.Fatal(err)
+	}
+	if opts != "fillfactor=60" {
+		t.Fatalf("table options %q, want fillfactor=60", opts)
+	}
+}
+
+func pgxIdent(name string) string { return pgx.Identifier{name}.Sanitize() }

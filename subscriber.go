@@ -206,11 +206,12 @@ type subscription struct {
 	// batch that was not full, and after lowClaims full batches in a row (lowAge).
 	lowUnordered, lowKeyed int64
 	lowAge                 int
-	// contKeys, contAfter and contToken are the next claim's continuations (PostgreSQL): the
-	// keys whose run in the last batch (claimed under contToken) held MaxRunPerKey events and
-	// was acked whole, with the run's last sequence. The next claim may lease such a key's
-	// following events while that batch's marks are still being written, because the events
-	// before them are this relay's own, already delivered (see buildClaimSQL).
+	// contKeys, contFrom, contAfter and contToken are the next claim's continuations
+	// (PostgreSQL): the keys whose run in the last batch (claimed under contToken) held
+	// MaxRunPerKey events and was acked whole, with the run's first and last sequence. The
+	// next claim may lease such a key's following events while that batch's marks are still
+	// being written, because the events before them are this relay's own, already delivered
+	// (see buildClaimSQL).
 	contKeys   []string
 	contAfter  []int64
 	contFrom   []int64
@@ -352,6 +353,9 @@ func (sub *subscription) poll() (again bool, err error) {
 	splitting := sub.splitFor > 0 // before claim counts this claim off
 	items, more, err := sub.claim(token)
 	sub.contKeys, sub.contAfter, sub.contFrom = sub.contKeys[:0], sub.contAfter[:0], sub.contFrom[:0]
+	if err != nil || len(items) == 0 {
+		sub.contStreak = nil // the streaks ended: the next batch starts them over
+	}
 	if err == nil && len(items) == 0 && inflight {
 		// The claim ran beside the previous batch's marks and leased nothing: poll again as
 		// soon as they land, since the batch's keys may have more events waiting for them.
@@ -578,7 +582,11 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 	//     third of LeaseDuration left. The run is then the events after the old run's last,
 	//     every one locked by primary key. Without this a relay's hot keys waited for their
 	//     marks before each claim (a claim beside the marks found them all still leased).
-	//     Continued keys are left out of the two other sources.
+	//     Continued keys' runs are read from here only (the walk still locks and counts
+	//     their oldest rows), in age order with the walked keys' runs: by the sequence of
+	//     the key's next event, so a continued key does not go before older events of other
+	//     keys (read first, one hot key filling every batch held an older key's event back
+	//     behind its whole backlog).
 	//   - walk: the oldest claimable keyed events, locked before their LIMIT (SKIP LOCKED), so
 	//     a second relay claiming at the same moment finds other keys instead of the first
 	//     relay's whole candidate list (those row locks end with the statement). A walked key
@@ -593,8 +601,8 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 	//     fill the walk. Its heads are checked by one primary-key lookup each (LIMIT 1 keeps it
 	//     a per-row lookup: as a join it was planned as a sequential scan on a table without
 	//     statistics).
-	// runs reads the continued keys' runs, then the claimable walked keys' runs in head order,
-	// then the scanned keys' runs,
+	// runs reads the continued keys' and the claimable walked keys' runs in head order, then
+	// the scanned keys' runs,
 	// and stops at $runLimit rows (BatchSize, or subscription.splitLimit during a split): the
 	// nested loops run lazily under that LIMIT, so a claim reads about that many rows of runs
 	// (reading every walked key's run first took 110 ms per claim over 1,000 keys with 1,000
@@ -633,10 +641,13 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 	SELECT "ordering_key" AS k, min("sequence") AS s FROM (SELECT "ordering_key", "sequence" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NOT NULL AND %[3]s AND %[4]s
 		AND "sequence" >= $%[17]d ORDER BY "sequence" LIMIT $%[12]d FOR UPDATE SKIP LOCKED) o GROUP BY 1
 ), cont AS MATERIALIZED (
-	SELECT c.k, c.a FROM unnest($%[18]d::text[], $%[19]d::bigint[], $%[22]d::bigint[]) AS c(k, a, f) CROSS JOIN LATERAL (
+	SELECT c.k, n."sequence" AS s FROM unnest($%[18]d::text[], $%[19]d::bigint[], $%[22]d::bigint[]) AS c(k, a, f) CROSS JOIN LATERAL (
 		SELECT h."sequence", h."leased_by", h."lease_until" FROM %[1]s h WHERE h."published_at" IS NULL AND h."ordering_key" IS NOT NULL
 		AND (h."ordering_key", h."sequence") >= (c.k, c.f) AND (h."ordering_key", h."sequence") <= (c.k, 9223372036854775807)
-		ORDER BY h."ordering_key", h."sequence" LIMIT 1) h
+		ORDER BY h."ordering_key", h."sequence" LIMIT 1) h CROSS JOIN LATERAL (
+		SELECT n."sequence" FROM %[1]s n WHERE n."published_at" IS NULL AND n."ordering_key" IS NOT NULL
+		AND (n."ordering_key", n."sequence") > (c.k, c.a) AND (n."ordering_key", n."sequence") <= (c.k, 9223372036854775807)
+		ORDER BY n."ordering_key", n."sequence" LIMIT 1) n
 	WHERE h."sequence" > c.a OR (h."leased_by" = $%[20]d AND h."lease_until" > now() + $%[21]d * interval '1 microsecond')
 ), sheads AS MATERIALIZED (
 	SELECT h."ordering_key" AS k, h."sequence" AS seq FROM (
@@ -645,19 +656,17 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 		SELECT "ordering_key", "sequence" FROM %[1]s h WHERE h."sequence" = x.seq AND h."dead_lettered_at" IS NULL
 		AND (h."next_attempt_at" IS NULL OR h."next_attempt_at" <= now()) AND (h."lease_until" IS NULL OR h."lease_until" < now()) AND %[7]s LIMIT 1) h
 ), runs AS MATERIALIZED (
-	SELECT c.k, r."sequence", r.rn, 0 AS pri FROM (SELECT k, a FROM cont OFFSET 0) c CROSS JOIN LATERAL (
-		SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM %[1]s
-		WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
-		AND ("ordering_key", "sequence") > (c.k, c.a) AND ("ordering_key", "sequence") <= (c.k, 9223372036854775807)
-		ORDER BY "ordering_key", "sequence" LIMIT %[8]d) r
-	UNION ALL
-	SELECT w.k, r."sequence", r.rn, 1 FROM (SELECT k, s FROM walk WHERE NOT (k = ANY(COALESCE($%[18]d::text[], '{}'))) ORDER BY s OFFSET 0) w CROSS JOIN LATERAL (
+	SELECT w.k, r."sequence", r.rn, w.pri FROM (
+		SELECT k, s, 1 AS pri FROM walk WHERE NOT (k = ANY(COALESCE($%[18]d::text[], '{}')))
+		UNION ALL
+		SELECT k, s, 0 FROM cont
+		ORDER BY s OFFSET 0) w CROSS JOIN LATERAL (
 		SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM %[1]s
 		WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
 		AND ("ordering_key", "sequence") >= (w.k, w.s) AND ("ordering_key", "sequence") <= (w.k, 9223372036854775807)
-		AND (SELECT e."sequence" FROM %[1]s e WHERE e."published_at" IS NULL AND e."ordering_key" IS NOT NULL
+		AND (w.pri = 0 OR (SELECT e."sequence" FROM %[1]s e WHERE e."published_at" IS NULL AND e."ordering_key" IS NOT NULL
 			AND (e."ordering_key", e."sequence") >= (w.k, 0) AND (e."ordering_key", e."sequence") <= (w.k, w.s)
-			ORDER BY e."ordering_key", e."sequence" LIMIT 1) = w.s
+			ORDER BY e."ordering_key", e."sequence" LIMIT 1) = w.s)
 		ORDER BY "ordering_key", "sequence" LIMIT %[8]d) r
 	UNION ALL
 	SELECT c.k, r."sequence", r.rn, 0 FROM (SELECT k, seq FROM sheads ORDER BY seq OFFSET 0) c CROSS JOIN LATERAL (

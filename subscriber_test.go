@@ -363,6 +363,47 @@ func TestHotKeysContinuedBesideMarks(t *testing.T) {
 	})
 }
 
+// TestContinuationKeepsAgeOrder: a continued key competes with the other keys by the age of
+// its next event. One hot key fills every batch (MaxRunPerKey = BatchSize) and an older event
+// of another key waits behind its first run: it goes out in the next batch, not after the hot
+// key's whole backlog (position 511 of 511 when continuations were read first).
+func TestContinuationKeepsAgeOrder(t *testing.T) {
+	b := pgBackend(t)
+	schema := b.table(t)
+	keys := make([]string, 0, 511)
+	for i := range 511 {
+		keys = append(keys, "hot")
+		if i == 10 {
+			keys[i] = "cold" // sequence position 11
+		}
+	}
+	p := b.publisher(t, outbox.PublisherConfig{Schema: schema})
+	var msgs []*message.Message
+	for _, k := range keys {
+		m := outbox.NewMessage([]byte(`{}`))
+		outbox.SetOrderingKey(m, k)
+		msgs = append(msgs, m)
+	}
+	if err := p.Publish("t", msgs...); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastCfg(schema)
+	cfg.BatchSize, cfg.MaxRunPerKey = 10, 10
+	ch, err := b.newSub(t, cfg).Subscribe(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	rec.consume(ch, ack)
+	ds := rec.drainedExactlyOnce(t, b, schema, len(keys))
+	checkPerKeyOrder(t, ds)
+	for i, d := range ds {
+		if d.key == "cold" && i >= 20 {
+			t.Fatalf("the cold event (sequence position 11) was delivered at position %d, want within the first two batches", i+1)
+		}
+	}
+}
+
 // TestContinuationWaitsForItsPredecessorsMark: a batch's mark fails (an injected error from a
 // trigger, once) while the next claim has already continued its key. The continuation is
 // delivered, but its acks are not written: it is released, and both batches go out again, the

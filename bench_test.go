@@ -36,6 +36,8 @@ func envInt(name string, def int) int {
 // (default 3) so that noise on the shared machine hits both; it reports each one's median
 // tx/s and the ratio. OUTBOX_BENCH_TX sets the transactions per round (default 4000).
 // Round trips per transaction are equal: BEGIN, business INSERT, one INSERT, COMMIT.
+// OUTBOX_BENCH_FILLFACTOR sets SchemaConfig.FillFactor (default: the config's default), here
+// and in BenchmarkDrain.
 func BenchmarkWritePath(b *testing.B) {
 	pool := pgtest.Require(b)
 	total := envInt("OUTBOX_BENCH_TX", 4000)
@@ -73,7 +75,7 @@ func BenchmarkWritePath(b *testing.B) {
 		wg.Wait()
 		return float64(total) / time.Since(start).Seconds()
 	}
-	schema := outbox.SchemaConfig{Table: pgtest.Table(b)}
+	schema := outbox.SchemaConfig{Table: pgtest.Table(b), FillFactor: envInt("OUTBOX_BENCH_FILLFACTOR", 0)}
 	if err := outbox.Migrate(ctx, pool, schema); err != nil {
 		b.Fatal(err)
 	}
@@ -224,7 +226,7 @@ func BenchmarkDrain(b *testing.B) {
 			b.Run(fmt.Sprintf("outbox/%s/relays=%d", sh.name, relays), func(b *testing.B) {
 				for range b.N {
 					b.StopTimer()
-					schema := outbox.SchemaConfig{Table: pgtest.Table(b)}
+					schema := outbox.SchemaConfig{Table: pgtest.Table(b), FillFactor: envInt("OUTBOX_BENCH_FILLFACTOR", 0)}
 					outbox.Migrate(ctx, pool, schema)
 					if history > 0 {
 						seedRows(b, pool, schema.Table, history, 0, "now()")
@@ -243,7 +245,7 @@ func BenchmarkDrain(b *testing.B) {
 		b.Run(fmt.Sprintf("rawpgx/unordered/relays=%d", relays), func(b *testing.B) {
 			for range b.N {
 				b.StopTimer()
-				schema := outbox.SchemaConfig{Table: pgtest.Table(b)}
+				schema := outbox.SchemaConfig{Table: pgtest.Table(b), FillFactor: envInt("OUTBOX_BENCH_FILLFACTOR", 0)}
 				outbox.Migrate(ctx, pool, schema)
 				seedBacklog(b, pool, schema.Table, n, 0)
 				b.StartTimer()

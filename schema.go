@@ -67,10 +67,10 @@ type SchemaConfig struct {
 	// Measured on a 2-core box (BenchmarkDrain, 100,000 events): unordered +20 %, 10 hot
 	// keys +35 %. The costs: pending rows take about twice the pages (published rows' space
 	// is reused after VACUUM), and the write path measured 0.93× of fillfactor 100
-	// (BenchmarkWritePath, 8 writers, durable commits). The default applies to a table Migrate creates; a value
-	// set here is also set on an existing table (when it differs), whose pages already
-	// written keep their fill until rewritten. PostgreSQL only: a non-zero FillFactor with
-	// DialectSQLite is a *ConfigError.
+	// (BenchmarkWritePath, 8 writers, durable commits). The default applies to a table
+	// Migrate creates; a value set here is also set on an existing table (when it differs),
+	// whose pages already written keep their fill until rewritten. PostgreSQL only: a
+	// non-zero FillFactor with DialectSQLite is a *ConfigError.
 	FillFactor int
 }
 

@@ -602,9 +602,9 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 	//     a per-row lookup: as a join it was planned as a sequential scan on a table without
 	//     statistics).
 	// runs reads the continued keys' and the claimable walked keys' runs in head order, then
-	// the scanned keys' runs,
-	// and stops at $runLimit rows (BatchSize, or subscription.splitLimit during a split): the
-	// nested loops run lazily under that LIMIT, so a claim reads about that many rows of runs
+	// the scanned keys' runs, and stops at $runLimit rows (BatchSize, or
+	// subscription.splitLimit during a split): the nested loops run lazily under that LIMIT,
+	// so a claim reads about that many rows of runs
 	// (reading every walked key's run first took 110 ms per claim over 1,000 keys with 1,000
 	// events each). OFFSET 0 keeps the ordered subqueries from being flattened into the join.
 	// Run members other than walked heads are then locked by primary key with their own

@@ -131,19 +131,28 @@ func (b *backend) publisher(t *testing.T, cfg outbox.PublisherConfig) *outbox.Pu
 // seed writes n events round-robin over keys (key "" = unordered) on topic, in batches.
 func (b *backend) seed(t *testing.T, schema outbox.SchemaConfig, topic string, n int, keys []string) {
 	t.Helper()
-	p := b.publisher(t, outbox.PublisherConfig{Schema: schema})
 	const chunk = 500
 	for start := 0; start < n; start += chunk {
-		var msgs []*message.Message
+		var ks []string
 		for i := start; i < min(n, start+chunk); i++ {
-			m := outbox.NewMessage([]byte(fmt.Sprintf(`{"i":%d}`, i)))
-			if k := keys[i%len(keys)]; k != "" {
-				outbox.SetOrderingKey(m, k)
-			}
-			msgs = append(msgs, m)
+			ks = append(ks, keys[i%len(keys)])
 		}
-		if err := p.Publish(topic, msgs...); err != nil {
-			t.Fatal(err)
+		b.publishKeys(t, schema, topic, start, ks)
+	}
+}
+
+// publishKeys writes one event per element of keys (its ordering key, "" = unordered) on topic
+// in one Publish call, so in that order; payloads are {"i":first}, {"i":first+1} …
+func (b *backend) publishKeys(t *testing.T, schema outbox.SchemaConfig, topic string, first int, keys []string) {
+	t.Helper()
+	msgs := make([]*message.Message, len(keys))
+	for i, k := range keys {
+		msgs[i] = outbox.NewMessage([]byte(fmt.Sprintf(`{"i":%d}`, first+i)))
+		if k != "" {
+			outbox.SetOrderingKey(msgs[i], k)
 		}
+	}
+	if err := b.publisher(t, outbox.PublisherConfig{Schema: schema}).Publish(topic, msgs...); err != nil {
+		t.Fatal(err)
 	}
 }

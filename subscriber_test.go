@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -370,23 +371,9 @@ func TestHotKeysContinuedBesideMarks(t *testing.T) {
 func TestContinuationKeepsAgeOrder(t *testing.T) {
 	b := pgBackend(t)
 	schema := b.table(t)
-	keys := make([]string, 0, 511)
-	for i := range 511 {
-		keys = append(keys, "hot")
-		if i == 10 {
-			keys[i] = "cold" // sequence position 11
-		}
-	}
-	p := b.publisher(t, outbox.PublisherConfig{Schema: schema})
-	var msgs []*message.Message
-	for _, k := range keys {
-		m := outbox.NewMessage([]byte(`{}`))
-		outbox.SetOrderingKey(m, k)
-		msgs = append(msgs, m)
-	}
-	if err := p.Publish("t", msgs...); err != nil {
-		t.Fatal(err)
-	}
+	keys := slices.Repeat([]string{"hot"}, 511)
+	keys[10] = "cold" // sequence position 11
+	b.publishKeys(t, schema, "t", 0, keys)
 	cfg := fastCfg(schema)
 	cfg.BatchSize, cfg.MaxRunPerKey = 10, 10
 	ch, err := b.newSub(t, cfg).Subscribe(ctx, "t")

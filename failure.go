@@ -1,0 +1,125 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrUnavailable is matched (errors.Is) by every *UnavailableError: the destination could not be
+// reached or refused service as a whole, so the event itself is not at fault (SPEC §4.1a).
+var ErrUnavailable = errors.New("outbox: destination unavailable")
+
+// ErrPermanent is matched (errors.Is) by every *PermanentError: the event can never be delivered
+// as it is, so retrying it is futile (SPEC §4.1a).
+var ErrPermanent = errors.New("outbox: permanent failure")
+
+// UnavailableError is a delivery error that says the destination is unavailable: it could not be
+// connected to, reset the connection before it accepted anything, answered that it cannot serve
+// at all (a Kafka broker without a leader or enough replicas, HTTP 502/503/504, HTTP 429).
+//
+// The Subscriber counts no attempt for such an event: it releases it (attempts unchanged,
+// last_error noted "unavailable: …"), stops claiming the topics that Destination serves, and
+// probes the destination with one event at a time with a growing backoff until one is delivered
+// (SubscriberConfig.Unavailable). Destination names the destination for that pause and for the
+// logs; events of topics whose errors name different destinations pause independently, and an
+// empty name is one destination of its own. RetryAfter, when positive, is the least time before
+// the first probe (an HTTP Retry-After, RFC 9110 §10.2.3).
+//
+// It matches ErrUnavailable with errors.Is and its cause through Unwrap.
+type UnavailableError struct {
+	Destination string
+	RetryAfter  time.Duration
+	Err         error
+}
+
+func (e *UnavailableError) Error() string {
+	name := e.Destination
+	if name == "" {
+		name = "destination"
+	}
+	if e.Err == nil {
+		return "unavailable: " + name
+	}
+	return fmt.Sprintf("unavailable: %s: %v", name, e.Err)
+}
+
+// Is reports whether target is ErrUnavailable.
+func (e *UnavailableError) Is(target error) bool { return target == ErrUnavailable }
+
+// Unwrap returns the cause.
+func (e *UnavailableError) Unwrap() error { return e.Err }
+
+// Unavailable wraps err as an *UnavailableError of the unnamed destination; nil stays nil, and
+// an error that already matches ErrUnavailable is returned unchanged.
+func Unavailable(err error) error {
+	if err == nil || errors.Is(err, ErrUnavailable) {
+		return err
+	}
+	return &UnavailableError{Err: err}
+}
+
+// PermanentError is a delivery error that says this event can never be delivered as it is
+// (too large for the destination, a header the transport cannot carry, an HTTP answer the
+// webhook's configuration calls permanent). The Subscriber dead-letters such an event at once,
+// at the failing attempt, with the error in last_error; it does not wait for MaxAttempts.
+//
+// It matches ErrPermanent with errors.Is and its cause through Unwrap.
+type PermanentError struct {
+	Err error
+}
+
+func (e *PermanentError) Error() string {
+	if e.Err == nil {
+		return "permanent failure"
+	}
+	return "permanent: " + e.Err.Error()
+}
+
+// Is reports whether target is ErrPermanent.
+func (e *PermanentError) Is(target error) bool { return target == ErrPermanent }
+
+// Unwrap returns the cause.
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent wraps err as a *PermanentError; nil stays nil, and an error that already matches
+// ErrPermanent is returned unchanged.
+func Permanent(err error) error {
+	if err == nil || errors.Is(err, ErrPermanent) {
+		return err
+	}
+	return &PermanentError{Err: err}
+}
+
+// failureClass is how the Subscriber treats a delivery error: an ordinary failure (backoff,
+// MaxAttempts), unavailable (no attempt, destination paused) or permanent (dead letter now).
+// An error that matches both is unavailable: a destination that is down cannot judge the event.
+type failureClass int
+
+const (
+	classFailure failureClass = iota
+	classUnavailable
+	classPermanent
+)
+
+func classify(err error) failureClass {
+	switch {
+	case err == nil:
+		return classFailure
+	case errors.Is(err, ErrUnavailable):
+		return classUnavailable
+	case errors.Is(err, ErrPermanent):
+		return classPermanent
+	default:
+		return classFailure
+	}
+}
+
+// unavailableDestination returns the Destination and RetryAfter of err's *UnavailableError.
+func unavailableDestination(err error) (string, time.Duration) {
+	var ue *UnavailableError
+	if errors.As(err, &ue) {
+		return ue.Destination, ue.RetryAfter
+	}
+	return "", 0
+}

@@ -135,4 +135,3 @@ func (f *flusher) flush() {
 	}
 	f.sub.reportMarks(results, byseq, true)
 }
-

@@ -180,4 +180,3 @@ func (sub *subscription) closeOutage(o *outage, now time.Time) {
 		"destination": o.dest, "unavailable_for": now.Sub(o.since).Round(time.Millisecond).String(),
 		"events_released": o.refused, "probes": o.probes})
 }
-

@@ -138,7 +138,8 @@ func (s *schema) sqliteStatements() []string {
 	"lease_until"      INTEGER NULL,
 	"leased_by"        TEXT NULL,
 	"published_at"     INTEGER NULL,
-	"dead_lettered_at" INTEGER NULL%s
+	"dead_lettered_at" INTEGER NULL,
+	"delivery_starts"  INTEGER NOT NULL DEFAULT 0%s
 )`, t, payload, extra.String())}
 	return append(stmts, s.indexStatements()...)
 }
@@ -214,6 +215,13 @@ func (s *schema) sqliteMigrate(ctx context.Context, ex execer) error {
 		rs.Close()
 		if err := rs.Err(); err != nil {
 			return err
+		}
+		// A table created before delivery_starts existed gets it (SQLite adds a column with a
+		// constant default without rewriting the table).
+		if !have["delivery_starts"] {
+			if _, err := ex.exec(ctx, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN "delivery_starts" INTEGER NOT NULL DEFAULT 0`, s.table)); err != nil {
+				return err
+			}
 		}
 		for _, col := range s.cfg.ExtraColumns {
 			if have[strings.ToLower(col.Name)] {
@@ -400,8 +408,8 @@ func (s *Subscriber) buildSQLiteLeaseSQL() string {
 	for _, c := range s.s.cfg.ExtraColumns {
 		extra.WriteString(", " + pgx.Identifier{c.Name}.Sanitize())
 	}
-	return fmt.Sprintf(`UPDATE %s SET "lease_until" = $1, "leased_by" = $2 WHERE "sequence" IN (SELECT value FROM json_each($3))
-RETURNING 0, "sequence", "id", "topic", "payload", "headers", "ordering_key", "created_at", "attempts", "last_error", NULL%s, NULL, NULL, NULL`, s.s.table, extra.String())
+	return fmt.Sprintf(`UPDATE %s SET "lease_until" = $1, "leased_by" = $2, "delivery_starts" = "delivery_starts" + 1 WHERE "sequence" IN (SELECT value FROM json_each($3))
+RETURNING 0, "sequence", "id", "topic", "payload", "headers", "ordering_key", "created_at", "attempts", "last_error", NULL, "delivery_starts"%s, NULL, NULL, NULL`, s.s.table, extra.String())
 }
 
 // sqliteClaim runs the SQLite claim: the selection (buildSQLiteClaimSQL) and an UPDATE …
@@ -480,13 +488,13 @@ func (sub *subscription) sqliteMark(ctx context.Context, token string, m markSet
 		}
 		fence := `"leased_by" = $2 AND "published_at" IS NULL`
 		if len(acked) > 0 {
-			if err := collect(fmt.Sprintf(`UPDATE %s SET "published_at" = $3, "lease_until" = NULL, "leased_by" = NULL WHERE "sequence" IN (SELECT value FROM json_each($1)) AND %s RETURNING "sequence", "attempts", NULL, NULL`,
+			if err := collect(fmt.Sprintf(`UPDATE %s SET "published_at" = $3, "lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0 WHERE "sequence" IN (SELECT value FROM json_each($1)) AND %s RETURNING "sequence", "attempts", NULL, NULL`,
 				s.s.table, fence), jsonList(acked), token, nowUS); err != nil {
 				return err
 			}
 		}
 		if len(released) > 0 {
-			if err := collect(fmt.Sprintf(`UPDATE %s SET "lease_until" = NULL, "leased_by" = NULL WHERE "sequence" IN (SELECT value FROM json_each($1)) AND %s RETURNING "sequence", "attempts", NULL, NULL`,
+			if err := collect(fmt.Sprintf(`UPDATE %s SET "lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0 WHERE "sequence" IN (SELECT value FROM json_each($1)) AND %s RETURNING "sequence", "attempts", NULL, NULL`,
 				s.s.table, fence), jsonList(released), token); err != nil {
 				return err
 			}
@@ -500,7 +508,7 @@ func (sub *subscription) sqliteMark(ctx context.Context, token string, m markSet
 			for i := range m.unavailable {
 				us[i] = u{m.unavailable[i], m.notes[i]}
 			}
-			q := fmt.Sprintf(`UPDATE %[1]s AS o SET "last_error" = f.e, "lease_until" = NULL, "leased_by" = NULL
+			q := fmt.Sprintf(`UPDATE %[1]s AS o SET "last_error" = f.e, "lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0
 FROM (SELECT value ->> '$.s' AS s, value ->> '$.e' AS e FROM json_each($1)) AS f
 WHERE o."sequence" = f.s AND o.%[2]s
 RETURNING "sequence", "attempts", NULL, NULL`, s.s.table, strings.ReplaceAll(fence, `AND "`, `AND o."`))
@@ -522,12 +530,20 @@ RETURNING "sequence", "attempts", NULL, NULL`, s.s.table, strings.ReplaceAll(fen
 			q := fmt.Sprintf(`UPDATE %[1]s AS o SET "attempts" = o."attempts" + 1, "last_error" = f.e,
 	"dead_lettered_at" = CASE WHEN o."attempts" + 1 >= %[2]d OR f.p THEN $3 END,
 	"next_attempt_at" = CASE WHEN o."attempts" + 1 < %[2]d AND NOT f.p THEN $3 + CAST(min(%[3]d * power(2.0, min(o."attempts", 62)), %[4]d.0) * f.j AS INTEGER) END,
-	"lease_until" = NULL, "leased_by" = NULL
+	"lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0
 FROM (SELECT value ->> '$.s' AS s, value ->> '$.e' AS e, value ->> '$.j' AS j, value ->> '$.p' AS p FROM json_each($1)) AS f
 WHERE o."sequence" = f.s AND o.%[5]s
 RETURNING "sequence", "attempts", "next_attempt_at", "dead_lettered_at"`,
 				s.s.table, s.cfg.MaxAttempts, s.cfg.RetryBase.Microseconds(), s.cfg.RetryMax.Microseconds(), strings.ReplaceAll(fence, `AND "`, `AND o."`))
 			if err := collect(q, jsonList(fs), token, nowUS); err != nil {
+				return err
+			}
+		}
+		if len(m.abandoned) > 0 {
+			// Unanswered at a stop: still leased, and the start does not count (see
+			// SubscriberConfig.MaxDeliveryStarts).
+			if _, err := ex.exec(ctx, fmt.Sprintf(`UPDATE %s SET "delivery_starts" = max("delivery_starts" - 1, 0) WHERE "sequence" IN (SELECT value FROM json_each($1)) AND %s`,
+				s.s.table, fence), jsonList(m.abandoned), token); err != nil {
 				return err
 			}
 		}

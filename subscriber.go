@@ -469,6 +469,7 @@ func (sub *subscription) poll() (again bool, err error) {
 	for _, it := range release {
 		it.state = stateReleased
 	}
+	deliver = sub.dropPoison(deliver)
 	sub.deliver(token, items, deliver)
 	sub.noteOutcomes(items, nil)
 	sub.waitMarks()
@@ -517,6 +518,7 @@ func (sub *subscription) probe(token string, o *outage) (again bool, err error) 
 	for _, it := range release {
 		it.state = stateReleased
 	}
+	deliver = sub.dropPoison(deliver)
 	sub.deliver(token, items, deliver)
 	sub.noteOutcomes(items, o)
 	if _, err := sub.mark(token, items); err != nil {
@@ -524,6 +526,44 @@ func (sub *subscription) probe(token string, o *outage) (again bool, err error) 
 	}
 	// Poll at once when the outage ended; otherwise the ordinary claim of the other topics.
 	return true, nil
+}
+
+// dropPoison takes out of deliver (in sequence order) the events whose deliveries started more
+// than MaxDeliveryStarts times without an outcome — a relay stopped or crashed while delivering
+// each time — and dead-letters them (ErrPoisonEvent); their keys' later events are released.
+func (sub *subscription) dropPoison(deliver []*item) []*item {
+	limit := sub.s.cfg.MaxDeliveryStarts
+	var (
+		out    []*item
+		poison map[string]bool
+	)
+	for i, it := range deliver {
+		k := it.ev.OrderingKey
+		switch {
+		case k != "" && poison[k]:
+			it.state = stateReleased
+		case it.ev.DeliveryStarts > limit:
+			it.state, it.perm = stateFailed, true
+			it.err = fmt.Errorf("%w: %d deliveries started without an outcome (SubscriberConfig.MaxDeliveryStarts %d)", ErrPoisonEvent, it.ev.DeliveryStarts-1, limit)
+			if out == nil {
+				out = append(make([]*item, 0, len(deliver)), deliver[:i]...)
+			}
+			if k != "" {
+				if poison == nil {
+					poison = map[string]bool{}
+				}
+				poison[k] = true
+			}
+			continue
+		}
+		if out != nil && it.state != stateReleased {
+			out = append(out, it)
+		}
+	}
+	if out == nil {
+		return deliver
+	}
+	return out
 }
 
 // noteRetry records that an event this relay failed is due again at next (now and next
@@ -827,15 +867,15 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam, batch int) string
 	SELECT "sequence", 0 FROM unordered
 	ORDER BY 1 LIMIT %[5]d
 ), upd AS (
-	UPDATE %[1]s o SET "lease_until" = now() + $2 * interval '1 microsecond', "leased_by" = $3
+	UPDATE %[1]s o SET "lease_until" = now() + $2 * interval '1 microsecond', "leased_by" = $3, "delivery_starts" = o."delivery_starts" + 1
 	WHERE o."sequence" = ANY(ARRAY(SELECT "sequence" FROM picked))
-	RETURNING o."sequence", o."id"::text AS id, o."topic", %[9]s AS payload, o."headers"::text AS headers, o."ordering_key", o."created_at", o."attempts", o."last_error"%[10]s
+	RETURNING o."sequence", o."id"::text AS id, o."topic", %[9]s AS payload, o."headers"::text AS headers, o."ordering_key", o."created_at", o."attempts", o."last_error", o."delivery_starts"%[10]s
 )
-SELECT false, u."sequence", u.id, u."topic", u.payload, u.headers, u."ordering_key", u."created_at", u."attempts", u."last_error", p.rn%[15]s, NULL::text, NULL::bigint, NULL::bigint
+SELECT false, u."sequence", u.id, u."topic", u.payload, u.headers, u."ordering_key", u."created_at", u."attempts", u."last_error", p.rn, u."delivery_starts"%[15]s, NULL::text, NULL::bigint, NULL::bigint
 FROM upd u JOIN picked p ON p."sequence" = u."sequence"
 UNION ALL
 SELECT true%[11]s, (SELECT max(k) FROM scanned), (SELECT count(*) FROM scanned), (SELECT count(*) FROM walk)`,
-		t, pending, claimable, filter, batch, keyScan, hfilter, run, payload, extra.String(), strings.Repeat(", NULL", 10+len(s.s.cfg.ExtraColumns)), oldestParam, pkFilter, oldestParam+1, uextra.String(), oldestParam+2, oldestParam+3, oldestParam+4, oldestParam+5, oldestParam+6, oldestParam+7, oldestParam+8)
+		t, pending, claimable, filter, batch, keyScan, hfilter, run, payload, extra.String(), strings.Repeat(", NULL", 11+len(s.s.cfg.ExtraColumns)), oldestParam, pkFilter, oldestParam+1, uextra.String(), oldestParam+2, oldestParam+3, oldestParam+4, oldestParam+5, oldestParam+6, oldestParam+7, oldestParam+8)
 }
 
 // claim leases the next batch, leaving the topics of outages out. more reports that the key
@@ -988,11 +1028,12 @@ func (sub *subscription) scanClaimed(rs rows) (items []*item, cursor *string, sc
 			created   time.Time
 			attempts  *int
 			rank      *int64
+			starts    *int
 			walked    *int64
 			payload   []byte
 			extraVals = make([]any, len(s.s.cfg.ExtraColumns))
 		)
-		dest := []any{&marker, &seq, &id, &topic, &payload, &hdrs, &okey, (*microTime)(&created), &attempts, &le, &rank}
+		dest := []any{&marker, &seq, &id, &topic, &payload, &hdrs, &okey, (*microTime)(&created), &attempts, &le, &rank, &starts}
 		for i := range extraVals {
 			dest = append(dest, &extraVals[i])
 		}
@@ -1007,6 +1048,9 @@ func (sub *subscription) scanClaimed(rs rows) (items []*item, cursor *string, sc
 			continue
 		}
 		ev := Event{Sequence: *seq, Topic: *topic, Payload: payload, CreatedAt: created, Attempts: *attempts}
+		if starts != nil {
+			ev.DeliveryStarts = *starts
+		}
 		ev.ID, _ = uuid.Parse(*id)
 		if err := json.Unmarshal([]byte(*hdrs), &ev.Headers); err != nil {
 			ev.Headers = map[string]string{"outbox-headers-error": err.Error()}
@@ -1048,7 +1092,7 @@ func (sub *subscription) newMessage(ctx context.Context, it *item) *message.Mess
 		msg.Metadata[MetadataOrderingKey] = ev.OrderingKey
 	}
 	msg.Metadata[MetadataSequence] = strconv.FormatInt(ev.Sequence, 10)
-	msg.Metadata[MetadataAttempt] = strconv.Itoa(ev.Attempts + 1)
+	msg.Metadata[MetadataAttempt] = strconv.Itoa(ev.Attempts + max(ev.DeliveryStarts, 1))
 	it.hold = &errHolder{}
 	mctx, cancel := context.WithCancel(contextWithEvent(withErrHolder(ctx, it.hold), ev))
 	msg.SetContext(mctx)
@@ -1285,6 +1329,7 @@ func (sub *subscription) renewWhileOut(token string, items []*item, lost func(),
 // their per-event values (failed: errs, perm, jitters; unavailable: notes).
 type markSets struct {
 	acked, released, unavailable, failed []int64
+	abandoned                            []int64 // unanswered at a stop: stay leased
 	notes, errs                          []string
 	perm                                 []bool
 	jitters                              []float64
@@ -1332,12 +1377,15 @@ func (sub *subscription) mark(token string, items []*item) (unconfirmed map[stri
 			m.errs = append(m.errs, errText(it.err))
 			m.perm = append(m.perm, it.perm)
 			m.jitters = append(m.jitters, 0.9+0.2*rand.Float64())
+		case stateAbandoned:
+			m.abandoned = append(m.abandoned, seq)
+			continue
 		default:
 			continue
 		}
 		byseq[seq] = it
 	}
-	if len(byseq) == 0 {
+	if len(byseq) == 0 && len(m.abandoned) == 0 {
 		return unconfirmed, nil
 	}
 	results, err := sub.writeMarks(token, m)
@@ -1435,13 +1483,13 @@ func (sub *subscription) pgMark(ctx context.Context, token string, m markSets) (
 	// nested loop over both arrays). Every update is fenced by the batch's token.
 	fence := `"leased_by" = $6 AND "published_at" IS NULL`
 	q := fmt.Sprintf(`WITH acked AS (
-	UPDATE %[1]s SET "published_at" = now(), "lease_until" = NULL, "leased_by" = NULL
+	UPDATE %[1]s SET "published_at" = now(), "lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0
 	WHERE "sequence" = ANY($1::bigint[]) AND %[5]s RETURNING "sequence", "attempts", NULL::timestamptz AS next, false AS dead
 ), released AS (
-	UPDATE %[1]s SET "lease_until" = NULL, "leased_by" = NULL
+	UPDATE %[1]s SET "lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0
 	WHERE "sequence" = ANY($2::bigint[]) AND %[5]s RETURNING "sequence", "attempts", NULL::timestamptz AS next, false AS dead
 ), unavailable AS (
-	UPDATE %[1]s o SET "lease_until" = NULL, "leased_by" = NULL,
+	UPDATE %[1]s o SET "lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0,
 		"last_error" = ($8::text[])[array_position($7::bigint[], o."sequence")]
 	WHERE o."sequence" = ANY($7::bigint[]) AND %[5]s RETURNING o."sequence", o."attempts", NULL::timestamptz AS next, false AS dead
 ), failed AS (
@@ -1451,15 +1499,18 @@ func (sub *subscription) pgMark(ctx context.Context, token string, m markSets) (
 		"next_attempt_at" = CASE WHEN o."attempts" + 1 < %[2]d AND NOT ($9::bool[])[array_position($3::bigint[], o."sequence")]
 			THEN now() + LEAST(%[3]d * power(2::float8, LEAST(o."attempts", 62)), %[4]d::float8)
 			* ($5::float8[])[array_position($3::bigint[], o."sequence")] * interval '1 microsecond' END,
-		"lease_until" = NULL, "leased_by" = NULL
+		"lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0
 	WHERE o."sequence" = ANY($3::bigint[]) AND %[5]s RETURNING o."sequence", o."attempts", o."next_attempt_at" AS next, o."dead_lettered_at" IS NOT NULL AS dead
+), abandoned AS (
+	UPDATE %[1]s SET "delivery_starts" = GREATEST("delivery_starts" - 1, 0)
+	WHERE "sequence" = ANY($10::bigint[]) AND %[5]s RETURNING "sequence"
 )
 SELECT "sequence", "attempts", next, dead, now() FROM acked
 UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM released
 UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM unavailable
 UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM failed`,
 		s.s.table, s.cfg.MaxAttempts, s.cfg.RetryBase.Microseconds(), s.cfg.RetryMax.Microseconds(), fence)
-	args := []any{nonNil(m.acked), nonNil(m.released), nonNil(m.failed), nonNil(m.errs), nonNil(m.jitters), token, nonNil(m.unavailable), nonNil(m.notes), nonNil(m.perm)}
+	args := []any{nonNil(m.acked), nonNil(m.released), nonNil(m.failed), nonNil(m.errs), nonNil(m.jitters), token, nonNil(m.unavailable), nonNil(m.notes), nonNil(m.perm), nonNil(m.abandoned)}
 	rs, err := s.db.query(ctx, q, s.db.oneShot(args)...)
 	if err != nil {
 		return nil, err

@@ -29,6 +29,8 @@ const (
 	DefaultUnavailableBackoffMax = 30 * time.Second
 	// DefaultMarkInterval is MarkInterval's default.
 	DefaultMarkInterval = 100 * time.Millisecond
+	// DefaultMaxDeliveryStarts is MaxDeliveryStarts' default.
+	DefaultMaxDeliveryStarts = 5
 	// MaxBatchSize is the largest BatchSize.
 	MaxBatchSize = 10000
 )
@@ -133,6 +135,12 @@ type SubscriberConfig struct {
 	// flight). A batch delivered within MarkInterval writes its marks once, at its end. Each
 	// write is one statement. Default 100ms; at least 1ms.
 	MarkInterval time.Duration
+	// MaxDeliveryStarts detects poison events: an event whose delivery was started this many
+	// times in a row without any outcome being recorded (no ack, no failure: the relay was
+	// killed, crashed or lost its lease while delivering it each time) is dead-lettered at its
+	// next claim with ErrPoisonEvent instead of being delivered again. A relay that stops
+	// gracefully does not count the deliveries it leaves unanswered. Default 5; at least 1.
+	MaxDeliveryStarts int
 
 	takeBack bool // RelayName was set explicitly (see setDefaults)
 }
@@ -219,6 +227,9 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.MarkInterval == 0 {
 		c.MarkInterval = DefaultMarkInterval
 	}
+	if c.MaxDeliveryStarts == 0 {
+		c.MaxDeliveryStarts = DefaultMaxDeliveryStarts
+	}
 	c.takeBack = c.RelayName != ""
 	if c.RelayName == "" {
 		host, _ := os.Hostname()
@@ -266,6 +277,8 @@ func (c SubscriberConfig) Validate() error {
 		return bad("UnavailableDeadLetterAfter", "must not be negative")
 	case c.MarkInterval < time.Millisecond:
 		return bad("MarkInterval", "must be at least 1ms")
+	case c.MaxDeliveryStarts < 1:
+		return bad("MaxDeliveryStarts", "must be at least 1")
 	}
 	for i, p := range c.ExcludeTopics {
 		if _, err := parseTopicPattern(fmt.Sprintf("SubscriberConfig.ExcludeTopics[%d]", i), p); err != nil {

@@ -162,8 +162,20 @@ func TestUnavailableDestinationPausesItsTopicsOnly(t *testing.T) {
 		if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE attempts > 0 OR dead_lettered_at IS NOT NULL`, schema.Table)); n != 0 {
 			t.Fatalf("%d events charged an attempt or dead-lettered during the outage", n)
 		}
-		if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE last_error LIKE 'unavailable: broker-a: %%'`, schema.Table)); n == 0 {
+		n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE last_error LIKE 'unavailable: broker-a: %%'`, schema.Table))
+		if n == 0 {
 			t.Fatal("no released event notes the outage in last_error")
+		}
+		bl, err := sub.Backlog(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byTopic, err := sub.BacklogByTopic(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bl.Unavailable != int64(n) || len(byTopic) != 1 || byTopic[0].Topic != "down" || byTopic[0].Unavailable != int64(n) {
+			t.Fatalf("Backlog.Unavailable %d, by topic %+v; want %d on topic down", bl.Unavailable, byTopic, n)
 		}
 		down.Store(false)
 		ds := rec.drainedAll(t, b, schema)
@@ -299,5 +311,68 @@ func TestRetryDueWakesRelay(t *testing.T) {
 		pgtest.Eventually(t, 10*time.Second, "retried after its 100 ms backoff, with a 1 h PollInterval", func() bool {
 			return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL AND attempts = 1`, schema.Table)) == 1
 		})
+	})
+}
+
+// TestPoisonEventDeadLettered: an event whose deliveries started MaxDeliveryStarts times
+// without an outcome (a relay killed while delivering it each time) is dead-lettered at its
+// next claim instead of being delivered, and holds its key; a redelivery after one such start
+// carries a higher outbox-attempt than the try before it.
+func TestPoisonEventDeadLettered(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t)
+		b.publishKeys(t, schema, "t", 0, []string{"p", "p", "q"})
+		cfg := fastCfg(schema)
+		cfg.MaxDeliveryStarts = 3
+		// Event 1 (key p's head) crashed its relay 3 times; key q's event once.
+		b.exec(t, fmt.Sprintf(`UPDATE %q SET delivery_starts = 3 WHERE sequence = (SELECT min(sequence) FROM %q)`, schema.Table, schema.Table))
+		b.exec(t, fmt.Sprintf(`UPDATE %q SET delivery_starts = 1 WHERE ordering_key = 'q'`, schema.Table))
+		sub := b.newSub(t, cfg)
+		ch, _ := sub.Subscribe(ctx, "t")
+		var rec recorder
+		rec.consume(ch, ack)
+		pgtest.Eventually(t, 10*time.Second, "poison dead-lettered, q delivered", func() bool {
+			return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE dead_lettered_at IS NOT NULL AND attempts = 1 AND delivery_starts = 0 AND last_error LIKE 'outbox: poison event%%'`, schema.Table)) == 1 &&
+				b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL`, schema.Table)) == 1
+		})
+		ds := rec.all()
+		if len(ds) != 1 || ds[0].key != "q" || ds[0].attempt != 2 {
+			t.Fatalf("deliveries %+v; want only key q's event, with outbox-attempt 2", ds)
+		}
+		if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE ordering_key = 'p' AND published_at IS NULL AND dead_lettered_at IS NULL AND delivery_starts = 0`, schema.Table)); n != 1 {
+			t.Fatal("key p's second event is not held (released, no start counted)")
+		}
+	})
+}
+
+// TestGracefulStopCountsNoStart: a delivery left unanswered when the Subscriber closes does not
+// count towards MaxDeliveryStarts.
+func TestGracefulStopCountsNoStart(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t)
+		b.seed(t, schema, "t", 1, []string{"k"})
+		sub := b.newSub(t, fastCfg(schema))
+		ch, _ := sub.Subscribe(ctx, "t")
+		<-ch // never answered
+		sub.Close()
+		if n := b.count(t, fmt.Sprintf(`SELECT delivery_starts FROM %q`, schema.Table)); n != 0 {
+			t.Fatalf("delivery_starts %d after a graceful stop, want 0", n)
+		}
+	})
+}
+
+// TestMigrateAddsDeliveryStarts: Migrate adds the delivery_starts column to a table made
+// before it existed.
+func TestMigrateAddsDeliveryStarts(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t)
+		b.exec(t, fmt.Sprintf(`ALTER TABLE %q DROP COLUMN delivery_starts`, schema.Table))
+		if err := outbox.Migrate(ctx, b.db, schema); err != nil {
+			t.Fatal(err)
+		}
+		b.seed(t, schema, "t", 2, []string{"k"})
+		if n := b.count(t, fmt.Sprintf(`SELECT sum(delivery_starts) FROM %q`, schema.Table)); n != 0 {
+			t.Fatalf("sum(delivery_starts) %d, want 0", n)
+		}
 	})
 }

@@ -181,17 +181,18 @@ func (c *pgCluster) serverLog() string {
 // restart runs `pg_ctl restart -m mode` and returns the moment the server first accepted a
 // connection again, observed by connecting every 10 ms from before the restart begins.
 func (c *pgCluster) restart(mode string) (time.Time, error) {
-	done := make(chan error, 1)
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	upc := make(chan time.Time, 1)
 	sawDown := make(chan struct{})
-	var up time.Time
 	go func() {
 		down := false
-		for {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			conn, err := pgx.Connect(ctx, c.DSN())
+		for ctx.Err() == nil {
+			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			conn, err := pgx.Connect(cctx, c.DSN())
 			if err == nil {
-				_, err = conn.Exec(ctx, "SELECT 1")
-				_ = conn.Close(ctx)
+				_, err = conn.Exec(cctx, "SELECT 1")
+				_ = conn.Close(cctx)
 			}
 			cancel()
 			switch {
@@ -199,8 +200,7 @@ func (c *pgCluster) restart(mode string) (time.Time, error) {
 				down = true
 				close(sawDown)
 			case err == nil && down:
-				up = time.Now()
-				done <- nil
+				upc <- time.Now()
 				return
 			}
 			time.Sleep(10 * time.Millisecond)
@@ -211,7 +211,7 @@ func (c *pgCluster) restart(mode string) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("pg_ctl restart -m %s: %w\n%s\n%s", mode, err, out, c.serverLog())
 	}
 	select {
-	case <-done:
+	case up := <-upc:
 		return up, nil
 	case <-time.After(30 * time.Second):
 		select {

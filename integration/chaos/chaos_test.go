@@ -411,7 +411,9 @@ func (s *suite) destOutage(t *testing.T, mode string) {
 	}
 	c.target(v.Dead == 0, "dead=%d, want 0 (an unavailable destination spends no attempt)", v.Dead)
 	c.target(v.AttemptsSum == 0, "attempts=%d over %d events, want 0 (no attempt counted for an outage)", v.AttemptsSum, v.AttemptEvents)
-	c.target(linesOK && opened > 0, "relay log lines during the outage %v, want per relay only one WARN when it opens and one INFO when it closes, and at least one relay saw it", logLines)
+	// A short SIGSTOP can end before any client timeout: then no relay sees an outage at all.
+	mustSee := mode != "stop" || s.sz.mode == "full"
+	c.target(linesOK && (opened > 0 || !mustSee), "relay log lines during the outage %v, want per relay only one WARN when it opens and one INFO when it closes, and at least one relay saw it", logLines)
 	if s.sz.timing {
 		c.target(resume >= 0 && resume <= 2*time.Second, "first delivery %.2f s after the destination was back, want ≤ 2 s", resume.Seconds())
 	}

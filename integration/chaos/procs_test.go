@@ -352,6 +352,18 @@ func (l *relayLogs) between(relay string, from, to time.Time) []string {
 	return out
 }
 
+// first returns relay's first line containing sub stamped after t.
+func (l *relayLogs) first(relay, sub string, after time.Time) (string, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, ln := range l.lines {
+		if ln.relay == relay && ln.at.After(after) && strings.Contains(ln.text, sub) {
+			return ln.text, true
+		}
+	}
+	return "", false
+}
+
 // tailOf returns relay's last n lines, each cut to width bytes.
 func (l *relayLogs) tailOf(relay string, n, width int) string {
 	l.mu.Lock()

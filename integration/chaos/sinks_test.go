@@ -48,6 +48,14 @@ func (l *deliveryLog) distinct() int {
 	return len(l.seen)
 }
 
+// has reports whether id was received.
+func (l *deliveryLog) has(id string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.seen[id]
+	return ok
+}
+
 // all returns a copy of the deliveries in arrival order.
 func (l *deliveryLog) all() []delivery {
 	l.mu.Lock()

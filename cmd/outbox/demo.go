@@ -80,7 +80,7 @@ delivered them.
 --db takes a PostgreSQL URL (postgres://…) or an SQLite file; the demo creates its own tables
 (named outbox_demo_<id> and demo_orders_<id> unless the database is the temporary file) and
 drops them at the end unless --keep is given.`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()

@@ -379,10 +379,12 @@ func writeDemo(ctx context.Context, d *database, business string, w *wakeup.InPr
 	// (nil = unlimited): the n-th start is due n/rate after the first, so a start that a busy
 	// writer takes late is made up by the next ones instead of being lost (as a ticker's
 	// dropped ticks would be). It returns false when ctx ends.
+	first := time.Now()
+	tr.start(first)
 	var pace func() bool
 	if f.rate > 0 {
 		var starts atomic.Int64
-		first, every := time.Now(), float64(time.Second)/f.rate
+		every := float64(time.Second) / f.rate
 		pace = func() bool {
 			due := first.Add(time.Duration(float64(starts.Add(1)-1) * every))
 			wait := time.NewTimer(time.Until(due))

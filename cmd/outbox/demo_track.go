@@ -42,8 +42,9 @@ type tracker struct {
 	malformed  int
 	firstWrite time.Time
 	lastWrite  time.Time
-	// lastTx is when the last transaction ended (committed or rolled back).
-	lastTx time.Time
+	// started is when the writers started (the origin of --rate's schedule); lastTx is when
+	// the last transaction ended (committed or rolled back).
+	started, lastTx time.Time
 
 	// Counters read by the progress bar without the lock.
 	nCommitted atomic.Int64
@@ -65,6 +66,13 @@ func newTracker() *tracker {
 		received:   map[string]time.Time{},
 		lastSeq:    map[string]int{},
 	}
+}
+
+// start records when the writers started.
+func (t *tracker) start(at time.Time) {
+	t.mu.Lock()
+	t.started = at
+	t.mu.Unlock()
 }
 
 // wrote records the start of a write.
@@ -156,8 +164,8 @@ type demoReport struct {
 	Keys                                int
 	P50, P99, Max                       time.Duration
 	WriteRate, Throughput               float64
-	// TxRate is the transactions (committed and rolled back) per second from the first
-	// transaction's start to the last one's end: the rate --rate asks for.
+	// TxRate is the transactions (committed and rolled back) per second from the writers'
+	// start to the last transaction's end: the rate --rate asks for.
 	TxRate  float64
 	Elapsed time.Duration
 	// Drain is how long after the last commit the last event arrived (0 when it arrived before).
@@ -200,7 +208,7 @@ func (t *tracker) report() demoReport {
 	if w := t.lastWrite.Sub(t.firstWrite); w > 0 {
 		r.WriteRate = float64(r.Committed) / w.Seconds()
 	}
-	if w := t.lastTx.Sub(t.firstWrite); w > 0 {
+	if w := t.lastTx.Sub(t.started); w > 0 {
 		r.TxRate = float64(r.Transactions) / w.Seconds()
 	}
 	if !last.IsZero() {

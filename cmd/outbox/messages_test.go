@@ -145,8 +145,9 @@ func TestRateLine(t *testing.T) {
 	}
 }
 
-// TestDemoRate: a paced demo reports the rate it reached, which pacing keeps at or below the
-// rate asked (n starts take at least (n-1)/rate seconds), after the throughput line.
+// TestDemoRate: a paced demo reports the rate it reached, after the throughput line. Pacing
+// keeps it at or below the rate asked: the n-th start is due (n-1)/rate after the writers
+// started, and the rate is counted from then.
 func TestDemoRate(t *testing.T) {
 	const rate, n = 200, 100
 	r := cli(t, []string{"TMPDIR=" + t.TempDir()}, "demo", "--quiet", "--rate", strconv.Itoa(rate), "--transactions", strconv.Itoa(n), "--writers", "2", "--keys", "4")

@@ -101,6 +101,11 @@ OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environme
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		// "outbox stauts --db x": a group parses the flags of the command it did not find; the
+		// mistyped name, read before the flag, is the error to report.
+		if c.HasAvailableSubCommands() && c.Flags().NArg() > 0 {
+			return unknownCommand(c, c.Flags().Arg(0))
+		}
 		var ive *pflag.InvalidValueError
 		if errors.As(err, &ive) {
 			f := ive.GetFlag()
@@ -131,21 +136,27 @@ func unknownSubcommand(cmd *cobra.Command) *cobra.Command {
 		if len(args) == 0 {
 			return c.Help()
 		}
-		var sb strings.Builder
-		if c.SuggestionsMinimumDistance <= 0 {
-			c.SuggestionsMinimumDistance = 2 // cobra's default, set by its own check only
-		}
-		if s := c.SuggestionsFor(args[0]); len(s) > 0 {
-			sb.WriteString("\n\nDid you mean this?\n")
-			for _, name := range s {
-				fmt.Fprintf(&sb, "\t%s\n", name)
-			}
-		}
-		return &unknownCommandError{fmt.Sprintf("unknown command %q for %q%s", args[0], c.CommandPath(), sb.String())}
+		return unknownCommand(c, args[0])
 	}
 	// Runnable now, the group would list "outbox dead [flags]" as a usage of its own.
 	cmd.SetUsageTemplate(strings.Replace(cmd.UsageTemplate(), "{{if .Runnable}}", "{{if and .Runnable (not .HasAvailableSubCommands)}}", 1))
 	return cmd
+}
+
+// unknownCommand is the error for name, not a subcommand of group: cobra's text, with the
+// subcommands whose names are close to name as cobra suggests them.
+func unknownCommand(group *cobra.Command, name string) error {
+	var sb strings.Builder
+	if group.SuggestionsMinimumDistance <= 0 {
+		group.SuggestionsMinimumDistance = 2 // cobra's default, set by its own check only
+	}
+	if s := group.SuggestionsFor(name); len(s) > 0 {
+		sb.WriteString("\n\nDid you mean this?\n")
+		for _, n := range s {
+			fmt.Fprintf(&sb, "\t%s\n", n)
+		}
+	}
+	return &unknownCommandError{fmt.Sprintf("unknown command %q for %q%s", name, group.CommandPath(), sb.String())}
 }
 
 // unknownCommandError is a subcommand that does not exist under a group (unknownSubcommand);

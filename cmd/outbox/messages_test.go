@@ -23,6 +23,9 @@ func TestUnknownCommand(t *testing.T) {
 		{[]string{"bogus"}, "outbox: unknown command \"bogus\" for \"outbox\"\nRun 'outbox --help' for usage.\n"},
 		{[]string{"dead", "lsit"}, "outbox: unknown command \"lsit\" for \"outbox dead\"\n\nDid you mean this?\n\tlist\n\nRun 'outbox dead --help' for usage.\n"},
 		{[]string{"dead", "bogus"}, "outbox: unknown command \"bogus\" for \"outbox dead\"\nRun 'outbox dead --help' for usage.\n"},
+		// Flags after the mistyped name, as typed in practice.
+		{[]string{"stauts", "--db", "x.db", "--json"}, "outbox: unknown command \"stauts\" for \"outbox\"\n\nDid you mean this?\n\tstatus\n\nRun 'outbox --help' for usage.\n"},
+		{[]string{"dead", "lsit", "--db", "x.db"}, "outbox: unknown command \"lsit\" for \"outbox dead\"\n\nDid you mean this?\n\tlist\n\nRun 'outbox dead --help' for usage.\n"},
 		{[]string{"status", "x.db"}, "outbox: unexpected argument \"x.db\": outbox status takes flags only, e.g. --db URL (see outbox status --help)\n"},
 		{[]string{"dead", "list", "extra"}, "outbox: unexpected argument \"extra\": outbox dead list takes flags only, e.g. --db URL (see outbox dead list --help)\n"},
 	} {
@@ -31,6 +34,9 @@ func TestUnknownCommand(t *testing.T) {
 			t.Errorf("outbox %s: exit %d, stdout %q, stderr %q\nwant exit 2, stderr %q", strings.Join(tc.args, " "), r.code, r.stdout, r.stderr, tc.want)
 		}
 	}
+	// A group given a flag and no command: the flag is unknown to it.
+	wantStderr(t, cli(t, nil, "dead", "--db", "x.db"), 2, "outbox: unknown flag: --db (see outbox dead --help)")
+	wantStderr(t, cli(t, nil, "--db", "x.db"), 2, "outbox: unknown flag: --db (see outbox --help)")
 	help := mustRun(t, nil, "dead")
 	if !strings.HasPrefix(help, "dead acts on dead-lettered events") || !strings.Contains(help, "\nUsage:\n  outbox dead [command]\n\nAvailable Commands:\n") {
 		t.Fatalf("outbox dead printed:\n%s", help)

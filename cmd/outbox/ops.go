@@ -70,7 +70,7 @@ func newMigrateCmd() *cobra.Command {
 		Long: `migrate creates the outbox table and its indexes, or adds what an older version lacks.
 It is idempotent and safe to run from several processes at once. For SQLite it creates the
 database file when it does not exist.`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			d, err := f.open(ctx, true)
@@ -111,7 +111,7 @@ func newStatusCmd() *cobra.Command {
 		Long: `status shows the outbox backlog: how many events wait for delivery (pending), how old the
 oldest of them is, and how many were dead-lettered — in total and per topic (topics with nothing
 pending and no dead letters are left out).`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			return f.withSubscriber(ctx, func(d *database, sub *outbox.Subscriber) error {
@@ -242,7 +242,7 @@ The filters select by topic pattern and/or event id (either selects), and --olde
 to events dead-lettered more than that long ago.`,
 	}
 	cmd.AddCommand(newDeadListCmd(), newDeadRetryCmd(), newDeadPurgeCmd())
-	return cmd
+	return unknownSubcommand(cmd)
 }
 
 func newDeadListCmd() *cobra.Command {
@@ -252,9 +252,16 @@ func newDeadListCmd() *cobra.Command {
 		asJSON bool
 	)
 	cmd := &cobra.Command{
-		Use:   "list --db URL [--topic PATTERN]… [--id UUID]… [--older-than DURATION]",
+		Use:   "list --db URL [--topic PATTERN]… [--id UUID]… [--older-than DURATION] [--limit N] [--json]",
 		Short: "List dead-lettered events (all topics unless filtered)",
-		Args:  cobra.NoArgs,
+		Long: `list shows dead-lettered events, oldest dead letter first: event id, topic, ordering key,
+attempts, when it was dead-lettered and the last delivery error (its last 100 characters).
+With no filter it lists every topic; --topic and --id select (either selects) and --older-than
+narrows. It shows at most --limit events and says on stderr when there are more. --json prints
+one array that also holds each event's sequence, created_at, headers, payload (when it is
+JSON) and whole last error. It changes nothing: act on what it shows with "outbox dead retry"
+or "outbox dead purge".`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			flt, err := f.filter(true)
 			if err != nil {
@@ -366,7 +373,7 @@ func (a deadAction) command() *cobra.Command {
 		Use:   a.name + " --db URL (--topic PATTERN | --id UUID)… [--older-than DURATION]",
 		Short: a.short,
 		Long:  a.long,
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			flt, err := f.filter(false)
 			if err != nil {
@@ -423,7 +430,7 @@ func newCleanupCmd() *cobra.Command {
 --dead-older-than is given, events dead-lettered more than that long ago, in small batches so no
 lock is held long. Deleting an event frees its idempotency key: keep events at least as long as
 a producer may retry with the same key. The relay never cleans up by itself.`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !cmd.Flags().Changed("published-older-than") {
 				return &usageError{fmt.Errorf("--published-older-than is required, e.g. --published-older-than 168h (7 days)")}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os/signal"
+	"regexp"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/forwarder"
@@ -72,11 +75,66 @@ func (f *relayFlags) config(schema outbox.SchemaConfig) (outbox.SubscriberConfig
 	if err := cfg.Validate(); err != nil {
 		var ce *outbox.ConfigError
 		if errors.As(err, &ce) {
-			return cfg, &usageError{fmt.Errorf("%s (%s): %s", flagOfField(ce.Field), ce.Field, ce.Reason)}
+			if flag := flagOfField(ce.Field); strings.HasPrefix(flag, "--") {
+				return cfg, &usageError{fmt.Errorf("%s: %s", flag, flagsInReason(ce.Reason))}
+			}
 		}
-		return cfg, &usageError{err}
+		return cfg, &usageError{errors.New(strings.TrimPrefix(err.Error(), "outbox: "))}
 	}
 	return cfg, nil
+}
+
+// fieldWord is a word of a ConfigError's reason that may name a SubscriberConfig field.
+var fieldWord = regexp.MustCompile(`\b[A-Z][A-Za-z]+\b`)
+
+// flagsInReason is a ConfigError's reason with every SubscriberConfig field it names
+// ("must not be below RetryBase") replaced by the field's flag ("--retry-base").
+func flagsInReason(reason string) string {
+	return fieldWord.ReplaceAllStringFunc(reason, func(w string) string {
+		if flag := flagOfField("SubscriberConfig." + w); strings.HasPrefix(flag, "--") {
+			return flag
+		}
+		return w
+	})
+}
+
+// effectiveDeliveryTimeout is the relay's delivery timeout: --delivery-timeout, or when it is
+// 0 the default that SubscriberConfig.DeliveryTimeout documents, min(30s, lease/2).
+func effectiveDeliveryTimeout(cfg outbox.SubscriberConfig) time.Duration {
+	if cfg.DeliveryTimeout > 0 {
+		return cfg.DeliveryTimeout
+	}
+	return min(outbox.DefaultDeliveryTimeout, cfg.LeaseDuration/2)
+}
+
+// startFields are the fields of the relay's start line: every flag of cmd under its own name
+// with the value in effect (given, from the environment, or the default), except --help and
+// hidden spellings; values holds the ones to show instead of the flag's own (the database and
+// destination with any password removed, derived defaults). --secret is shown as set or not.
+// An empty string is shown as "".
+func startFields(cmd *cobra.Command, values map[string]string) watermill.LogFields {
+	fields := watermill.LogFields{}
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if f.Name == "help" || f.Hidden {
+			return
+		}
+		v, ok := values[f.Name]
+		switch {
+		case ok:
+		case f.Name == "secret":
+			v = "unset"
+			if f.Value.String() != "" {
+				v = "set"
+			}
+		default:
+			v = f.Value.String()
+		}
+		if v == "" {
+			v = `""`
+		}
+		fields[f.Name] = v
+	})
+	return fields
 }
 
 // flagOfField names the flag of a SubscriberConfig field.
@@ -125,7 +183,7 @@ Destinations (--to):
                                      --allow-prefix
 The destination topic (Kafka topic, routing key, stream) is the event's topic unless --dest-topic
 names one for all.`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			dest, err := parseDestURL(to)
 			if err != nil {
@@ -167,7 +225,8 @@ names one for all.`,
 			if destTopic != "" {
 				fcfg.Topic = func(string, *message.Message) string { return destTopic }
 			}
-			logger.Info("outbox relay starting", watermill.LogFields{"db": d.where(), "table": d.tableName(), "to": dest.shown, "topics": topics, "exclude": rf.exclude})
+			logger.Info("outbox relay starting", startFields(cmd, map[string]string{"db": d.url.shown, "to": dest.shown,
+				"delivery-timeout": effectiveDeliveryTimeout(cfg).String()}))
 			return runRelay(ctx, d, cfg, pub, fcfg, topics, logger)
 		},
 	}

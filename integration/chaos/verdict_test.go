@@ -152,3 +152,21 @@ func TestJudge(t *testing.T) {
 		}
 	}
 }
+
+// TestKillCost checks the attribution of repeats to kills.
+func TestKillCost(t *testing.T) {
+	t0 := time.Unix(0, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	kills := []time.Time{at(100), at(200)}
+	ds := []delivery{
+		{"a", at(10)}, {"b", at(90)}, {"c", at(150)}, {"d", at(250)},
+		{"b", at(120)}, // orphaned by kill 0, 20 ms after it
+		{"c", at(900)}, // orphaned by kill 1, 700 ms after it
+		{"c", at(950)}, // a second repeat of c: counted, not timed
+		{"d", at(300)}, // no kill after d's first delivery
+	}
+	perKill, other, slowest := killCost(ds, kills)
+	if !reflect.DeepEqual(perKill, []int{1, 2}) || other != 1 || slowest != 700*time.Millisecond {
+		t.Errorf("got perKill %v other %d slowest %s, want [1 2] 1 700ms", perKill, other, slowest)
+	}
+}

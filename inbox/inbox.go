@@ -279,7 +279,7 @@ func (in *Inbox[T]) attempt(ctx context.Context, msg *message.Message, key strin
 	}
 	if n == 0 {
 		done = true
-		if err := in.db.commit(ctx, tx); err != nil {
+		if err := in.db.commit(context.WithoutCancel(ctx), tx); err != nil {
 			return 0, fmt.Errorf("outbox inbox: commit: %w", err)
 		}
 		in.duplicates.Add(1)
@@ -296,8 +296,11 @@ func (in *Inbox[T]) attempt(ctx context.Context, msg *message.Message, key strin
 			return 0, err
 		}
 	}
+	// The work is done: commit even when the message's context was cancelled meanwhile (a
+	// router closing). A commit whose answer is lost (the connection dropped) may still have
+	// committed; the redelivery then finds the inbox row and skips.
 	done = true
-	if err := in.db.commit(ctx, tx); err != nil {
+	if err := in.db.commit(context.WithoutCancel(ctx), tx); err != nil {
 		return 0, fmt.Errorf("outbox inbox: commit: %w", err)
 	}
 	in.processed.Add(1)

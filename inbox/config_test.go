@@ -29,7 +29,9 @@ func TestConfigValidate(t *testing.T) {
 		{"max below base", func(c *inbox.Config) { c.RetryBase, c.RetryMax = time.Second, time.Millisecond }, "inbox.Config.RetryMax"},
 		{"base above default max", func(c *inbox.Config) { c.RetryBase = 2 * time.Second }, ""},
 		{"dialects differ", func(c *inbox.Config) { c.Schema.Dialect = outbox.DialectSQLite }, "inbox.Config.Outbox.Schema.Dialect"},
-		{"both sqlite", func(c *inbox.Config) { c.Schema.Dialect, c.Outbox.Schema.Dialect = outbox.DialectSQLite, outbox.DialectSQLite }, ""},
+		{"both sqlite", func(c *inbox.Config) {
+			c.Schema.Dialect, c.Outbox.Schema.Dialect = outbox.DialectSQLite, outbox.DialectSQLite
+		}, ""},
 		{"bad table", func(c *inbox.Config) { c.Schema.Table = "a.b.c" }, "inbox.SchemaConfig.Table"},
 		{"qualified sqlite table", func(c *inbox.Config) {
 			c.Schema = inbox.SchemaConfig{Table: "a.b", Dialect: outbox.DialectSQLite}

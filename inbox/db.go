@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/watermill-outbox/outbox"
 )
@@ -23,10 +24,10 @@ type PgxBeginner interface {
 // handler receives: pgx.Tx (FromPgx) or *sql.Tx (FromSQL). Build it with those functions; the
 // zero value is invalid.
 type DB[T any] struct {
-	begin   func(ctx context.Context) (T, error)
+	// start begins a transaction and runs the inbox INSERT in it, returning its row count.
+	start   func(ctx context.Context, insert string, args []any) (T, int64, error)
 	commit  func(ctx context.Context, tx T) error
 	abort   func(ctx context.Context, tx T) error
-	execer  func(tx T) execer
 	handle  any
 	dialect *outbox.Dialect // the dialect the handle's driver tells, nil when unknown
 }
@@ -34,16 +35,48 @@ type DB[T any] struct {
 // FromPgx returns the DB of a pgx pool or connection (PostgreSQL); every message is processed
 // in a transaction begun with opts (the zero value: the server's default isolation, READ
 // COMMITTED unless configured otherwise). The handler receives the pgx.Tx.
+//
+// With a *pgxpool.Pool or *pgx.Conn, BEGIN and the inbox INSERT go to the server in one
+// pipelined round trip, and the handler's pgx.Tx is the package's own implementation on the
+// transaction's connection (Begin makes savepoints; LargeObjects is not supported). Any other
+// PgxBeginner gets pgx's own transaction and one more round trip per message.
 func FromPgx(db PgxBeginner, opts pgx.TxOptions) DB[pgx.Tx] {
 	pg := outbox.DialectPostgreSQL
-	return DB[pgx.Tx]{
-		begin:   func(ctx context.Context) (pgx.Tx, error) { return db.BeginTx(ctx, opts) },
+	begin := beginSQL(opts)
+	d := DB[pgx.Tx]{
 		commit:  func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
 		abort:   func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
-		execer:  func(tx pgx.Tx) execer { return pgxExecer{tx} },
 		handle:  db,
 		dialect: &pg,
 	}
+	switch h := db.(type) {
+	case *pgxpool.Pool:
+		d.start = func(ctx context.Context, insert string, args []any) (pgx.Tx, int64, error) {
+			c, err := h.Acquire(ctx)
+			if err != nil {
+				return nil, 0, err
+			}
+			return beginRecord(ctx, c.Conn(), c.Release, begin, insert, args)
+		}
+	case *pgx.Conn:
+		d.start = func(ctx context.Context, insert string, args []any) (pgx.Tx, int64, error) {
+			return beginRecord(ctx, h, nil, begin, insert, args)
+		}
+	default:
+		d.start = func(ctx context.Context, insert string, args []any) (pgx.Tx, int64, error) {
+			tx, err := db.BeginTx(ctx, opts)
+			if err != nil {
+				return nil, 0, err
+			}
+			n, err := pgxExecer{tx}.exec(ctx, insert, args...)
+			if err != nil {
+				_ = tx.Rollback(context.WithoutCancel(ctx))
+				return nil, 0, err
+			}
+			return tx, n, nil
+		}
+	}
+	return d
 }
 
 // FromSQL returns the DB of a database/sql handle: PostgreSQL through the pgx stdlib driver
@@ -52,10 +85,20 @@ func FromPgx(db PgxBeginner, opts pgx.TxOptions) DB[pgx.Tx] {
 // driver's default). The handler receives the *sql.Tx.
 func FromSQL(db *sql.DB, opts *sql.TxOptions) DB[*sql.Tx] {
 	d := DB[*sql.Tx]{
-		begin:  func(ctx context.Context) (*sql.Tx, error) { return db.BeginTx(ctx, opts) },
+		start: func(ctx context.Context, insert string, args []any) (*sql.Tx, int64, error) {
+			tx, err := db.BeginTx(ctx, opts)
+			if err != nil {
+				return nil, 0, err
+			}
+			n, err := sqlExecer{tx}.exec(ctx, insert, args...)
+			if err != nil {
+				_ = tx.Rollback()
+				return nil, 0, err
+			}
+			return tx, n, nil
+		},
 		commit: func(_ context.Context, tx *sql.Tx) error { return tx.Commit() },
 		abort:  func(_ context.Context, tx *sql.Tx) error { return tx.Rollback() },
-		execer: func(tx *sql.Tx) execer { return sqlExecer{tx} },
 		handle: db,
 	}
 	if db != nil {

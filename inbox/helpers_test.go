@@ -27,7 +27,7 @@ type env struct {
 
 // pgEnv creates the tables on the shared PostgreSQL through handle (the pgx pool or the
 // database/sql DB).
-func pgEnv(t *testing.T, name string, handle any) *env {
+func pgEnv(t testing.TB, name string, handle any) *env {
 	t.Helper()
 	pool := pgtest.Require(t)
 	e := &env{name: name, handle: handle,
@@ -60,7 +60,7 @@ func sqliteEnv(t *testing.T) (*env, *sql.DB) {
 	return e, db
 }
 
-func (e *env) migrate(t *testing.T) {
+func (e *env) migrate(t testing.TB) {
 	t.Helper()
 	for range 2 { // idempotent
 		if err := inbox.Migrate(context.Background(), e.handle, e.inbox); err != nil {

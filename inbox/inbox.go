@@ -156,7 +156,7 @@ type Inbox[T any] struct {
 // another dialect than cfg.Schema.Dialect. It runs no SQL: create the tables with Migrate and
 // outbox.Migrate.
 func New[T any](db DB[T], cfg Config, logger watermill.LoggerAdapter) (*Inbox[T], error) {
-	if db.begin == nil {
+	if db.start == nil {
 		return nil, &outbox.ConfigError{Field: "db", Reason: "zero DB: build it with inbox.FromPgx or inbox.FromSQL", Err: outbox.ErrUnsupportedDB}
 	}
 	if err := cfg.Validate(); err != nil {
@@ -256,9 +256,13 @@ func (in *Inbox[T]) process(msg *message.Message, h HandlerFunc[T]) (Result, err
 
 // attempt runs one transaction for msg.
 func (in *Inbox[T]) attempt(ctx context.Context, msg *message.Message, key string, topic *string, h HandlerFunc[T]) (res Result, err error) {
-	tx, err := in.db.begin(ctx)
+	args := []any{in.cfg.Consumer, key, topic}
+	if in.s.sqlite {
+		args = append(args, time.Now().UnixMicro())
+	}
+	tx, n, err := in.db.start(ctx, in.s.insertSQL, args)
 	if err != nil {
-		return 0, fmt.Errorf("outbox inbox: begin: %w", err)
+		return 0, fmt.Errorf("outbox inbox: begin and record message %q in %s: %w", key, in.s.table, err)
 	}
 	done := false
 	defer func() {
@@ -268,15 +272,6 @@ func (in *Inbox[T]) attempt(ctx context.Context, msg *message.Message, key strin
 			}
 		}
 	}()
-	ex := in.db.execer(tx)
-	args := []any{in.cfg.Consumer, key, topic}
-	if in.s.sqlite {
-		args = append(args, time.Now().UnixMicro())
-	}
-	n, err := ex.exec(ctx, in.s.insertSQL, args...)
-	if err != nil {
-		return 0, fmt.Errorf("outbox inbox: record message %q in %s: %w", key, in.s.table, err)
-	}
 	if n == 0 {
 		done = true
 		if err := in.db.commit(context.WithoutCancel(ctx), tx); err != nil {

@@ -25,6 +25,21 @@ func TestProcess(t *testing.T) {
 		e := pgEnv(t, "pgx", pool)
 		testProcess(t, e, inbox.FromPgx(pool, pgx.TxOptions{}))
 	})
+	t.Run("pgx-conn", func(t *testing.T) {
+		pool := pgtest.Require(t)
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Release()
+		e := pgEnv(t, "pgx", pool)
+		testProcess(t, e, inbox.FromPgx(c.Conn(), pgx.TxOptions{}))
+	})
+	t.Run("pgx-other-beginner", func(t *testing.T) {
+		pool := pgtest.Require(t)
+		e := pgEnv(t, "pgx", pool)
+		testProcess(t, e, inbox.FromPgx(otherBeginner{pool}, pgx.TxOptions{}))
+	})
 	t.Run("database-sql", func(t *testing.T) {
 		db := pgtest.StdDB(t)
 		e := pgEnv(t, "database/sql", db)
@@ -221,5 +236,63 @@ func TestSchemaSQL(t *testing.T) {
 	}
 	if n, err := inbox.Count(ctx, pool, inbox.SchemaConfig{Table: table}, ""); err != nil || n != 0 {
 		t.Fatalf("count on the script's table: %d, %v", n, err)
+	}
+}
+
+// otherBeginner is a PgxBeginner that is neither a pool nor a connection: FromPgx then uses
+// pgx's own transactions.
+type otherBeginner struct{ inbox.PgxBeginner }
+
+// TestPgxNested: the pipelined pgx transaction's Begin makes savepoints: a nested rollback
+// undoes only its own writes; a failed statement inside a savepoint leaves the transaction
+// usable after the nested rollback; the outer commit keeps the rest.
+func TestPgxNested(t *testing.T) {
+	pool := pgtest.Require(t)
+	e := pgEnv(t, "pgx", pool)
+	in, err := inbox.New(inbox.FromPgx(pool, pgx.TxOptions{}), e.config("nested"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	insert := fmt.Sprintf(`INSERT INTO %s (id) VALUES ($1)`, e.biz)
+	_, err = in.Process(outbox.NewMessage(nil), func(msg *message.Message, tx pgx.Tx) ([]*message.Message, error) {
+		if _, err := tx.Exec(ctx, insert, "outer"); err != nil {
+			return nil, err
+		}
+		nested, err := tx.Begin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := nested.Exec(ctx, insert, "outer"); err == nil { // duplicate key
+			return nil, errors.New("duplicate insert succeeded")
+		}
+		if err := nested.Rollback(ctx); err != nil {
+			return nil, err
+		}
+		if err := nested.Rollback(ctx); !errors.Is(err, pgx.ErrTxClosed) {
+			return nil, fmt.Errorf("second rollback: %v", err)
+		}
+		kept, err := tx.Begin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := kept.Exec(ctx, insert, "kept"); err != nil {
+			return nil, err
+		}
+		if tx.Conn() == nil {
+			return nil, errors.New("no connection")
+		}
+		return nil, kept.Commit(ctx)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.counts(t); got != [3]int{2, 0, 1} {
+		t.Fatalf("business, outbox, inbox rows = %v, want [2 0 1]", got)
+	}
+	// The pool's connections came back idle: a fresh transaction works on each.
+	for range 30 {
+		if _, err := in.Process(outbox.NewMessage(nil), func(*message.Message, pgx.Tx) ([]*message.Message, error) { return nil, nil }); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -225,4 +226,28 @@ func TestRelayAsynqKill(t *testing.T) {
 		}
 	}
 	t.Logf("pending at the kill: %d; task id conflicts met by the second relay: %d", atKill, conflicts)
+}
+
+// TestParseAsynqURL: the asynq --to forms and the refused ones (no Redis involved).
+func TestParseAsynqURL(t *testing.T) {
+	d, err := parseDestURL("asynq+redis://:secret@127.0.0.1:6380/3?queue=emails&retention=2h&max-retry=4&dial_timeout=2s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt, ok := d.asynq.Redis.(asynq.RedisClientOpt)
+	if d.kind != destAsynq || !ok || opt.Addr != "127.0.0.1:6380" || opt.DB != 3 || opt.Password != "secret" || opt.DialTimeout != 2*time.Second ||
+		d.asynq.Queue != "emails" || d.asynq.Retention != 2*time.Hour || d.asynq.MaxRetry != 4 || strings.Contains(d.shown, "secret") {
+		t.Fatalf("parsed %+v, %+v (shown %q)", d, d.asynq, d.shown)
+	}
+	d, err = parseDestURL("asynq+redis://127.0.0.1:6379?max-retry=0")
+	if err != nil || d.asynq.Queue != "" || len(d.asynq.Options) != 1 {
+		t.Fatalf("max-retry=0: %+v, %v", d.asynq, err)
+	}
+	for _, bad := range []string{"asynq+redis://h:1?retention=soon", "asynq+redis://h:1?max-retry=x", "asynq+redis://h:1?max-retry=-2",
+		"asynq+redis://h:1?retention=-1h", "asynq+redis://h:1?bogus=1", "asynq+redis://h:1/notadb"} {
+		var ue *usageError
+		if _, err := parseDestURL(bad); !errors.As(err, &ue) {
+			t.Errorf("%s: %v, want a usage error", bad, err)
+		}
+	}
 }

@@ -86,7 +86,10 @@ func FromPgx(db PgxBeginner, opts pgx.TxOptions) DB[pgx.Tx] {
 func FromSQL(db *sql.DB, opts *sql.TxOptions) DB[*sql.Tx] {
 	d := DB[*sql.Tx]{
 		start: func(ctx context.Context, insert string, args []any) (*sql.Tx, int64, error) {
-			tx, err := db.BeginTx(ctx, opts)
+			// database/sql ends a transaction when its BeginTx context is cancelled, even
+			// during COMMIT (whose outcome is then unknown): the inbox ends its transactions
+			// itself, so they do not follow the message's context (statements still do).
+			tx, err := db.BeginTx(context.WithoutCancel(ctx), opts)
 			if err != nil {
 				return nil, 0, err
 			}

@@ -73,7 +73,8 @@ var errCrash = errors.New("simulated crash after commit, before ack")
 // group/queue). Each message thus arrives four or more times, and in the end there are
 // exactly 2,000 business rows, 2,000 outbox events and 2,000 inbox rows. A rolled-back
 // delivery that left any of its three rows would show: an extra outbox event (each attempt
-// has a fresh event id), or a later delivery skipped as a duplicate with no business row.
+// has a fresh event id; the failing delivery writes its event too), or a later delivery
+// skipped as a duplicate with no business row.
 func testInboxExactlyOnce[T any](t *testing.T, b inboxBroker, db inbox.DB[T], exec func(T, string, ...any) error) {
 	const n = 2000
 	biz, outCfg, inCfg := inboxTables(t)
@@ -93,10 +94,20 @@ func testInboxExactlyOnce[T any](t *testing.T, b inboxBroker, db inbox.DB[T], ex
 		first := !rolledBack[msg.UUID]
 		rolledBack[msg.UUID] = true
 		mu.Unlock()
+		followUp := outbox.NewMessage([]byte(fmt.Sprintf(`{"processed":%q}`, msg.UUID)))
 		if first {
+			// The failing delivery also writes its follow-up event into the outbox table
+			// before failing, so that all three tables have a row to roll back.
+			pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Schema: outCfg}, nil)
+			if err != nil {
+				return nil, err
+			}
+			if err := pub.Publish("followups", followUp); err != nil {
+				return nil, err
+			}
 			return nil, errors.New("simulated handler failure after its writes")
 		}
-		return []*message.Message{outbox.NewMessage([]byte(fmt.Sprintf(`{"processed":%q}`, msg.UUID)))}, nil
+		return []*message.Message{followUp}, nil
 	}
 	// outer counts deliveries and fails a message's first committed delivery after the commit.
 	outer := func(in *inbox.Inbox[T]) message.NoPublishHandlerFunc {

@@ -40,13 +40,13 @@ func inboxTables(t *testing.T) (biz string, out outbox.SchemaConfig, in inbox.Sc
 	pool := pgtest.Require(t)
 	biz = pgx.Identifier{pgtest.Table(t)}.Sanitize()
 	out, in = outbox.SchemaConfig{Table: pgtest.Table(t)}, inbox.SchemaConfig{Table: pgtest.Table(t)}
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+biz+` (id UUID PRIMARY KEY)`); err != nil {
+	if _, err := pool.Exec(context.Background(), `CREATE TABLE `+biz+` (id UUID PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}
-	if err := outbox.Migrate(ctx, pool, out); err != nil {
+	if err := outbox.Migrate(context.Background(), pool, out); err != nil {
 		t.Fatal(err)
 	}
-	if err := inbox.Migrate(ctx, pool, in); err != nil {
+	if err := inbox.Migrate(context.Background(), pool, in); err != nil {
 		t.Fatal(err)
 	}
 	return biz, out, in
@@ -55,19 +55,17 @@ func inboxTables(t *testing.T) (biz string, out outbox.SchemaConfig, in inbox.Sc
 func countRows(t *testing.T, table string) int {
 	t.Helper()
 	var n int
-	if err := pgtest.Require(t).QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n); err != nil {
+	if err := pgtest.Require(t).QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
 }
 
-var ctx = context.Background()
-
 var errCrash = errors.New("simulated crash after commit, before ack")
 
 // testInboxExactlyOnce runs consume → process → produce through the broker: 2,000 messages,
 // each published twice (a producer's redelivery). Every message's first delivery writes its
-// business row and returns its follow-up, then fails inside the transaction (rolled back);
+// business row and its follow-up event, then fails inside the transaction (rolled back);
 // its first committed delivery "crashes" between commit and ack (the router nacks, the broker
 // redelivers); the consumer is restarted midway (a new router and subscribers on the same
 // group/queue). Each message thus arrives four or more times, and in the end there are
@@ -254,7 +252,7 @@ func TestInboxKafka(t *testing.T) {
 		return inboxKafkaSubscriber(t, c, "inbox-it")
 	}}
 	testInboxExactlyOnce(t, b, inbox.FromPgx(pool, pgx.TxOptions{}), func(tx pgx.Tx, q string, args ...any) error {
-		_, err := tx.Exec(ctx, q, args...)
+		_, err := tx.Exec(context.Background(), q, args...)
 		return err
 	})
 }
@@ -298,7 +296,7 @@ func TestInboxRabbitMQ(t *testing.T) {
 		return sub
 	}}
 	testInboxExactlyOnce(t, b, inbox.FromSQL(db, nil), func(tx *sql.Tx, q string, args ...any) error {
-		_, err := tx.ExecContext(ctx, q, args...)
+		_, err := tx.ExecContext(context.Background(), q, args...)
 		return err
 	})
 }
@@ -349,7 +347,7 @@ func TestInboxKafkaPositionKey(t *testing.T) {
 		return s.Processed == n && s.Duplicates >= n
 	})
 	var bad int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{inCfg.Table}.Sanitize()+` WHERE message_id NOT LIKE $1`, topic+"/%/%").Scan(&bad); err != nil || bad != 0 {
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pgx.Identifier{inCfg.Table}.Sanitize()+` WHERE message_id NOT LIKE $1`, topic+"/%/%").Scan(&bad); err != nil || bad != 0 {
 		t.Fatalf("%d inbox keys not of the form topic/partition/offset (%v)", bad, err)
 	}
 	if got := countRows(t, pgx.Identifier{inCfg.Table}.Sanitize()); got != n || crashes.Load() != n {

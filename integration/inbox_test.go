@@ -52,7 +52,7 @@ func inboxTables(t *testing.T) (biz string, out outbox.SchemaConfig, in inbox.Sc
 	return biz, out, in
 }
 
-func countRows(t *testing.T, table string) int {
+func inboxCountRows(t *testing.T, table string) int {
 	t.Helper()
 	var n int
 	if err := pgtest.Require(t).QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&n); err != nil {
@@ -61,7 +61,7 @@ func countRows(t *testing.T, table string) int {
 	return n
 }
 
-var errCrash = errors.New("simulated crash after commit, before ack")
+var inboxErrCrash = errors.New("simulated crash after commit, before ack")
 
 // testInboxExactlyOnce runs consume → process → produce through the broker: 2,000 messages,
 // each published twice (a producer's redelivery). Every message's first delivery writes its
@@ -121,7 +121,7 @@ func testInboxExactlyOnce[T any](t *testing.T, b inboxBroker, db inbox.DB[T], ex
 			defer mu.Unlock()
 			if res == inbox.ResultProcessed && !crashed[msg.UUID] {
 				crashed[msg.UUID] = true
-				return errCrash
+				return inboxErrCrash
 			}
 			return nil
 		}
@@ -206,7 +206,7 @@ func testInboxExactlyOnce[T any](t *testing.T, b inboxBroker, db inbox.DB[T], ex
 				short++
 			}
 		}
-		return short, countRows(t, biz)
+		return short, inboxCountRows(t, biz)
 	}
 	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
 		short, rows := done()
@@ -221,7 +221,7 @@ func testInboxExactlyOnce[T any](t *testing.T, b inboxBroker, db inbox.DB[T], ex
 	stop = func() {}
 
 	s := total()
-	if got := [3]int{countRows(t, biz), countRows(t, pgx.Identifier{outCfg.Table}.Sanitize()), countRows(t, pgx.Identifier{inCfg.Table}.Sanitize())}; got != [3]int{n, n, n} {
+	if got := [3]int{inboxCountRows(t, biz), inboxCountRows(t, pgx.Identifier{outCfg.Table}.Sanitize()), inboxCountRows(t, pgx.Identifier{inCfg.Table}.Sanitize())}; got != [3]int{n, n, n} {
 		t.Fatalf("business, outbox, inbox rows = %v, want [%d %d %d] (stats %+v)", got, n, n, n, s)
 	}
 	mu.Lock()
@@ -336,7 +336,7 @@ func TestInboxKafkaPositionKey(t *testing.T) {
 		}
 		if _, again := seen.LoadOrStore(msg.UUID, true); !again {
 			crashes.Add(1)
-			return errCrash
+			return inboxErrCrash
 		}
 		return nil
 	})
@@ -350,7 +350,7 @@ func TestInboxKafkaPositionKey(t *testing.T) {
 	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pgx.Identifier{inCfg.Table}.Sanitize()+` WHERE message_id NOT LIKE $1`, topic+"/%/%").Scan(&bad); err != nil || bad != 0 {
 		t.Fatalf("%d inbox keys not of the form topic/partition/offset (%v)", bad, err)
 	}
-	if got := countRows(t, pgx.Identifier{inCfg.Table}.Sanitize()); got != n || crashes.Load() != n {
+	if got := inboxCountRows(t, pgx.Identifier{inCfg.Table}.Sanitize()); got != n || crashes.Load() != n {
 		t.Fatalf("%d inbox rows, %d crashes; want %d each", got, crashes.Load(), n)
 	}
 }

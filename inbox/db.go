@@ -38,7 +38,7 @@ type DB[T any] struct {
 //
 // With a *pgxpool.Pool or *pgx.Conn, BEGIN and the inbox INSERT go to the server in one
 // pipelined round trip, and the handler's pgx.Tx is the package's own implementation on the
-// transaction's connection (Begin makes savepoints; LargeObjects is not supported). Any other
+// transaction's connection (Begin makes savepoints). Any other
 // PgxBeginner gets pgx's own transaction and one more round trip per message.
 func FromPgx(db PgxBeginner, opts pgx.TxOptions) DB[pgx.Tx] {
 	pg := outbox.DialectPostgreSQL

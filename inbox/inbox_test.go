@@ -281,6 +281,14 @@ func TestPgxNested(t *testing.T) {
 		if tx.Conn() == nil {
 			return nil, errors.New("no connection")
 		}
+		lo := tx.LargeObjects()
+		oid, err := lo.Create(ctx, 0)
+		if err != nil {
+			return nil, fmt.Errorf("large object: %w", err)
+		}
+		if err := lo.Unlink(ctx, oid); err != nil {
+			return nil, fmt.Errorf("large object: %w", err)
+		}
 		return nil, kept.Commit(ctx)
 	})
 	if err != nil {

@@ -14,8 +14,6 @@ import (
 // the inbox row's INSERT go to the server in one pipelined round trip (pgx.Batch), which saves
 // the round trip of a separate BEGIN on every message. It implements pgx.Tx on the connection
 // the transaction runs on; Begin makes a savepoint (a pseudo nested transaction, as pgx does).
-//
-// LargeObjects is not supported: it returns pgx's zero LargeObjects, whose methods fail.
 type pgxConnTx struct {
 	conn      *pgx.Conn
 	release   func() // returns a pool connection; nil for a *pgx.Conn
@@ -129,8 +127,17 @@ func (tx *pgxConnTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResul
 	return tx.conn.SendBatch(ctx, b)
 }
 
-// LargeObjects is not supported on the inbox transaction: it returns the zero value.
-func (tx *pgxConnTx) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }
+// LargeObjects returns pgx's large-object API on the transaction's connection. pgx builds it
+// only from its own transaction type, so this takes one round trip (a pgx transaction handle
+// whose "begin" is a no-op SELECT on the connection already in the transaction); if that fails
+// it returns the zero value, whose methods panic.
+func (tx *pgxConnTx) LargeObjects() pgx.LargeObjects {
+	h, err := tx.conn.BeginTx(context.Background(), pgx.TxOptions{BeginQuery: "select 1"})
+	if err != nil {
+		return pgx.LargeObjects{}
+	}
+	return h.LargeObjects()
+}
 
 func (tx *pgxConnTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	return tx.conn.Prepare(ctx, name, sql)

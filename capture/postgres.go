@@ -1,0 +1,402 @@
+package capture
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/watermill-outbox/outbox"
+)
+
+// PostgreSQL: one row-level AFTER trigger per captured table (plus a TRUNCATE statement
+// trigger) calling a PL/pgSQL function generated from the catalog at install time, so the
+// function knows every column's type and does no catalog lookup per row. The event is written
+// by the trigger in the writer's transaction while the writer holds the changed row's lock.
+
+const (
+	pgTrigger         = "outbox_capture"
+	pgTruncateTrigger = "outbox_capture_truncate"
+	pgExtSetting      = "outbox.capture_extension"
+	// pgTimeFmt renders a timestamptz as ISO 8601 in UTC with microseconds.
+	pgTimeFmt = `to_char((%s) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')`
+	// pgUUIDv7 is a version 7 UUID (RFC 9562): the Unix time in milliseconds over the first
+	// 48 bits of a random (version 4) UUID, whose version bits 0100 become 0111 by setting
+	// bits 4 and 5 of byte 6 (set_bit numbers bits from the right within each byte).
+	pgUUIDv7 = `encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid()) placing substring(int8send(floor(extract(epoch from clock_timestamp()) * 1000)::bigint) from 3) from 1 for 6), 52, 1), 53, 1), 'hex')::uuid`
+)
+
+// pgFunction returns the quoted name of the trigger function of schema.table (at most 63
+// bytes: a long table name is cut and suffixed with a hash).
+func pgFunction(schema, table string) string {
+	name := table + "_outbox_capture"
+	if len(name) > 63 {
+		h := fnv.New32a()
+		h.Write([]byte(table))
+		name = fmt.Sprintf("%s_%08x_outbox_capture", table[:30], h.Sum32())
+	}
+	return pgx.Identifier{schema, name}.Sanitize()
+}
+
+// pgType is a row of pg_type with what the JSON rules need.
+type pgType struct {
+	name, typtype, category string
+	elem, base, rngsub      int64
+}
+
+// pgTypes classifies column types, caching pg_type rows.
+type pgTypes struct {
+	ctx   context.Context
+	c     conn
+	cache map[int64]pgType
+}
+
+func (p *pgTypes) get(oid int64) (pgType, error) {
+	if t, ok := p.cache[oid]; ok {
+		return t, nil
+	}
+	rs, err := p.c.query(p.ctx, `SELECT t.typname::text, t.typtype::text, t.typcategory::text, t.typelem::int8, t.typbasetype::int8, coalesce(r.rngsubtype, 0)::int8
+FROM pg_type t LEFT JOIN pg_range r ON r.rngtypid = t.oid WHERE t.oid = $1`, oid)
+	if err != nil {
+		return pgType{}, err
+	}
+	defer rs.Close()
+	var t pgType
+	if !rs.Next() {
+		return t, fmt.Errorf("capture: type oid %d not found", oid)
+	}
+	if err := rs.Scan(&t.name, &t.typtype, &t.category, &t.elem, &t.base, &t.rngsub); err != nil {
+		return t, err
+	}
+	rs.Close()
+	p.cache[oid] = t
+	return t, rs.Err()
+}
+
+// pgRule is the JSON rule of a type: json renders a JSON value expression of x; plain means
+// to_jsonb(x) is the rule (so an array of it is to_jsonb of the array); textCmp means the type
+// has no equality operator and values compare as text.
+type pgRule struct {
+	json    func(x string) string
+	plain   bool
+	textCmp bool
+}
+
+// rule returns the JSON rule of type oid, or a rule with json == nil when there is none. The
+// rules are the package doc's "JSON form of values".
+func (p *pgTypes) rule(oid int64) (pgRule, error) {
+	t, err := p.get(oid)
+	if err != nil {
+		return pgRule{}, err
+	}
+	asText := pgRule{json: func(x string) string { return "to_jsonb((" + x + ")::text)" }}
+	switch {
+	case t.typtype == "d":
+		return p.rule(t.base)
+	case t.typtype == "e":
+		return asText, nil
+	case t.typtype == "r":
+		sub, err := p.rule(t.rngsub)
+		if err != nil || sub.json == nil {
+			return pgRule{}, err
+		}
+		return pgRule{json: func(x string) string {
+			return fmt.Sprintf("CASE WHEN (%[1]s) IS NULL THEN NULL ELSE jsonb_build_object('lower', %[2]s, 'upper', %[3]s, 'lower_inc', lower_inc(%[1]s), 'upper_inc', upper_inc(%[1]s), 'is_empty', isempty(%[1]s)) END",
+				x, sub.json("lower("+x+")"), sub.json("upper("+x+")"))
+		}}, nil
+	case t.category == "A" && t.elem != 0:
+		el, err := p.rule(t.elem)
+		if err != nil || el.json == nil {
+			return pgRule{}, err
+		}
+		if el.plain {
+			return pgRule{json: func(x string) string { return "to_jsonb(" + x + ")" }, textCmp: el.textCmp}, nil
+		}
+		return pgRule{json: func(x string) string {
+			return fmt.Sprintf("CASE WHEN (%[1]s) IS NULL THEN NULL ELSE coalesce((SELECT jsonb_agg(%[2]s ORDER BY u.o) FROM unnest(%[1]s) WITH ORDINALITY u(e, o)), '[]'::jsonb) END", x, el.json("u.e"))
+		}, textCmp: el.textCmp}, nil
+	}
+	switch t.name {
+	case "int2", "int4", "int8", "oid", "bool", "float4", "float8", "text", "varchar", "name", "timestamp", "date", "time", "timetz", "jsonb":
+		// to_jsonb gives numbers, booleans, strings, ISO 8601 for the time types, and
+		// "NaN"/"Infinity"/"-Infinity" for non-finite floats.
+		return pgRule{json: func(x string) string { return "to_jsonb(" + x + ")" }, plain: true}, nil
+	case "numeric", "uuid", "inet", "cidr", "macaddr", "macaddr8", "bpchar", "citext":
+		return asText, nil
+	case "timestamptz":
+		return pgRule{json: func(x string) string { return "to_jsonb(" + fmt.Sprintf(pgTimeFmt, x) + ")" }}, nil
+	case "interval":
+		return pgRule{json: func(x string) string { return "to_jsonb(extract(epoch FROM " + x + "))" }}, nil
+	case "bytea":
+		return pgRule{json: func(x string) string { return "to_jsonb(translate(encode(" + x + ", 'base64'), E'\\n', ''))" }}, nil
+	case "json":
+		return pgRule{json: func(x string) string { return "(" + x + ")::jsonb" }, textCmp: true}, nil
+	}
+	return pgRule{}, nil
+}
+
+// pgCatalog reads the table name (schema-qualified or through search_path).
+func pgCatalog(ctx context.Context, c conn, name string, tg *target) (*catalog, error) {
+	var (
+		oid                  int64
+		schema, table, kind  string
+		outboxOID, outboxErr = int64(0), error(nil)
+	)
+	rs, err := c.query(ctx, `SELECT c.oid::int8, n.nspname::text, c.relname::text, c.relkind::text, coalesce(to_regclass($2)::oid, 0)::int8
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, pgx.Identifier(strings.Split(name, ".")).Sanitize(), tg.table)
+	if err != nil {
+		return nil, fmt.Errorf("capture: read catalog of %s: %w", name, err)
+	}
+	found := rs.Next()
+	if found {
+		outboxErr = rs.Scan(&oid, &schema, &table, &kind, &outboxOID)
+	}
+	rs.Close()
+	if outboxErr != nil {
+		return nil, outboxErr
+	}
+	if err := rs.Err(); err != nil {
+		return nil, fmt.Errorf("capture: read catalog of %s: %w", name, err)
+	}
+	if !found || (kind != "r" && kind != "p") {
+		return nil, nil
+	}
+	cat := &catalog{schema: schema, table: table, isOutbox: oid == outboxOID}
+	types := &pgTypes{ctx: ctx, c: c, cache: map[int64]pgType{}}
+	type col struct {
+		name, typ string
+		oid       int64
+	}
+	var cols []col
+	rs, err = c.query(ctx, `SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), a.atttypid::int8
+FROM pg_attribute a WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum`, oid)
+	if err != nil {
+		return nil, err
+	}
+	for rs.Next() {
+		var cl col
+		if err := rs.Scan(&cl.name, &cl.typ, &cl.oid); err != nil {
+			rs.Close()
+			return nil, err
+		}
+		cols = append(cols, cl)
+	}
+	rs.Close()
+	if err := rs.Err(); err != nil {
+		return nil, err
+	}
+	for _, cl := range cols {
+		rule, err := types.rule(cl.oid)
+		if err != nil {
+			return nil, fmt.Errorf("capture: type of %s.%s: %w", table, cl.name, err)
+		}
+		cc := catColumn{name: cl.name, typ: cl.typ, json: rule.json,
+			text:     func(x string) string { return "(" + x + ")::text" },
+			distinct: func(a, b string) string { return a + " IS DISTINCT FROM " + b }}
+		if rule.textCmp {
+			cc.distinct = func(a, b string) string { return a + "::text IS DISTINCT FROM " + b + "::text" }
+		}
+		cat.cols = append(cat.cols, cc)
+	}
+	cat.pk, err = queryStrings(ctx, c, `SELECT a.attname::text FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY k(attnum, ord)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum WHERE i.indrelid = $1 AND i.indisprimary ORDER BY k.ord`, oid)
+	return cat, err
+}
+
+// pgOutboxExists reports whether the outbox table exists.
+func pgOutboxExists(ctx context.Context, c conn, tg *target) (bool, error) {
+	got, err := queryStrings(ctx, c, `SELECT coalesce(to_regclass($1)::text, '')`, tg.table)
+	if err != nil {
+		return false, err
+	}
+	return len(got) == 1 && got[0] != "", nil
+}
+
+// jsonbObject renders jsonb_build_object over "key, value" pairs, in chunks (a function takes
+// at most 100 arguments).
+func jsonbObject(pairs []string) string {
+	if len(pairs) == 0 {
+		return "'{}'::jsonb"
+	}
+	var chunks []string
+	for i := 0; i < len(pairs); i += 50 {
+		chunks = append(chunks, "jsonb_build_object("+strings.Join(pairs[i:min(i+50, len(pairs))], ", ")+")")
+	}
+	return strings.Join(chunks, " || ")
+}
+
+func (r *resolved) pgImage(alias string, cols []catColumn) string {
+	ref := rowRef(alias)
+	var pairs []string
+	for _, c := range cols {
+		pairs = append(pairs, quoteLiteral(c.name)+", "+c.json(ref(c.name)))
+	}
+	return jsonbObject(pairs)
+}
+
+func (r *resolved) pgPK(alias string) string {
+	switch len(r.key) {
+	case 0:
+		return "'null'::jsonb"
+	case 1:
+		return r.key[0].json(rowRef(alias)(r.key[0].name))
+	}
+	return r.pgImage(alias, r.key)
+}
+
+// pgBranch renders the statements of one operation; alias is the row (NEW, or OLD for a delete).
+func (r *resolved) pgBranch(op Operation, tg *target) string {
+	alias := map[Operation]string{Inserted: "NEW", Updated: "NEW", Deleted: "OLD"}[op]
+	var b strings.Builder
+	names := make([]string, len(r.carried))
+	for i, c := range r.carried {
+		names[i] = quoteLiteral(c.name)
+	}
+	if op == Updated {
+		whens := make([]string, len(r.carried))
+		for i, c := range r.carried {
+			whens[i] = fmt.Sprintf("CASE WHEN %s THEN %s END", c.distinct(rowRef("OLD")(c.name), rowRef("NEW")(c.name)), quoteLiteral(c.name))
+		}
+		fmt.Fprintf(&b, "    ch := array_remove(ARRAY[%s]::text[], NULL);\n", strings.Join(whens, ", "))
+		if !r.EmitUnchanged {
+			b.WriteString("    IF cardinality(ch) = 0 THEN RETURN NULL; END IF;\n")
+		}
+	} else {
+		fmt.Fprintf(&b, "    ch := ARRAY[%s]::text[];\n", strings.Join(names, ", "))
+	}
+	env := []string{"'table', " + quoteLiteral(r.display), "'operation', " + quoteLiteral(string(op)), "'pk', " + r.pgPK(alias),
+		"'changed', to_jsonb(ch)", "'occurred_at', to_jsonb(" + fmt.Sprintf(pgTimeFmt, "now()") + ")"}
+	switch {
+	case r.Payload == PayloadBeforeAndAfter && op == Inserted:
+		env = append(env, "'before', NULL::jsonb", "'after', "+r.pgImage("NEW", r.carried))
+	case r.Payload == PayloadBeforeAndAfter && op == Updated:
+		env = append(env, "'before', "+r.pgImage("OLD", r.carried), "'after', "+r.pgImage("NEW", r.carried))
+	case r.Payload == PayloadBeforeAndAfter && op == Deleted:
+		env = append(env, "'before', "+r.pgImage("OLD", r.carried), "'after', NULL::jsonb")
+	case r.Payload == PayloadAfter && op != Deleted:
+		env = append(env, "'after', "+r.pgImage("NEW", r.carried))
+	case r.Payload == PayloadAfter && op == Deleted:
+		env = append(env, "'before', "+r.pgImage("OLD", r.carried))
+	}
+	envSQL := jsonbObject(env)
+	if op == Updated && r.Payload != PayloadBeforeAndAfter && len(r.key) > 0 {
+		// A key change: the event goes under the new key, the old key is in "before".
+		envSQL += fmt.Sprintf(" || CASE WHEN %s THEN jsonb_build_object('before', %s) ELSE '{}'::jsonb END", r.keyChanged(), r.pgImage("OLD", r.key))
+	}
+	var extra []string
+	for _, k := range sortedKeys(r.Extend.Payload) {
+		extra = append(extra, quoteLiteral(k)+", "+expandRow(r.Extend.Payload[k], alias))
+	}
+	fmt.Fprintf(&b, "    env := coalesce(ext->'payload', '{}'::jsonb) || %s || %s;\n", jsonbObject(extra), envSQL)
+	var hdrs []string
+	for _, k := range sortedKeys(r.Extend.Headers) {
+		hdrs = append(hdrs, quoteLiteral(k)+", "+expandRow(r.Extend.Headers[k], alias)+"::text")
+	}
+	fmt.Fprintf(&b, "    hdr := jsonb_strip_nulls(%s) || coalesce(ext->'headers', '{}'::jsonb);\n", jsonbObject(hdrs))
+	fmt.Fprintf(&b, "    k := nullif(%s, '');\n", r.orderingKey(alias, func(p []string) string { return "(" + strings.Join(p, " || ") + ")" }))
+	if r.lockKey {
+		// The Publisher's per-ordering-key lock (outbox SPEC §3.5): the same 64-bit hash
+		// seeded with the outbox table, so captured and published events of one key keep
+		// commit order together.
+		fmt.Fprintf(&b, "    IF k IS NOT NULL THEN PERFORM pg_advisory_xact_lock(hashtextextended(k, %d)); END IF;\n", tg.seed)
+	}
+	b.WriteString(r.pgInsert(r.topicFor(op), alias, tg))
+	return b.String()
+}
+
+// pgInsert renders the INSERT of one event from env, hdr and k.
+func (r *resolved) pgInsert(topic, alias string, tg *target) string {
+	payload := "env"
+	if tg.cfg.PayloadType == outbox.PayloadBytea {
+		payload = "convert_to(env::text, 'UTF8')"
+	}
+	insert := func(fromExt bool) string {
+		cols := []string{`"id"`, `"topic"`, `"payload"`, `"headers"`, `"ordering_key"`}
+		vals := []string{pgUUIDv7, quoteLiteral(topic), payload, "hdr", "k"}
+		for _, c := range tg.extras {
+			switch expr, ok := r.Extend.Columns[c]; {
+			case ok && alias != "":
+				cols, vals = append(cols, quoteIdent(c)), append(vals, expandRow(expr, alias))
+			case fromExt:
+				cols, vals = append(cols, quoteIdent(c)), append(vals, fmt.Sprintf("(jsonb_populate_record(NULL::%s, ext->'columns')).%s", tg.table, quoteIdent(c)))
+			}
+		}
+		return fmt.Sprintf("INSERT INTO %s (%s) VALUES (%s);", tg.table, strings.Join(cols, ", "), strings.Join(vals, ", "))
+	}
+	if len(tg.extras) == 0 {
+		return "    " + insert(false) + "\n"
+	}
+	return fmt.Sprintf("    IF ext ? 'columns' THEN\n      %s\n    ELSE\n      %s\n    END IF;\n", insert(true), insert(false))
+}
+
+// pgStatements returns the DDL installing r's triggers, one statement per element.
+func (r *resolved) pgStatements(tg *target) []string {
+	fn := pgFunction(r.cat.schema, r.cat.table)
+	var b strings.Builder
+	fmt.Fprintf(&b, "CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS $outbox_capture$\n", fn)
+	fmt.Fprintf(&b, "-- Generated by watermill-outbox capture.Install for %s (%s); re-run Install after ALTER TABLE.\n", r.display, r.Payload)
+	b.WriteString("DECLARE\n  ext jsonb := nullif(current_setting('" + pgExtSetting + "', true), '')::jsonb;\n  env jsonb;\n  hdr jsonb;\n  ch text[];\n  k text;\nBEGIN\n")
+	first := true
+	for _, op := range []Operation{Inserted, Updated, Deleted} {
+		if !containsOp(r.ops, op) {
+			continue
+		}
+		kw := map[bool]string{true: "IF", false: "ELSIF"}[first]
+		first = false
+		fmt.Fprintf(&b, "  %s TG_OP = %s THEN\n%s", kw, quoteLiteral(pgOp(op)), r.pgBranch(op, tg))
+	}
+	switch r.Truncate {
+	case TruncateRefuse:
+		fmt.Fprintf(&b, "  %s TG_OP = 'TRUNCATE' THEN\n    RAISE EXCEPTION 'outbox capture: TRUNCATE of %%.%% is refused (its rows would vanish without events): delete them with DELETE, or set capture.Table.Truncate', TG_TABLE_SCHEMA, TG_TABLE_NAME USING ERRCODE = 'feature_not_supported';\n",
+			map[bool]string{true: "IF", false: "ELSIF"}[first])
+		first = false
+	case TruncateCapture:
+		fmt.Fprintf(&b, "  %s TG_OP = 'TRUNCATE' THEN\n    env := coalesce(ext->'payload', '{}'::jsonb) || jsonb_build_object('table', %s, 'operation', 'truncated', 'occurred_at', to_jsonb(%s));\n    hdr := coalesce(ext->'headers', '{}'::jsonb);\n    k := NULL;\n%s",
+			map[bool]string{true: "IF", false: "ELSIF"}[first], quoteLiteral(r.display), fmt.Sprintf(pgTimeFmt, "now()"), r.pgInsert(r.topicFor(Truncated), "", tg))
+		first = false
+	}
+	if !first {
+		b.WriteString("  END IF;\n")
+	}
+	b.WriteString("  RETURN NULL;\nEND\n$outbox_capture$")
+	events := make([]string, 0, 3)
+	for _, op := range r.ops {
+		events = append(events, pgOp(op))
+	}
+	stmts := []string{b.String(),
+		fmt.Sprintf("DROP TRIGGER IF EXISTS %s ON %s", pgTrigger, r.qtable),
+		fmt.Sprintf("CREATE TRIGGER %s AFTER %s ON %s FOR EACH ROW EXECUTE FUNCTION %s()", pgTrigger, strings.Join(events, " OR "), r.qtable, fn),
+		fmt.Sprintf("DROP TRIGGER IF EXISTS %s ON %s", pgTruncateTrigger, r.qtable),
+	}
+	switch r.Truncate {
+	case TruncateRefuse:
+		stmts = append(stmts, fmt.Sprintf("CREATE TRIGGER %s BEFORE TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()", pgTruncateTrigger, r.qtable, fn))
+	case TruncateCapture:
+		stmts = append(stmts, fmt.Sprintf("CREATE TRIGGER %s AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()", pgTruncateTrigger, r.qtable, fn))
+	}
+	return stmts
+}
+
+// pgUninstall returns the DDL removing the triggers of schema.table.
+func pgUninstall(schema, table string) []string {
+	q := pgx.Identifier{schema, table}.Sanitize()
+	return []string{
+		fmt.Sprintf("DROP TRIGGER IF EXISTS %s ON %s", pgTrigger, q),
+		fmt.Sprintf("DROP TRIGGER IF EXISTS %s ON %s", pgTruncateTrigger, q),
+		fmt.Sprintf("DROP FUNCTION IF EXISTS %s()", pgFunction(schema, table)),
+	}
+}
+
+func pgOp(op Operation) string {
+	return map[Operation]string{Inserted: "INSERT", Updated: "UPDATE", Deleted: "DELETE"}[op]
+}
+
+func containsOp(ops []Operation, op Operation) bool {
+	for _, o := range ops {
+		if o == op {
+			return true
+		}
+	}
+	return false
+}

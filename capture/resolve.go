@@ -1,0 +1,188 @@
+package capture
+
+import (
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/watermill-outbox/outbox"
+)
+
+// catColumn is a column of a captured table as the catalog describes it, with its JSON rule.
+type catColumn struct {
+	name string
+	typ  string // the type as the catalog shows it
+	// json renders the column's value at ref (NEW."c") as a JSON value expression; nil when
+	// the type has no rule.
+	json func(ref string) string
+	// text renders the value at ref as text (for {pk}).
+	text func(ref string) string
+	// distinct renders "a differs from b".
+	distinct func(a, b string) string
+}
+
+// catalog is what Install reads about one table.
+type catalog struct {
+	schema, table string // unquoted
+	cols          []catColumn
+	pk            []string
+	isOutbox      bool
+}
+
+// resolved is a declaration checked against the catalog: the code generators' input.
+type resolved struct {
+	*checked
+	cat     *catalog
+	qtable  string // quoted, qualified
+	display string // "schema.table" for the envelope
+	carried []catColumn
+	key     []catColumn
+}
+
+// target is the outbox table the triggers write to.
+type target struct {
+	cfg    outbox.SchemaConfig
+	table  string // quoted, possibly qualified
+	parts  []string
+	seed   int64 // the Publisher's per-key lock seed
+	extras []string
+}
+
+func newTarget(cfg outbox.SchemaConfig) (*target, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	name := cfg.Table
+	if name == "" {
+		name = outbox.DefaultTable
+	}
+	t := &target{cfg: cfg, parts: strings.Split(name, ".")}
+	t.table = pgx.Identifier(t.parts).Sanitize()
+	// The seed of the Publisher's per-ordering-key lock and of Migrate's lock: FNV-1a (64
+	// bits) of the quoted table name, as the root package computes it (schema.go, compile).
+	h := fnv.New64a()
+	h.Write([]byte(t.table))
+	t.seed = int64(h.Sum64())
+	for _, c := range cfg.ExtraColumns {
+		t.extras = append(t.extras, c.Name)
+	}
+	return t, nil
+}
+
+func quoteIdent(s string) string { return pgx.Identifier{s}.Sanitize() }
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// resolve checks c against the table's catalog.
+func resolve(c *checked, cat *catalog, tg *target) (*resolved, error) {
+	if cat.isOutbox {
+		return nil, &outbox.ConfigError{Field: c.field("Name"), Reason: fmt.Sprintf("%q is the outbox table", c.Name), Err: ErrOutboxTable}
+	}
+	r := &resolved{checked: c, cat: cat, display: cat.schema + "." + cat.table}
+	r.qtable = pgx.Identifier{cat.schema, cat.table}.Sanitize()
+	byName := map[string]catColumn{}
+	for _, col := range cat.cols {
+		byName[col.name] = col
+	}
+	for _, f := range [][]string{c.Fields, c.Exclude, c.Key} {
+		for _, n := range f {
+			if _, ok := byName[n]; !ok {
+				field := map[bool]string{true: "Fields", false: "Exclude"}[len(c.Fields) > 0]
+				if slices.Contains(c.Key, n) {
+					field = "Key"
+				}
+				return nil, &outbox.ConfigError{Field: c.field(field), Reason: fmt.Sprintf("%s has no column %q", r.display, n), Err: ErrUnknownColumn}
+			}
+		}
+	}
+	switch {
+	case len(c.Fields) > 0:
+		for _, n := range c.Fields {
+			r.carried = append(r.carried, byName[n])
+		}
+	default:
+		for _, col := range cat.cols {
+			if !slices.Contains(c.Exclude, col.name) {
+				r.carried = append(r.carried, col)
+			}
+		}
+	}
+	keyNames := c.Key
+	if len(keyNames) == 0 {
+		keyNames = cat.pk
+	}
+	for _, n := range keyNames {
+		r.key = append(r.key, byName[n])
+	}
+	if len(r.key) == 0 && c.okey != nil && c.okey.uses("pk") {
+		return nil, &outbox.ConfigError{Field: c.field("Key"), Reason: fmt.Sprintf("%s has no primary key: set Key, OrderingKeySQL or Unordered", r.display), Err: ErrNoPrimaryKey}
+	}
+	for _, col := range append(slices.Clone(r.carried), r.key...) {
+		if col.json == nil {
+			return nil, &outbox.ConfigError{Field: c.field("Fields"), Reason: "unsupported column type", Err: &UnsupportedTypeError{Table: r.display, Column: col.name, Type: col.typ}}
+		}
+	}
+	for name := range c.Extend.Columns {
+		if !slices.Contains(tg.extras, name) {
+			return nil, &outbox.ConfigError{Field: c.field("Extend.Columns"), Reason: fmt.Sprintf("%q is not one of SchemaConfig.ExtraColumns", name), Err: ErrInvalid}
+		}
+	}
+	return r, nil
+}
+
+// topicFor returns the literal topic of op.
+func (r *resolved) topicFor(op Operation) string {
+	return strings.ToLower(r.topic.expand(map[string]string{"schema": r.cat.schema, "table": r.cat.table, "operation": string(op)}))
+}
+
+// keyChanged renders "a key column differs between OLD and NEW", or "" without a key.
+func (r *resolved) keyChanged() string {
+	var parts []string
+	for _, k := range r.key {
+		parts = append(parts, k.distinct(rowRef("OLD")(k.name), rowRef("NEW")(k.name)))
+	}
+	return strings.Join(parts, " OR ")
+}
+
+// orderingKey renders the ordering key expression of the row alias ("NEW", "OLD"), or "NULL";
+// concat joins text expressions in the dialect.
+func (r *resolved) orderingKey(alias string, concat func(parts []string) string) string {
+	ref := rowRef(alias)
+	switch {
+	case r.Unordered:
+		return "NULL"
+	case r.OrderingKeySQL != "":
+		return expandRow(r.OrderingKeySQL, alias)
+	}
+	var parts []string
+	for _, p := range r.okey {
+		switch p.name {
+		case "":
+			parts = append(parts, quoteLiteral(p.lit))
+		case "schema":
+			parts = append(parts, quoteLiteral(r.cat.schema))
+		case "table":
+			parts = append(parts, quoteLiteral(r.cat.table))
+		case "pk":
+			for i, k := range r.key {
+				if i > 0 {
+					parts = append(parts, "':'")
+				}
+				parts = append(parts, k.text(ref(k.name)))
+			}
+		}
+	}
+	return concat(parts)
+}
+
+// rowRef returns a function that quotes a column of the row alias ("NEW", "OLD").
+func rowRef(alias string) func(string) string {
+	return func(col string) string { return alias + "." + quoteIdent(col) }
+}
+
+// expandRow replaces {row} in a user expression by the row alias.
+func expandRow(expr, alias string) string {
+	return "(" + strings.ReplaceAll(expr, "{row}", alias) + ")"
+}

@@ -1,6 +1,7 @@
 package capture_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -70,9 +71,9 @@ func TestRowChanges(t *testing.T) {
 			t.Fatalf("multi-row update: %+v", got)
 		}
 		for _, g := range got {
-			id := g.Envelope["pk"].(float64)
+			id, _ := g.Envelope["pk"].(json.Number).Int64()
 			after := g.Envelope["after"].(map[string]any)
-			if after["amount"].(float64) != id*10 || fmt.Sprint(g.Envelope["changed"]) != "[amount]" {
+			if after["amount"] != json.Number(fmt.Sprint(id*10)) || fmt.Sprint(g.Envelope["changed"]) != "[amount]" {
 				t.Fatalf("multi-row update event %+v", g.Envelope)
 			}
 		}

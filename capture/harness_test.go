@@ -1,6 +1,7 @@
 package capture_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -126,7 +127,7 @@ func (h *harness) events(since int64) []captured {
 		if err != nil || id.Version() != 7 || id.Variant() != uuid.RFC4122 {
 			h.t.Fatalf("event id %q is not a UUIDv7 (%v)", c.ID, err)
 		}
-		if err := json.Unmarshal([]byte(payload), &c.Envelope); err != nil {
+		if err := decodeExact([]byte(payload), &c.Envelope); err != nil {
 			h.t.Fatalf("payload %s: %v", payload, err)
 		}
 		if err := json.Unmarshal([]byte(header), &c.Headers); err != nil {
@@ -212,7 +213,7 @@ func (h *harness) compare(got []captured, ws []want) {
 	for i, w := range ws {
 		g := got[i]
 		var env map[string]any
-		if err := json.Unmarshal([]byte(w.env), &env); err != nil {
+		if err := decodeExact([]byte(w.env), &env); err != nil {
 			h.t.Fatalf("bad expected envelope %s: %v", w.env, err)
 		}
 		hdr := w.headers
@@ -224,4 +225,12 @@ func (h *harness) compare(got []captured, ws []want) {
 			h.t.Fatalf("event %d:\n got topic %q key %q env %s headers %v\nwant topic %q key %q env %s headers %v", i, g.Topic, g.Key, gb, g.Headers, w.topic, w.key, w.env, hdr)
 		}
 	}
+}
+
+// decodeExact decodes JSON keeping numbers as their text (json.Number), so 2^53+1 and
+// 12.50 compare exactly.
+func decodeExact(b []byte, v any) error {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	return d.Decode(v)
 }

@@ -127,7 +127,7 @@ func (p *pgTypes) rule(oid int64) (pgRule, error) {
 	case "timestamptz":
 		return pgRule{json: func(x string) string { return "to_jsonb(" + fmt.Sprintf(pgTimeFmt, x) + ")" }}, nil
 	case "interval":
-		return pgRule{json: func(x string) string { return "to_jsonb(extract(epoch FROM " + x + "))" }}, nil
+		return pgRule{json: func(x string) string { return "to_jsonb(trim_scale(extract(epoch FROM " + x + ")))" }}, nil
 	case "bytea":
 		return pgRule{json: func(x string) string { return "to_jsonb(translate(encode(" + x + ", 'base64'), E'\\n', ''))" }}, nil
 	case "json":

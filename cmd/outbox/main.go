@@ -102,6 +102,7 @@ OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environme
 		newStatusCmd(),
 		newDeadCmd(),
 		newCleanupCmd(),
+		newCaptureCmd(),
 	)
 	return root
 }

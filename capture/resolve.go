@@ -137,11 +137,11 @@ func (r *resolved) topicFor(op Operation) string {
 	return strings.ToLower(r.topic.expand(map[string]string{"schema": r.cat.schema, "table": r.cat.table, "operation": string(op)}))
 }
 
-// keyChanged renders "a key column differs between OLD and NEW", or "" without a key.
-func (r *resolved) keyChanged() string {
+// keyChanged renders "a key column differs between the old and the new row", or "" without a key.
+func (r *resolved) keyChanged(oldAlias, newAlias string) string {
 	var parts []string
 	for _, k := range r.key {
-		parts = append(parts, k.distinct(rowRef("OLD")(k.name), rowRef("NEW")(k.name)))
+		parts = append(parts, k.distinct(rowRef(oldAlias)(k.name), rowRef(newAlias)(k.name)))
 	}
 	return strings.Join(parts, " OR ")
 }

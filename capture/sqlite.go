@@ -199,7 +199,7 @@ func (r *resolved) sqliteStatements(tg *target) []string {
 		}
 		payload := "json_object(" + strings.Join(env, ", ") + ")"
 		if op == Updated && r.Payload != PayloadBeforeAndAfter && len(r.key) > 0 {
-			payload = fmt.Sprintf("CASE WHEN %s THEN json_set(%s, '$.before', %s) ELSE %s END", r.keyChanged(), payload, r.sqliteImage("OLD", r.key), payload)
+			payload = fmt.Sprintf("CASE WHEN %s THEN json_set(%s, '$.before', %s) ELSE %s END", r.keyChanged("OLD", "NEW"), payload, r.sqliteImage("OLD", r.key), payload)
 		}
 		if tg.cfg.PayloadType == outbox.PayloadBytea {
 			payload = "CAST(" + payload + " AS BLOB)"

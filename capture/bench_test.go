@@ -1,0 +1,233 @@
+package capture_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/capture"
+	"github.com/watermill-outbox/outbox/internal/pgtest"
+)
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func median(xs []float64) float64 {
+	sort.Float64s(xs)
+	return xs[len(xs)/2]
+}
+
+// benchSetup migrates a fresh outbox table and creates tables (id int PRIMARY KEY, status
+// text, amount int) with rows 1..rows each.
+func benchSetup(b *testing.B, pool *pgxpool.Pool, rows int, names ...*string) outbox.SchemaConfig {
+	schema := outbox.SchemaConfig{Table: pgtest.Table(b)}
+	if err := outbox.Migrate(ctx, pool, schema); err != nil {
+		b.Fatal(err)
+	}
+	for _, n := range names {
+		*n = pgtest.Table(b)
+		if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %[1]s (id int PRIMARY KEY, status text NOT NULL, amount int NOT NULL);
+			INSERT INTO %[1]s SELECT g, 'new', 0 FROM generate_series(1, %[2]d) g; ANALYZE %[1]s`, *n, rows)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return schema
+}
+
+// BenchmarkOneRowUpdate: 8 writers, each transaction one business UPDATE of a random row of
+// 10,000. Captured: the trigger writes the event. Published: the same UPDATE on an uncaptured
+// twin table, then Publish of the equivalent event (the same envelope shape and ordering
+// key) — one more round trip. Rounds alternate (OUTBOX_BENCH_ROUNDS, default 3; OUTBOX_BENCH_TX
+// transactions each, default 4000); it reports the median tx/s of each and their ratio.
+func BenchmarkOneRowUpdate(b *testing.B) {
+	pool := pgtest.Require(b)
+	total, rounds := envInt("OUTBOX_BENCH_TX", 4000), envInt("OUTBOX_BENCH_ROUNDS", 3)
+	const writers, rows = 8, 10000
+	var captured, plain string
+	schema := benchSetup(b, pool, rows, &captured, &plain)
+	if err := capture.Install(ctx, pool, schema, capture.Table{Name: captured}); err != nil {
+		b.Fatal(err)
+	}
+	run := func(write func(tx pgx.Tx, id, i int) error) float64 {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		start := time.Now()
+		for w := range writers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rnd := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
+				for {
+					i := int(next.Add(1))
+					if i > total {
+						return
+					}
+					if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return write(tx, 1+rnd.IntN(rows), i) }); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		return float64(total) / time.Since(start).Seconds()
+	}
+	byTrigger := func(tx pgx.Tx, id, i int) error {
+		_, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s SET amount = $1 WHERE id = $2`, captured), i, id)
+		return err
+	}
+	byPublish := func(tx pgx.Tx, id, i int) error {
+		var status string
+		if err := tx.QueryRow(ctx, fmt.Sprintf(`UPDATE %s SET amount = $1 WHERE id = $2 RETURNING status`, plain), i, id).Scan(&status); err != nil {
+			return err
+		}
+		p, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Schema: schema}, nil)
+		if err != nil {
+			return err
+		}
+		_, err = p.Enqueue(ctx, outbox.EventInput{Topic: plain + ".updated", OrderingKey: plain + ":" + strconv.Itoa(id), Payload: map[string]any{
+			"table": "public." + plain, "operation": "updated", "pk": id, "changed": []string{"amount"},
+			"after": map[string]any{"id": id, "status": status, "amount": i}, "occurred_at": time.Now().UTC().Format("2006-01-02T15:04:05.000000+00:00")}})
+		return err
+	}
+	for range b.N {
+		var c, p []float64
+		for range rounds {
+			c = append(c, run(byTrigger))
+			p = append(p, run(byPublish))
+		}
+		mc, mp := median(c), median(p)
+		b.ReportMetric(mc, "captured-tx/s")
+		b.ReportMetric(mp, "published-tx/s")
+		b.ReportMetric(mc/mp, "ratio")
+	}
+}
+
+// BenchmarkBulkUpdate: one UPDATE of every row of a 100,000-row table (OUTBOX_BENCH_ROWS),
+// captured (100,000 events written by the trigger) against the same UPDATE of an uncaptured
+// twin table. Rounds alternate (OUTBOX_BENCH_ROUNDS, default 3); it reports the median
+// seconds of each and the ratio captured/plain (lower is better).
+func BenchmarkBulkUpdate(b *testing.B) {
+	pool := pgtest.Require(b)
+	rows, rounds := envInt("OUTBOX_BENCH_ROWS", 100000), envInt("OUTBOX_BENCH_ROUNDS", 3)
+	var captured, plain string
+	schema := benchSetup(b, pool, rows, &captured, &plain)
+	if err := capture.Install(ctx, pool, schema, capture.Table{Name: captured}); err != nil {
+		b.Fatal(err)
+	}
+	run := func(table string, round int) float64 {
+		// VACUUM first, so both tables start each round with the same free space.
+		if _, err := pool.Exec(ctx, fmt.Sprintf(`VACUUM %s`, table)); err != nil {
+			b.Fatal(err)
+		}
+		start := time.Now()
+		tag, err := pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET amount = amount + 1, status = $1`, table), "round-"+strconv.Itoa(round))
+		if err != nil || tag.RowsAffected() != int64(rows) {
+			b.Fatalf("update: %v (%d rows)", err, tag.RowsAffected())
+		}
+		return time.Since(start).Seconds()
+	}
+	for range b.N {
+		var c, p []float64
+		for r := range rounds {
+			c = append(c, run(captured, r))
+			p = append(p, run(plain, r))
+		}
+		mc, mp := median(c), median(p)
+		b.ReportMetric(mc, "captured-s")
+		b.ReportMetric(mp, "plain-s")
+		b.ReportMetric(mc/mp, "ratio")
+		var n int
+		if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %q`, schema.Table)).Scan(&n); err != nil || n != rows*rounds {
+			b.Fatalf("%d events, want %d (%v)", n, rows*rounds, err)
+		}
+	}
+}
+
+// BenchmarkDrainCaptured: the relay drains a backlog of captured events (OUTBOX_BENCH_EVENTS,
+// default 20,000: 20 updates of each of 1,000 rows, default ordering key per row) and an
+// equal backlog of published events of the same keys and envelope size, each from its own
+// outbox table, into a handler that acks at once. It reports the events/s of each and the
+// ratio captured/published.
+func BenchmarkDrainCaptured(b *testing.B) {
+	pool := pgtest.Require(b)
+	n := envInt("OUTBOX_BENCH_EVENTS", 20000)
+	const keys = 1000
+	for range b.N {
+		var captured string
+		capSchema := benchSetup(b, pool, keys, &captured)
+		if err := capture.Install(ctx, pool, capSchema, capture.Table{Name: captured}); err != nil {
+			b.Fatal(err)
+		}
+		for r := 0; r < n/keys; r++ {
+			if _, err := pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET amount = amount + 1`, captured)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		pubSchema := outbox.SchemaConfig{Table: pgtest.Table(b)}
+		if err := outbox.Migrate(ctx, pool, pubSchema); err != nil {
+			b.Fatal(err)
+		}
+		// The published backlog: the captured rows' payloads and keys, inserted by the
+		// Publisher in batches of 1,000.
+		rows, err := pool.Query(ctx, fmt.Sprintf(`SELECT payload::text, ordering_key FROM %q ORDER BY sequence`, capSchema.Table))
+		if err != nil {
+			b.Fatal(err)
+		}
+		var ins []outbox.EventInput
+		for rows.Next() {
+			var payload, key string
+			if err := rows.Scan(&payload, &key); err != nil {
+				b.Fatal(err)
+			}
+			ins = append(ins, outbox.EventInput{Topic: captured + ".updated", OrderingKey: key, Payload: []byte(payload)})
+		}
+		rows.Close()
+		p, err := outbox.NewPublisher(pool, outbox.PublisherConfig{Schema: pubSchema}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i := 0; i < len(ins); i += 1000 {
+			if _, err := p.EnqueueMany(ctx, ins[i:min(i+1000, len(ins))]); err != nil {
+				b.Fatal(err)
+			}
+		}
+		drain := func(schema outbox.SchemaConfig) float64 {
+			sub, err := outbox.NewSubscriber(pool, outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, MaxRunPerKey: 100, Concurrency: 100, PollInterval: 10 * time.Millisecond}, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer sub.Close()
+			sctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			start := time.Now()
+			ch, err := sub.Subscribe(sctx, "*")
+			if err != nil {
+				b.Fatal(err)
+			}
+			for range len(ins) {
+				(<-ch).Ack()
+			}
+			return float64(len(ins)) / time.Since(start).Seconds()
+		}
+		c, pub := drain(capSchema), drain(pubSchema)
+		b.ReportMetric(c, "captured-events/s")
+		b.ReportMetric(pub, "published-events/s")
+		b.ReportMetric(c/pub, "ratio")
+	}
+}

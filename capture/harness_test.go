@@ -109,7 +109,7 @@ var isoMicros = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\+00:0
 // occurred_at is an ISO 8601 time of the last minute (then dropping it for exact comparison).
 func (h *harness) events(since int64) []captured {
 	h.t.Helper()
-	rows, err := h.db.QueryContext(ctx, fmt.Sprintf(`SELECT "sequence", CAST("id" AS TEXT), "topic", coalesce("ordering_key", ''), CAST("payload" AS TEXT), CAST("headers" AS TEXT) FROM %s WHERE "sequence" > $1 ORDER BY "sequence"`, quote(h.schema)), since)
+	rows, err := h.db.QueryContext(ctx, fmt.Sprintf(`SELECT "sequence", CAST("id" AS TEXT), "topic", coalesce("ordering_key", ''), "payload", CAST("headers" AS TEXT) FROM %s WHERE "sequence" > $1 ORDER BY "sequence"`, quote(h.schema)), since)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -117,8 +117,9 @@ func (h *harness) events(since int64) []captured {
 	var out []captured
 	for rows.Next() {
 		var (
-			c               captured
-			payload, header string
+			c       captured
+			payload []byte
+			header  string
 		)
 		if err := rows.Scan(&c.Seq, &c.ID, &c.Topic, &c.Key, &payload, &header); err != nil {
 			h.t.Fatal(err)
@@ -127,7 +128,7 @@ func (h *harness) events(since int64) []captured {
 		if err != nil || id.Version() != 7 || id.Variant() != uuid.RFC4122 {
 			h.t.Fatalf("event id %q is not a UUIDv7 (%v)", c.ID, err)
 		}
-		if err := decodeExact([]byte(payload), &c.Envelope); err != nil {
+		if err := decodeExact(payload, &c.Envelope); err != nil {
 			h.t.Fatalf("payload %s: %v", payload, err)
 		}
 		if err := json.Unmarshal([]byte(header), &c.Headers); err != nil {

@@ -14,23 +14,23 @@
 //
 // The payload of a captured event is one JSON object:
 //
-//	{"table": "public.loan", "operation": "updated", "pk": 7, "changed": ["status"],
-//	 "before": {…}, "after": {…}, "occurred_at": "2026-12-01T19:04:27.123456+00:00"}
+//		{"table": "public.loan", "operation": "updated", "pk": 7, "changed": ["status"],
+//		 "before": {…}, "after": {…}, "occurred_at": "2026-12-01T19:04:27.123456+00:00"}
 //
-//   - table: the schema-qualified table ("main.loan" on SQLite).
-//   - operation: "inserted", "updated", "deleted" (or "truncated", see Table.Truncate).
-//   - pk: the key column's value (JSON form below), or an object of the key columns for a
-//     composite key; null without a key.
-//   - changed: for an UPDATE, the carried columns whose value differs (IS DISTINCT FROM; json
-//     compared as text); for INSERT and DELETE, all carried columns. An UPDATE that changes
-//     none of them writes no event unless Table.EmitUnchanged.
-//   - before/after: by Table.Payload. PayloadAfter (default): "after" on insert and update,
-//     "before" on delete. PayloadBeforeAndAfter: both, "before" null on insert and "after"
-//     null on delete. PayloadKeys: neither. A primary-key change is captured under the new key
-//     (pk, ordering key) with the old key columns in "before" (PayloadAfter and PayloadKeys).
-//   - occurred_at: the writing transaction's start (PostgreSQL now()) or the statement's
-//     time (SQLite, millisecond clock), ISO 8601 in UTC with six fractional digits.
-//   - Extension keys (Table.Extend.Payload, Extension.Payload) are further top-level keys.
+//	  - table: the schema-qualified table ("main.loan" on SQLite).
+//	  - operation: "inserted", "updated", "deleted" (or "truncated", see Table.Truncate).
+//	  - pk: the key column's value (JSON form below), or an object of the key columns for a
+//	    composite key; null without a key.
+//	  - changed: for an UPDATE, the carried columns whose value differs (IS DISTINCT FROM; json
+//	    compared as text); for INSERT and DELETE, all carried columns. An UPDATE that changes
+//	    none of them writes no event unless Table.EmitUnchanged.
+//	  - before/after: by Table.Payload. PayloadAfter (default): "after" on insert and update,
+//	    "before" on delete. PayloadBeforeAndAfter: both, "before" null on insert and "after"
+//	    null on delete. PayloadKeys: neither. A primary-key change is captured under the new key
+//	    (pk, ordering key) with the old key columns in "before" (PayloadAfter and PayloadKeys).
+//	  - occurred_at: the writing transaction's start (PostgreSQL now()) or the statement's
+//	    time (SQLite, millisecond clock), ISO 8601 in UTC with six fractional digits.
+//	  - Extension keys (Table.Extend.Payload, Extension.Payload) are further top-level keys.
 //
 // Topic: Table.Topic, a template of {schema}, {table}, {operation} (default
 // "{table}.{operation}", lower case). Ordering key: Table.OrderingKey, a template of

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -194,7 +195,7 @@ FROM pg_attribute a WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdroppe
 		if err != nil {
 			return nil, fmt.Errorf("capture: type of %s.%s: %w", table, cl.name, err)
 		}
-		cc := catColumn{name: cl.name, typ: cl.typ, json: rule.json,
+		cc := catColumn{name: cl.name, typ: cl.typ, json: rule.json, plain: rule.plain,
 			text:     func(x string) string { return "(" + x + ")::text" },
 			distinct: func(a, b string) string { return a + " IS DISTINCT FROM " + b }}
 		if rule.textCmp {
@@ -232,6 +233,27 @@ func jsonbObject(pairs []string) string {
 func (r *resolved) pgImage(alias string, cols []catColumn) string {
 	ref := rowRef(alias)
 	var pairs []string
+	if len(cols) == len(r.carried) && len(cols) > 2 {
+		// The whole row in one to_jsonb call (half the cost of a pair per column in a
+		// 10,000-row UPDATE), minus the columns not carried and the pairing number, plus the
+		// columns whose rule is not to_jsonb's.
+		img := "(to_jsonb(" + alias + ".*) - " + quoteLiteral(pgRowNum)
+		for _, c := range r.cat.cols {
+			if !slices.ContainsFunc(cols, func(k catColumn) bool { return k.name == c.name }) {
+				img += " - " + quoteLiteral(c.name)
+			}
+		}
+		img += ")"
+		for _, c := range cols {
+			if !c.plain {
+				pairs = append(pairs, quoteLiteral(c.name)+", "+c.json(ref(c.name)))
+			}
+		}
+		if len(pairs) == 0 {
+			return img
+		}
+		return img + " || " + jsonbObject(pairs)
+	}
 	for _, c := range cols {
 		pairs = append(pairs, quoteLiteral(c.name)+", "+c.json(ref(c.name)))
 	}
@@ -324,9 +346,11 @@ func (r *resolved) pgBranch(op Operation, tg *target) string {
 	for _, c := range sortedKeys(r.Extend.Columns) {
 		sel = append(sel, fmt.Sprintf("%s AS %s", expandRow(r.Extend.Columns[c], alias), quoteIdent("x_"+c)))
 	}
-	cte := fmt.Sprintf("WITH ev AS MATERIALIZED (SELECT %s FROM %s%s)", strings.Join(sel, ", "), from, where)
+	// ev is read once (inlined, streamed into the INSERT) unless the key locks read it too.
+	cte := fmt.Sprintf("WITH ev AS (SELECT %s FROM %s%s)", strings.Join(sel, ", "), from, where)
 	lock := ""
 	if r.lockKey {
+		cte = strings.Replace(cte, "ev AS (", "ev AS MATERIALIZED (", 1)
 		// The Publisher's per-ordering-key lock (outbox SPEC §3.5): the same 64-bit hash
 		// seeded with the outbox table, taken in hash order in a materialized CTE that the
 		// INSERT reads, before it draws its first sequence value; so captured and published

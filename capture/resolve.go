@@ -17,6 +17,9 @@ type catColumn struct {
 	// json renders the column's value at ref (NEW."c") as a JSON value expression; nil when
 	// the type has no rule.
 	json func(ref string) string
+	// plain: the JSON rule is to_jsonb of the value (PostgreSQL), so to_jsonb of the whole
+	// row renders this column the same way.
+	plain bool
 	// text renders the value at ref as text (for {pk}).
 	text func(ref string) string
 	// distinct renders "a differs from b".

@@ -23,6 +23,17 @@ type Extension struct {
 	Columns map[string]any
 }
 
+// prepare checks e against schema and returns the outbox table and e as the JSON the
+// PostgreSQL triggers read.
+func (e Extension) prepare(schema outbox.SchemaConfig) (*target, []byte, error) {
+	tg, err := newTarget(schema)
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := e.encode(tg)
+	return tg, b, err
+}
+
 func (e Extension) encode(tg *target) ([]byte, error) {
 	for k := range e.Payload {
 		if slices.Contains(envelopeKeys, k) || k == "" {
@@ -55,11 +66,7 @@ func SetExtension(ctx context.Context, tx any, schema outbox.SchemaConfig, ext E
 	if schema.Dialect == outbox.DialectSQLite {
 		return &outbox.ConfigError{Field: "SchemaConfig.Dialect", Reason: "SQLite has no transaction-local settings: use WithExtension", Err: ErrInvalid}
 	}
-	tg, err := newTarget(schema)
-	if err != nil {
-		return err
-	}
-	b, err := ext.encode(tg)
+	_, b, err := ext.prepare(schema)
 	if err != nil {
 		return err
 	}
@@ -81,11 +88,7 @@ func setExtension(ctx context.Context, tx any, val string) error {
 // trigger on the outbox table for the duration of fn (temporary objects are private to the
 // connection and roll back with the transaction).
 func WithExtension(ctx context.Context, tx any, schema outbox.SchemaConfig, ext Extension, fn func() error) error {
-	tg, err := newTarget(schema)
-	if err != nil {
-		return err
-	}
-	b, err := ext.encode(tg)
+	tg, b, err := ext.prepare(schema)
 	if err != nil {
 		return err
 	}

@@ -231,8 +231,6 @@ func jsonbObject(pairs []string) string {
 }
 
 func (r *resolved) pgImage(alias string, cols []catColumn) string {
-	ref := rowRef(alias)
-	var pairs []string
 	if len(cols) == len(r.carried) && len(cols) > 2 {
 		// The whole row in one to_jsonb call (half the cost of a pair per column in a
 		// 10,000-row UPDATE), minus the columns not carried and the pairing number, plus the
@@ -244,30 +242,18 @@ func (r *resolved) pgImage(alias string, cols []catColumn) string {
 			}
 		}
 		img += ")"
+		var other []catColumn
 		for _, c := range cols {
 			if !c.plain {
-				pairs = append(pairs, quoteLiteral(c.name)+", "+c.json(ref(c.name)))
+				other = append(other, c)
 			}
 		}
-		if len(pairs) == 0 {
+		if len(other) == 0 {
 			return img
 		}
-		return img + " || " + jsonbObject(pairs)
+		return img + " || " + jsonbObject(pairs(alias, other))
 	}
-	for _, c := range cols {
-		pairs = append(pairs, quoteLiteral(c.name)+", "+c.json(ref(c.name)))
-	}
-	return jsonbObject(pairs)
-}
-
-func (r *resolved) pgPK(alias string) string {
-	switch len(r.key) {
-	case 0:
-		return "'null'::jsonb"
-	case 1:
-		return r.key[0].json(rowRef(alias)(r.key[0].name))
-	}
-	return r.pgImage(alias, r.key)
+	return jsonbObject(pairs(alias, cols))
 }
 
 // Transition tables of the statement triggers and the row aliases the generated SQL uses.
@@ -311,20 +297,7 @@ func (r *resolved) pgBranch(op Operation, tg *target) string {
 	} else {
 		changed = fmt.Sprintf("to_jsonb(ARRAY[%s]::text[])", strings.Join(names, ", "))
 	}
-	env := []string{"'table', " + quoteLiteral(r.display), "'operation', " + quoteLiteral(string(op)), "'pk', " + r.pgPK(alias),
-		"'changed', " + changed, "'occurred_at', occurred_at"}
-	switch {
-	case r.Payload == PayloadBeforeAndAfter && op == Inserted:
-		env = append(env, "'before', NULL::jsonb", "'after', "+r.pgImage("n", r.carried))
-	case r.Payload == PayloadBeforeAndAfter && op == Updated:
-		env = append(env, "'before', "+r.pgImage("o", r.carried), "'after', "+r.pgImage("n", r.carried))
-	case r.Payload == PayloadBeforeAndAfter && op == Deleted:
-		env = append(env, "'before', "+r.pgImage("o", r.carried), "'after', NULL::jsonb")
-	case r.Payload == PayloadAfter && op != Deleted:
-		env = append(env, "'after', "+r.pgImage("n", r.carried))
-	case r.Payload == PayloadAfter && op == Deleted:
-		env = append(env, "'before', "+r.pgImage("o", r.carried))
-	}
+	env := r.envelope(op, r.pk(alias, "'null'::jsonb", r.pgImage), changed, "occurred_at", "o", "n", "NULL::jsonb", r.pgImage)
 	envSQL := jsonbObject(env)
 	if op == Updated && r.Payload != PayloadBeforeAndAfter && len(r.key) > 0 {
 		// A key change: the event goes under the new key, the old key is in "before".

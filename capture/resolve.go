@@ -189,3 +189,46 @@ func rowRef(alias string) func(string) string {
 func expandRow(expr, alias string) string {
 	return "(" + strings.ReplaceAll(expr, "{row}", alias) + ")"
 }
+
+// envelope returns the key/value pairs of op's envelope (JSON object arguments): pk, changed,
+// occurred_at and the row images of the Payload mode. image renders a row image of an alias
+// (old or new), null is the dialect's JSON null.
+func (r *resolved) envelope(op Operation, pk, changed, occurredAt, oldAlias, newAlias, null string, image func(alias string, cols []catColumn) string) []string {
+	env := []string{"'table', " + quoteLiteral(r.display), "'operation', " + quoteLiteral(string(op)), "'pk', " + pk,
+		"'changed', " + changed, "'occurred_at', " + occurredAt}
+	switch {
+	case r.Payload == PayloadBeforeAndAfter && op == Inserted:
+		env = append(env, "'before', "+null, "'after', "+image(newAlias, r.carried))
+	case r.Payload == PayloadBeforeAndAfter && op == Updated:
+		env = append(env, "'before', "+image(oldAlias, r.carried), "'after', "+image(newAlias, r.carried))
+	case r.Payload == PayloadBeforeAndAfter && op == Deleted:
+		env = append(env, "'before', "+image(oldAlias, r.carried), "'after', "+null)
+	case r.Payload == PayloadAfter && op != Deleted:
+		env = append(env, "'after', "+image(newAlias, r.carried))
+	case r.Payload == PayloadAfter && op == Deleted:
+		env = append(env, "'before', "+image(oldAlias, r.carried))
+	}
+	return env
+}
+
+// pairs returns the "'name', value" arguments of a JSON object of cols at the row alias.
+func pairs(alias string, cols []catColumn) []string {
+	ref := rowRef(alias)
+	out := make([]string, 0, len(cols))
+	for _, c := range cols {
+		out = append(out, quoteLiteral(c.name)+", "+c.json(ref(c.name)))
+	}
+	return out
+}
+
+// pk renders the envelope's "pk" of the row alias: the key column's value, an object of a
+// composite key's columns (image), or null without a key.
+func (r *resolved) pk(alias, null string, image func(alias string, cols []catColumn) string) string {
+	switch len(r.key) {
+	case 0:
+		return null
+	case 1:
+		return r.key[0].json(rowRef(alias)(r.key[0].name))
+	}
+	return image(alias, r.key)
+}

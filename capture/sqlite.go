@@ -134,22 +134,7 @@ func sqliteTrigger(table string, op Operation) string {
 }
 
 func (r *resolved) sqliteImage(alias string, cols []catColumn) string {
-	ref := rowRef(alias)
-	var pairs []string
-	for _, c := range cols {
-		pairs = append(pairs, quoteLiteral(c.name)+", "+c.json(ref(c.name)))
-	}
-	return "json_object(" + strings.Join(pairs, ", ") + ")"
-}
-
-func (r *resolved) sqlitePK(alias string) string {
-	switch len(r.key) {
-	case 0:
-		return "NULL"
-	case 1:
-		return r.key[0].json(rowRef(alias)(r.key[0].name))
-	}
-	return r.sqliteImage(alias, r.key)
+	return "json_object(" + strings.Join(pairs(alias, cols), ", ") + ")"
 }
 
 // sqliteStatements returns the DDL installing r's triggers.
@@ -180,20 +165,7 @@ func (r *resolved) sqliteStatements(tg *target) []string {
 				when = " WHEN " + strings.Join(append(diffs, "0"), " OR ")
 			}
 		}
-		env := []string{"'table', " + quoteLiteral(r.display), "'operation', " + quoteLiteral(string(op)), "'pk', " + r.sqlitePK(alias),
-			"'changed', " + changed, "'occurred_at', " + sqliteNow}
-		switch {
-		case r.Payload == PayloadBeforeAndAfter && op == Inserted:
-			env = append(env, "'before', NULL", "'after', "+r.sqliteImage("NEW", r.carried))
-		case r.Payload == PayloadBeforeAndAfter && op == Updated:
-			env = append(env, "'before', "+r.sqliteImage("OLD", r.carried), "'after', "+r.sqliteImage("NEW", r.carried))
-		case r.Payload == PayloadBeforeAndAfter && op == Deleted:
-			env = append(env, "'before', "+r.sqliteImage("OLD", r.carried), "'after', NULL")
-		case r.Payload == PayloadAfter && op != Deleted:
-			env = append(env, "'after', "+r.sqliteImage("NEW", r.carried))
-		case r.Payload == PayloadAfter && op == Deleted:
-			env = append(env, "'before', "+r.sqliteImage("OLD", r.carried))
-		}
+		env := r.envelope(op, r.pk(alias, "NULL", r.sqliteImage), changed, sqliteNow, "OLD", "NEW", "NULL", r.sqliteImage)
 		for _, k := range sortedKeys(r.Extend.Payload) {
 			env = append(env, quoteLiteral(k)+", "+expandRow(r.Extend.Payload[k], alias))
 		}

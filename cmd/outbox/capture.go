@@ -88,63 +88,54 @@ See the capture package documentation for the envelope and the JSON form of valu
 	return cmd
 }
 
-func newCaptureInstallCmd() *cobra.Command {
+// captureSubCmd builds one capture subcommand: its flags (the declaration flags when decl),
+// and fn run on the open database with one declaration per --table.
+func captureSubCmd(use, short string, decl bool, fn func(cmd *cobra.Command, f *captureFlags, d *database, tables []capture.Table) error) *cobra.Command {
 	var f captureFlags
 	cmd := &cobra.Command{
-		Use:   "install --db URL --table NAME [--payload after] [--exclude COL] …",
-		Short: "Create or regenerate the capture triggers (idempotent; re-run after ALTER TABLE)",
+		Use:   use,
+		Short: short,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return f.run(cmd, func(d *database, tables []capture.Table) error {
-				if err := capture.Install(cmd.Context(), d.handle(), d.schema, tables...); err != nil {
-					return d.queryError("installing capture triggers", err)
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "capture triggers installed on %s in %s\n", strings.Join(f.tables, ", "), d.where())
-				return nil
-			})
+			return f.run(cmd, func(d *database, tables []capture.Table) error { return fn(cmd, &f, d, tables) })
 		},
 	}
-	f.register(cmd, true)
+	f.register(cmd, decl)
 	return cmd
+}
+
+func newCaptureInstallCmd() *cobra.Command {
+	return captureSubCmd("install --db URL --table NAME [--payload after] [--exclude COL] …",
+		"Create or regenerate the capture triggers (idempotent; re-run after ALTER TABLE)", true,
+		func(cmd *cobra.Command, f *captureFlags, d *database, tables []capture.Table) error {
+			if err := capture.Install(cmd.Context(), d.handle(), d.schema, tables...); err != nil {
+				return d.queryError("installing capture triggers", err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "capture triggers installed on %s in %s\n", strings.Join(f.tables, ", "), d.where())
+			return nil
+		})
 }
 
 func newCaptureSQLCmd() *cobra.Command {
-	var f captureFlags
-	cmd := &cobra.Command{
-		Use:   "sql --db URL --table NAME [--payload after] …",
-		Short: "Print the DDL install would run (for migration tools or psql); changes nothing",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return f.run(cmd, func(d *database, tables []capture.Table) error {
-				script, err := capture.SQL(cmd.Context(), d.handle(), d.schema, tables...)
-				if err != nil {
-					return d.queryError("generating capture triggers", err)
-				}
-				_, err = fmt.Fprint(cmd.OutOrStdout(), script)
-				return err
-			})
-		},
-	}
-	f.register(cmd, true)
-	return cmd
+	return captureSubCmd("sql --db URL --table NAME [--payload after] …",
+		"Print the DDL install would run (for migration tools or psql); changes nothing", true,
+		func(cmd *cobra.Command, _ *captureFlags, d *database, tables []capture.Table) error {
+			script, err := capture.SQL(cmd.Context(), d.handle(), d.schema, tables...)
+			if err != nil {
+				return d.queryError("generating capture triggers", err)
+			}
+			_, err = fmt.Fprint(cmd.OutOrStdout(), script)
+			return err
+		})
 }
 
 func newCaptureUninstallCmd() *cobra.Command {
-	var f captureFlags
-	cmd := &cobra.Command{
-		Use:   "uninstall --db URL --table NAME",
-		Short: "Drop the capture triggers of tables (idempotent)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return f.run(cmd, func(d *database, tables []capture.Table) error {
-				if err := capture.Uninstall(cmd.Context(), d.handle(), d.schema, tables...); err != nil {
-					return d.queryError("dropping capture triggers", err)
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "capture triggers dropped from %s in %s\n", strings.Join(f.tables, ", "), d.where())
-				return nil
-			})
-		},
-	}
-	f.register(cmd, false)
-	return cmd
+	return captureSubCmd("uninstall --db URL --table NAME", "Drop the capture triggers of tables (idempotent)", false,
+		func(cmd *cobra.Command, f *captureFlags, d *database, tables []capture.Table) error {
+			if err := capture.Uninstall(cmd.Context(), d.handle(), d.schema, tables...); err != nil {
+				return d.queryError("dropping capture triggers", err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "capture triggers dropped from %s in %s\n", strings.Join(f.tables, ", "), d.where())
+			return nil
+		})
 }

@@ -210,11 +210,13 @@ JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum WHERE i.i
 
 // pgOutboxExists reports whether the outbox table exists.
 func pgOutboxExists(ctx context.Context, c conn, tg *target) (bool, error) {
-	got, err := queryStrings(ctx, c, `SELECT coalesce(to_regclass($1)::text, '')`, tg.table)
-	if err != nil {
+	got, err := queryStrings(ctx, c, `SELECT n.nspname::text || '.' || c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, tg.table)
+	if err != nil || len(got) != 1 {
 		return false, err
 	}
-	return len(got) == 1 && got[0] != "", nil
+	schema, table, _ := strings.Cut(got[0], ".")
+	tg.written = pgx.Identifier{schema, table}.Sanitize()
+	return true, nil
 }
 
 // jsonbObject renders jsonb_build_object over "key, value" pairs, in chunks (a function takes
@@ -331,12 +333,12 @@ func (r *resolved) pgBranch(op Operation, tg *target) string {
 		cte += fmt.Sprintf(", locks AS MATERIALIZED (SELECT count(pg_advisory_xact_lock(h)) AS n FROM (SELECT DISTINCT hashtextextended(k, %d) AS h FROM ev WHERE k IS NOT NULL ORDER BY 1) x)", tg.seed)
 		lock = " CROSS JOIN locks"
 	}
-	return r.pgInsert(cte, r.topicFor(op), lock, tg)
+	return r.pgInsert(cte, r.topicFor(op), lock, true, tg)
 }
 
 // pgInsert renders the INSERT of the events of CTE ev (env, hdr, k, x_<extra column>) after
 // cte; lock is the join that makes the INSERT wait for the key locks.
-func (r *resolved) pgInsert(cte, topic, lock string, tg *target) string {
+func (r *resolved) pgInsert(cte, topic, lock string, rowCols bool, tg *target) string {
 	payload := "ev.env"
 	if tg.cfg.PayloadType == outbox.PayloadBytea {
 		payload = "convert_to(ev.env::text, 'UTF8')"
@@ -347,13 +349,13 @@ func (r *resolved) pgInsert(cte, topic, lock string, tg *target) string {
 		for _, c := range tg.extras {
 			_, ok := r.Extend.Columns[c]
 			switch {
-			case ok:
+			case ok && rowCols: // a truncate has no row to evaluate Extend.Columns on
 				cols, vals = append(cols, quoteIdent(c)), append(vals, "ev."+quoteIdent("x_"+c))
 			case fromExt:
-				cols, vals = append(cols, quoteIdent(c)), append(vals, fmt.Sprintf("(jsonb_populate_record(NULL::%s, ext->'columns')).%s", tg.table, quoteIdent(c)))
+				cols, vals = append(cols, quoteIdent(c)), append(vals, fmt.Sprintf("(jsonb_populate_record(NULL::%s, ext->'columns')).%s", tg.written, quoteIdent(c)))
 			}
 		}
-		return fmt.Sprintf("%s INSERT INTO %s (%s) SELECT %s FROM ev%s;", cte, tg.table, strings.Join(cols, ", "), strings.Join(vals, ", "), lock)
+		return fmt.Sprintf("%s INSERT INTO %s (%s) SELECT %s FROM ev%s;", cte, tg.written, strings.Join(cols, ", "), strings.Join(vals, ", "), lock)
 	}
 	if len(tg.extras) == 0 {
 		return "    " + insert(false) + "\n"
@@ -386,9 +388,7 @@ func (r *resolved) pgStatements(tg *target) []string {
 		fmt.Fprintf(&b, "  %s TG_OP = 'TRUNCATE' THEN\n    RAISE EXCEPTION 'outbox capture: TRUNCATE of %%.%% is refused (its rows would vanish without events): delete them with DELETE, or set capture.Table.Truncate', TG_TABLE_SCHEMA, TG_TABLE_NAME USING ERRCODE = 'feature_not_supported';\n", kw())
 	case TruncateCapture:
 		cte := fmt.Sprintf("WITH ev AS (SELECT coalesce(ext->'payload', '{}'::jsonb) || jsonb_build_object('table', %s, 'operation', 'truncated', 'occurred_at', occurred_at) AS env, coalesce(ext->'headers', '{}'::jsonb) AS hdr, NULL::text AS k)", quoteLiteral(r.display))
-		noExtend := *r
-		noExtend.Extend.Columns = nil
-		fmt.Fprintf(&b, "  %s TG_OP = 'TRUNCATE' THEN\n%s", kw(), noExtend.pgInsert(cte, r.topicFor(Truncated), "", tg))
+		fmt.Fprintf(&b, "  %s TG_OP = 'TRUNCATE' THEN\n%s", kw(), r.pgInsert(cte, r.topicFor(Truncated), "", false, tg))
 	}
 	if !first {
 		b.WriteString("  END IF;\n")

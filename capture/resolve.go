@@ -46,11 +46,14 @@ type resolved struct {
 
 // target is the outbox table the triggers write to.
 type target struct {
-	cfg    outbox.SchemaConfig
-	table  string // quoted, possibly qualified
-	parts  []string
-	seed   int64 // the Publisher's per-key lock seed
-	extras []string
+	cfg   outbox.SchemaConfig
+	table string // quoted, possibly qualified: as configured
+	// written is the table the triggers insert into: on PostgreSQL schema-qualified as the
+	// catalog resolved it at install (a writer's search_path does not matter), else table.
+	written string
+	parts   []string
+	seed    int64 // the Publisher's per-key lock seed
+	extras  []string
 }
 
 func newTarget(cfg outbox.SchemaConfig) (*target, error) {
@@ -63,6 +66,7 @@ func newTarget(cfg outbox.SchemaConfig) (*target, error) {
 	}
 	t := &target{cfg: cfg, parts: strings.Split(name, ".")}
 	t.table = pgx.Identifier(t.parts).Sanitize()
+	t.written = t.table
 	// The seed of the Publisher's per-ordering-key lock and of Migrate's lock: FNV-1a (64
 	// bits) of the quoted table name, as the root package computes it (schema.go, compile).
 	h := fnv.New64a()

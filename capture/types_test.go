@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/capture"
 	"github.com/watermill-outbox/outbox/internal/pgtest"
 )
@@ -102,4 +103,41 @@ func TestCopyAndTruncate(t *testing.T) {
 	}
 	h.exec(fmt.Sprintf(`INSERT INTO %s VALUES (1, 'a')`, captured))
 	h.expect([]want{{topic: captured + ".truncated", env: h.r(captured, `{"table":"{q}","operation":"truncated"}`)}}, fmt.Sprintf(`TRUNCATE %s`, captured))
+}
+
+// TestSchemasAndSearchPath (PostgreSQL): a captured table in its own schema, the outbox
+// table configured unqualified (found through search_path at install); the trigger writes
+// into the outbox table resolved at install, whatever the writer's search_path.
+func TestSchemasAndSearchPath(t *testing.T) {
+	db := pgtest.StdDB(t)
+	schemaName := pgtest.Table(t) // a fresh name
+	h := &harness{t: t, db: db, prefix: schemaName}
+	h.exec(fmt.Sprintf(`CREATE SCHEMA %s`, schemaName))
+	t.Cleanup(func() { _, _ = db.ExecContext(ctx, fmt.Sprintf(`DROP SCHEMA IF EXISTS %s CASCADE`, schemaName)) })
+	h.schema.Table = pgtest.Table(t)
+	if err := outbox.Migrate(ctx, db, h.schema); err != nil {
+		t.Fatal(err)
+	}
+	h.exec(fmt.Sprintf(`CREATE TABLE %s.loan (id int PRIMARY KEY, status text)`, schemaName))
+	h.install(capture.Table{Name: schemaName + ".loan", OrderingKey: "{schema}.{table}:{pk}"})
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{`SET LOCAL search_path = pg_catalog`, fmt.Sprintf(`INSERT INTO %s.loan VALUES (1, 'a')`, schemaName)} {
+		if _, err := tx.ExecContext(ctx, q); err != nil {
+			t.Fatal(q, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	var topic, key, payload string
+	if err := db.QueryRowContext(ctx, fmt.Sprintf(`SELECT topic, ordering_key, (payload - 'occurred_at')::text FROM public.%s`, h.schema.Table)).Scan(&topic, &key, &payload); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf(`{"pk": 1, "after": {"id": 1, "status": "a"}, "table": "%s.loan", "changed": ["id", "status"], "operation": "inserted"}`, schemaName)
+	if topic != "loan.inserted" || key != schemaName+".loan:1" || payload != want {
+		t.Fatalf("got %s %s %s\nwant payload %s", topic, key, payload, want)
+	}
 }

@@ -16,7 +16,11 @@ import (
 // Table.Extend's SQL expressions win over an Extension's payload keys; the envelope's own keys
 // cannot be set.
 type Extension struct {
+	// Headers are added to every event's headers (they win over Table.Extend.Headers of the
+	// same name on PostgreSQL, are merged last on SQLite).
 	Headers map[string]string
+	// Payload adds top-level envelope keys, each value encoded with encoding/json; an
+	// envelope key ("table", "pk", …) is a *outbox.ConfigError.
 	Payload map[string]any
 	// Columns fills extra columns by name. On PostgreSQL, when Columns is set, every extra
 	// column that Table.Extend does not fill is written from it (NULL when missing).

@@ -41,9 +41,15 @@ func init() {
 // clock has milliseconds).
 const sqliteNow = `strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000+00:00'`
 
+// sqliteMillis is the current Unix time in milliseconds; julianday rather than
+// unixepoch('subsec'), which SQLite before 3.42 lacks (the sqlite3 shell of Debian 12 is
+// 3.40), so writers with an older library are captured too. 'now' is stable within a
+// statement.
+const sqliteMillis = `CAST(round((julianday('now') - 2440587.5) * 86400000) AS INTEGER)`
+
 // sqliteUUIDv7 is a version 7 UUID (RFC 9562): 48 bits of Unix milliseconds, version 7, 12
-// random bits, variant 10, 62 random bits. 'now' is stable within a statement.
-const sqliteUUIDv7 = `(substr(printf('%012x', CAST(unixepoch('subsec') * 1000 AS INTEGER)), 1, 8) || '-' || substr(printf('%012x', CAST(unixepoch('subsec') * 1000 AS INTEGER)), 9, 4) || '-7' || substr(lower(hex(randomblob(2))), 2, 3) || '-' || substr('89ab', 1 + (abs(random()) % 4), 1) || substr(lower(hex(randomblob(2))), 2, 3) || '-' || lower(hex(randomblob(6))))`
+// random bits, variant 10, 62 random bits.
+const sqliteUUIDv7 = `(substr(printf('%012x', ` + sqliteMillis + `), 1, 8) || '-' || substr(printf('%012x', ` + sqliteMillis + `), 9, 4) || '-7' || substr(lower(hex(randomblob(2))), 2, 3) || '-' || substr('89ab', 1 + (abs(random()) % 4), 1) || substr(lower(hex(randomblob(2))), 2, 3) || '-' || lower(hex(randomblob(6))))`
 
 // sqliteRule returns the JSON rule of a declared column type (SQLite's type names are free
 // text; the rules follow its affinity names), or nil when there is none.
@@ -185,8 +191,10 @@ func (r *resolved) sqliteStatements(tg *target) []string {
 			headers = "(SELECT json_group_object(key, value) FROM json_each(json_object(" + strings.Join(pairs, ", ") + ")) WHERE type <> 'null')"
 		}
 		okey := r.orderingKey(alias, func(p []string) string { return "(" + strings.Join(p, " || ") + ")" })
-		cols := []string{`"id"`, `"topic"`, `"payload"`, `"headers"`, `"ordering_key"`}
-		vals := []string{sqliteUUIDv7, quoteLiteral(r.topicFor(op)), payload, headers, "nullif(" + okey + ", '')"}
+		// created_at explicitly (microseconds, the dialect's time value): the table's default
+		// needs unixepoch('subsec') (SQLite 3.42+).
+		cols := []string{`"id"`, `"topic"`, `"payload"`, `"headers"`, `"ordering_key"`, `"created_at"`}
+		vals := []string{sqliteUUIDv7, quoteLiteral(r.topicFor(op)), payload, headers, "nullif(" + okey + ", '')", sqliteMillis + " * 1000"}
 		for _, c := range sortedKeys(r.Extend.Columns) {
 			cols, vals = append(cols, quoteIdent(c)), append(vals, expandRow(r.Extend.Columns[c], alias))
 		}

@@ -125,10 +125,28 @@ func TestKeys(t *testing.T) {
 			h.w(parent, "updated", parent+":3", h.r(parent, `{"table":"{q}","operation":"updated","pk":3,"changed":["id"],"after":{"id":3,"name":"p"},"before":{"id":1}}`)),
 			h.w(child, "updated", child+":3:2", `{"table":"{q}","operation":"updated","pk":{"parent_id":3,"line":2},"changed":["parent_id"],"before":{"parent_id":1,"line":2,"qty":5},"after":{"parent_id":3,"line":2,"qty":5}}`),
 		})
+		// Several keys changed by one statement: each event pairs a row's old and new
+		// versions (PostgreSQL's statement trigger pairs them by position).
+		h.exec(fmt.Sprintf(`INSERT INTO %s VALUES (11, 'a'), (12, 'b'), (13, 'c')`, parent))
+		since = h.lastSeq()
+		h.exec(fmt.Sprintf(`UPDATE %s SET id = id + 10, name = name || '!' WHERE id > 10`, parent))
+		got := h.events(since)
+		if len(got) != 3 {
+			t.Fatalf("multi-row key change: %d events", len(got))
+		}
+		for _, g := range got {
+			pk, _ := g.Envelope["pk"].(json.Number).Int64()
+			old, _ := g.Envelope["before"].(map[string]any)["id"].(json.Number).Int64()
+			name := g.Envelope["after"].(map[string]any)["name"]
+			if old != pk-10 || name != map[int64]string{21: "a!", 22: "b!", 23: "c!"}[pk] || g.Key != fmt.Sprintf("%s:%d", parent, pk) {
+				t.Fatalf("multi-row key change event %v (key %s)", g.Envelope, g.Key)
+			}
+		}
+		h.exec(fmt.Sprintf(`DELETE FROM %s WHERE id > 20`, parent))
 		// The database's own cascade is captured.
 		since = h.lastSeq()
 		h.exec(fmt.Sprintf(`DELETE FROM %s WHERE id = 3`, parent))
-		got := h.events(since)
+		got = h.events(since)
 		if len(got) != 2 {
 			t.Fatalf("cascade: %d events, want 2", len(got))
 		}

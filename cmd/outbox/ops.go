@@ -133,6 +133,7 @@ type statusJSON struct {
 	Pending                 int64       `json:"pending"`
 	OldestPendingAgeSeconds float64     `json:"oldest_pending_age_seconds"`
 	DeadLettered            int64       `json:"dead_lettered"`
+	Unavailable             int64       `json:"unavailable"`
 	Topics                  []topicJSON `json:"topics"`
 }
 
@@ -141,6 +142,7 @@ type topicJSON struct {
 	Pending                 int64   `json:"pending"`
 	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
 	DeadLettered            int64   `json:"dead_lettered"`
+	Unavailable             int64   `json:"unavailable"`
 }
 
 // totalOf is the TOTAL row of status, computed from the per-topic rows (read in one query) so
@@ -151,6 +153,7 @@ func totalOf(topics []topicBacklog) outbox.Backlog {
 	for _, t := range topics {
 		b.Pending += t.Pending
 		b.DeadLettered += t.DeadLettered
+		b.Unavailable += t.Unavailable
 		b.OldestPendingAge = max(b.OldestPendingAge, t.OldestPendingAge)
 	}
 	return b
@@ -158,9 +161,9 @@ func totalOf(topics []topicBacklog) outbox.Backlog {
 
 func printStatus(w io.Writer, total outbox.Backlog, topics []topicBacklog, asJSON bool) error {
 	if asJSON {
-		out := statusJSON{Pending: total.Pending, OldestPendingAgeSeconds: total.OldestPendingAge.Seconds(), DeadLettered: total.DeadLettered, Topics: []topicJSON{}}
+		out := statusJSON{Pending: total.Pending, OldestPendingAgeSeconds: total.OldestPendingAge.Seconds(), DeadLettered: total.DeadLettered, Unavailable: total.Unavailable, Topics: []topicJSON{}}
 		for _, t := range topics {
-			out.Topics = append(out.Topics, topicJSON{Topic: t.Topic, Pending: t.Pending, OldestPendingAgeSeconds: t.OldestPendingAge.Seconds(), DeadLettered: t.DeadLettered})
+			out.Topics = append(out.Topics, topicJSON{Topic: t.Topic, Pending: t.Pending, OldestPendingAgeSeconds: t.OldestPendingAge.Seconds(), DeadLettered: t.DeadLettered, Unavailable: t.Unavailable})
 		}
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
@@ -172,7 +175,21 @@ func printStatus(w io.Writer, total outbox.Backlog, topics []topicBacklog, asJSO
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\n", t.Topic, t.Pending, formatAge(t.OldestPendingAge), t.DeadLettered)
 	}
 	fmt.Fprintf(tw, "TOTAL\t%d\t%s\t%d\n", total.Pending, formatAge(total.OldestPendingAge), total.DeadLettered)
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if total.Unavailable > 0 {
+		var names []string
+		for _, t := range topics {
+			if t.Unavailable > 0 {
+				names = append(names, t.Topic)
+			}
+		}
+		_, err := fmt.Fprintf(w, "destination unavailable: %d pending events of %s were last released because their destination was down (no attempt counted; the relay probes it and resumes on its own)\n",
+			total.Unavailable, strings.Join(names, ", "))
+		return err
+	}
+	return nil
 }
 
 // formatAge prints an age rounded to what a reader needs; "-" for none.

@@ -32,6 +32,11 @@ type relayFlags struct {
 	concurrency     int
 	relayName       string
 	exclude         []string
+	unavailable     time.Duration
+	unavailableMax  time.Duration
+	unavailableDead time.Duration
+	markInterval    time.Duration
+	maxStarts       int
 }
 
 func (f *relayFlags) register(cmd *cobra.Command) {
@@ -44,8 +49,13 @@ func (f *relayFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.lease, "lease", outbox.DefaultLeaseDuration, "how long a claim leases its events (renewed while they are out), at least 1s")
 	fl.DurationVar(&f.deliveryTimeout, "delivery-timeout", 0, "how long one delivery may take before it counts as failed, below --lease; 0 = min(30s, lease/2)")
 	fl.IntVar(&f.concurrency, "concurrency", outbox.DefaultConcurrency, "deliveries in flight at once per subscription (different ordering keys)")
-	fl.StringVar(&f.relayName, "relay-name", "", "name of this relay in leased_by; empty = host:pid:random")
+	fl.StringVar(&f.relayName, "relay-name", "", "name of this relay in leased_by; empty = host:pid:random. A stable name lets a restarted relay take back its predecessor's leases at once; it must be unique among live relays")
 	fl.StringSliceVar(&f.exclude, "exclude", nil, "topic pattern never relayed (exact, \"prefix*\" or \"*\"); repeatable or comma-separated")
+	fl.DurationVar(&f.unavailable, "unavailable-backoff", outbox.DefaultUnavailableBackoff, "first wait before probing a destination that answered unavailable (no attempt is counted; its topics pause)")
+	fl.DurationVar(&f.unavailableMax, "unavailable-backoff-max", outbox.DefaultUnavailableBackoffMax, "longest wait between probes of an unavailable destination, at least --unavailable-backoff")
+	fl.DurationVar(&f.unavailableDead, "unavailable-dead-letter-after", 0, "dead-letter the events of a destination unavailable for this long without a break; 0 = never")
+	fl.DurationVar(&f.markInterval, "mark-interval", outbox.DefaultMarkInterval, "how often the acks of a batch still out are written (a killed relay repeats at most those since the last write)")
+	fl.IntVar(&f.maxStarts, "max-delivery-starts", outbox.DefaultMaxDeliveryStarts, "dead-letter an event whose delivery started this many times without an outcome (the relay crashed on it each time)")
 }
 
 // config returns the SubscriberConfig of the flags, validated. A bad value is a usage error
@@ -63,11 +73,19 @@ func (f *relayFlags) config(schema outbox.SchemaConfig) (outbox.SubscriberConfig
 		Concurrency:     f.concurrency,
 		RelayName:       f.relayName,
 		ExcludeTopics:   f.exclude,
+
+		UnavailableBackoff:         f.unavailable,
+		UnavailableBackoffMax:      f.unavailableMax,
+		UnavailableDeadLetterAfter: f.unavailableDead,
+		MarkInterval:               f.markInterval,
+		MaxDeliveryStarts:          f.maxStarts,
 	}
 	// Zero means "default" in SubscriberConfig; on the command line 0 is a mistake, except for
 	// --delivery-timeout whose default is derived from --lease.
 	for name, v := range map[string]int64{"batch-size": int64(f.batchSize), "poll-interval": int64(f.pollInterval), "max-attempts": int64(f.maxAttempts),
-		"retry-base": int64(f.retryBase), "retry-max": int64(f.retryMax), "lease": int64(f.lease), "concurrency": int64(f.concurrency)} {
+		"retry-base": int64(f.retryBase), "retry-max": int64(f.retryMax), "lease": int64(f.lease), "concurrency": int64(f.concurrency),
+		"unavailable-backoff": int64(f.unavailable), "unavailable-backoff-max": int64(f.unavailableMax), "mark-interval": int64(f.markInterval),
+		"max-delivery-starts": int64(f.maxStarts)} {
 		if v <= 0 {
 			return cfg, &usageError{fmt.Errorf("--%s must be positive", name)}
 		}
@@ -145,6 +163,9 @@ func flagOfField(field string) string {
 		"SubscriberConfig.RetryMax": "--retry-max", "SubscriberConfig.LeaseDuration": "--lease",
 		"SubscriberConfig.DeliveryTimeout": "--delivery-timeout", "SubscriberConfig.Concurrency": "--concurrency",
 		"SubscriberConfig.RelayName": "--relay-name", "SubscriberConfig.ExcludeTopics": "--exclude",
+		"SubscriberConfig.UnavailableBackoff": "--unavailable-backoff", "SubscriberConfig.UnavailableBackoffMax": "--unavailable-backoff-max",
+		"SubscriberConfig.UnavailableDeadLetterAfter": "--unavailable-dead-letter-after", "SubscriberConfig.MarkInterval": "--mark-interval",
+		"SubscriberConfig.MaxDeliveryStarts": "--max-delivery-starts",
 	}
 	if f, ok := m[field]; ok {
 		return f
@@ -178,6 +199,9 @@ Destinations (--to):
   amqp://user:password@host:5672/    persistent messages with publisher confirms and mandatory routing
                                      through --amqp-exchange (default exchange: routing key = queue)
   redis://host:6379[/db]             XADD to the stream named by the topic
+  asynq+redis://host:6379[/db]       an asynq task per event of a "task." topic (type = the rest of the
+                                     topic, task id = event id; ?queue=, ?retention=, ?max-retry=);
+                                     relays "task.*" unless --topics is given
   http(s)://host/path                signed POST per event (Outbox-Signature: sha256=HMAC of the body
                                      when --secret is set); private and loopback receivers need
                                      --allow-prefix
@@ -192,6 +216,9 @@ names one for all.`,
 			prefixes, err := parsePrefixes(allow)
 			if err != nil {
 				return err
+			}
+			if len(topics) == 0 && dest.kind == destAsynq {
+				topics = asynqDefaultTopics
 			}
 			if len(topics) == 0 {
 				topics = []string{forwarder.DefaultSubscribeTopic}

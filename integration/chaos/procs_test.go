@@ -119,7 +119,7 @@ func startPostgres(tb testing.TB, dir string) *pgCluster {
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
-			tb.Fatalf("running as root and no postgres user to run initdb/postgres as: %v", err)
+			missing(tb, "a postgres user to run initdb/postgres as (PostgreSQL refuses root)", err)
 		}
 		uid, _ := strconv.Atoi(u.Uid)
 		gid, _ := strconv.Atoi(u.Gid)

@@ -21,8 +21,8 @@
 // against the committed events: lost = 0 and reordered = 0 (per key, first deliveries against
 // commit order) always; the targets of issue 13 as noted per cell: no dead letter, no attempt
 // counted and one WARN/one INFO line per relay for a destination outage (first delivery ≤ 2 s
-// after it ends, full run); ≤ 100 duplicates per kill, drain ≤ 5 s after the last restart and
-// an event in flight at a kill delivered again ≤ 5 s after it; first claim ≤ 1 s after
+// after it ends, full run); ≤ 100 duplicates per kill and drain ≤ 5 s after the last restart;
+// first claim ≤ 1 s after
 // PostgreSQL accepts connections (full run) and one ERROR/one INFO line per relay for it.
 //
 // By default the suite runs its short version (part of `go test ./...`); OUTBOX_CHAOS=full runs

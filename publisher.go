@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -345,16 +344,6 @@ func (p *Publisher) finishRow(i int, r row, payload []byte, headers map[string]s
 	return r, nil
 }
 
-// checkHeader refuses what the JSONB headers column cannot hold exactly.
-func checkHeader(s string) string {
-	switch {
-	case !utf8.ValidString(s):
-		return "not valid UTF-8"
-	case strings.IndexByte(s, 0) >= 0:
-		return "contains a NUL character"
-	}
-	return ""
-}
 
 // insertSQL caches statements by shape.
 var insertSQL sync.Map // insertShape -> string

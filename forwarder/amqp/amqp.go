@@ -318,12 +318,10 @@ func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing
 			errs[i] = &ReturnedError{ReplyCode: r.ReplyCode, ReplyText: r.ReplyText, Exchange: r.Exchange, RoutingKey: r.RoutingKey}
 		}
 	}
-	if discard || cc.ch.IsClosed() {
-		down := p.downCheck(ctx)
-		for i, err := range errs {
-			if err != nil && dcs[i] != nil {
-				errs[i] = p.classify(err, down)
-			}
+	down := p.downCheck(ctx)
+	for i, err := range errs {
+		if err != nil && err != forwarder.ErrHeldBack {
+			errs[i] = p.classify(err, down)
 		}
 	}
 	return errs

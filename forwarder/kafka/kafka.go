@@ -19,6 +19,25 @@
 // Config.DisableTopicLimits), a later request may already have written later events of the same
 // keys: the outbox then does not mark those published and delivers them again after the failed
 // one (receivers see a repeat, out of order once), so the outbox's own record stays in order.
+//
+// Per-key order on the wire: a message refused before sending (marshal error, too large) or
+// failed in an earlier SendMessages call holds back its key's later messages of the batch
+// (forwarder.ErrHeldBack), and within a call all of a key's messages go to one partition,
+// where Sarama keeps one record batch in flight and holds the partition's later messages back
+// while it retries a failed one. What no client can undo: when Sarama gives up on a record
+// batch after Producer.Retry.Max retries and the partition recovers while a later request of
+// the same call still carries that key's later messages, those are written after the failed
+// one was not; the outbox does not mark them published and sends them again, in order, after
+// it. Such failures are unavailable (below), so the relay pauses rather than retrying at once.
+//
+// Failure classes (outbox.ErrUnavailable, outbox.ErrPermanent): unreachable brokers (refused,
+// DNS, out of brokers), a leader not available, not enough replicas, a request timeout, a
+// broker network or storage error, or a connection that broke while the cluster does not
+// answer a metadata request either, are unavailable (the relay pauses and probes instead of
+// counting attempts); a message above the producer's or the topic's limit (refused before
+// sending, or MESSAGE_TOO_LARGE from the broker for that message alone) or one the marshaler
+// refuses is permanent; anything else (an unknown topic, Sarama's open circuit breaker, an
+// authorization error) is an ordinary failure.
 package kafka
 
 import (
@@ -26,6 +45,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/IBM/sarama"
@@ -150,6 +170,7 @@ type Publisher struct {
 	maxBytes  int
 	version   int // record format version for size checks
 	limits    bool
+	name      string // Destination of *outbox.UnavailableError
 	logger    watermill.LoggerAdapter
 
 	mu     sync.RWMutex // held for reading by every send, for writing by Close
@@ -196,7 +217,7 @@ func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error
 		version = 2
 	}
 	return &Publisher{client: client, producer: prod, marshaler: m, maxBytes: sc.Producer.MaxMessageBytes, version: version,
-		limits: !cfg.DisableTopicLimits, logger: logger, limit: map[string]int{}}, nil
+		limits: !cfg.DisableTopicLimits, name: "kafka " + strings.Join(cfg.Brokers, ","), logger: logger, limit: map[string]int{}}, nil
 }
 
 // Publish sends msgs to topic in one SendMessages call and waits for Kafka's acknowledgements.
@@ -299,6 +320,10 @@ func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing
 		}
 	}
 	p.logger.Trace("outbox kafka: batch sent", watermill.LogFields{"messages": len(batch), "calls": len(chunks), "too_large": tooLarge})
+	down := p.downCheck()
+	for i, err := range errs {
+		errs[i] = p.classify(err, down)
+	}
 	return errs
 }
 
@@ -365,7 +390,7 @@ func (p *Publisher) isolate(ctx context.Context, batch []forwarder.Outgoing, err
 func (p *Publisher) marshal(o forwarder.Outgoing, limit int) (*sarama.ProducerMessage, int, error) {
 	pm, err := p.marshaler.Marshal(o.Topic, o.Message)
 	if err != nil {
-		return nil, 0, fmt.Errorf("outbox kafka: marshal: %w", err)
+		return nil, 0, outbox.Permanent(fmt.Errorf("outbox kafka: marshal: %w", err))
 	}
 	size := pm.ByteSize(p.version)
 	if limit < p.maxBytes {

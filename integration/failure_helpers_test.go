@@ -14,47 +14,60 @@ import (
 )
 
 // checkDeadAtFirstAttempt asserts that exactly the events dead were dead-lettered, each at its
-// first attempt (one failure reported, Attempts 1, no backoff) with an error matching
-// outbox.ErrPermanent and target, and that no other event failed.
+// first attempt with an error matching outbox.ErrPermanent and target, and that no other event
+// failed (see checkDeadAfter).
 func (e *fwdEnv) checkDeadAtFirstAttempt(dead []*fwdEvent, target error) {
+	e.t.Helper()
+	want := map[*fwdEvent]int{}
+	for _, ev := range dead {
+		want[ev] = 1
+	}
+	e.checkDeadAfter(want, target)
+}
+
+// checkDeadAfter asserts that exactly the events of want were dead-lettered, each after want[ev]
+// failed attempts (reported to the hooks and counted in the row, which has a last_error), and
+// that no other event had a failed attempt. An event dead-lettered at its first attempt must
+// have failed with an error matching outbox.ErrPermanent and, when not nil, permanentCause.
+func (e *fwdEnv) checkDeadAfter(want map[*fwdEvent]int, permanentCause error) {
 	e.t.Helper()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	deadSet := map[string]bool{}
-	for _, ev := range dead {
-		deadSet[ev.id] = true
+	byID := map[string]*fwdEvent{}
+	for ev := range want {
+		byID[ev.id] = ev
 		f, ok := e.dead[ev.id]
 		switch {
 		case !ok:
 			e.t.Errorf("event %s not dead-lettered", ev.id)
-		case f.Attempts != 1:
-			e.t.Errorf("event %s dead-lettered at attempt %d, want 1", ev.id, f.Attempts)
-		case !errors.Is(f.Err, outbox.ErrPermanent) || (target != nil && !errors.Is(f.Err, target)):
-			e.t.Errorf("event %s dead-lettered with %v, want a permanent %v", ev.id, f.Err, target)
+		case f.Attempts != want[ev]:
+			e.t.Errorf("event %s dead-lettered at attempt %d, want %d", ev.id, f.Attempts, want[ev])
+		case want[ev] == 1 && (!errors.Is(f.Err, outbox.ErrPermanent) || (permanentCause != nil && !errors.Is(f.Err, permanentCause))):
+			e.t.Errorf("event %s dead-lettered with %v, want a permanent %v", ev.id, f.Err, permanentCause)
 		}
 	}
-	if len(e.dead) != len(dead) {
-		e.t.Errorf("%d events dead-lettered, want %d", len(e.dead), len(dead))
+	if len(e.dead) != len(want) {
+		e.t.Errorf("%d events dead-lettered, want %d", len(e.dead), len(want))
 	}
 	failures := map[string]int{}
 	for _, f := range e.failed {
 		failures[f.EventID]++
-		if !deadSet[f.EventID] {
+		if byID[f.EventID] == nil {
 			e.t.Errorf("event %s (not expected to fail) failed: %v", f.EventID, f.Err)
 		}
 	}
-	for _, ev := range dead {
-		if failures[ev.id] != 1 {
-			e.t.Errorf("event %s reported %d failures, want 1 (the dead letter)", ev.id, failures[ev.id])
+	for ev, n := range want {
+		if failures[ev.id] != n {
+			e.t.Errorf("event %s reported %d failures, want %d", ev.id, failures[ev.id], n)
 		}
-	}
-	var n int
-	q := fmt.Sprintf(`SELECT count(*) FROM %q WHERE dead_lettered_at IS NOT NULL AND published_at IS NULL AND attempts = 1 AND last_error <> ''`, e.schema.Table)
-	if err := e.pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
-		e.t.Fatal(err)
-	}
-	if n != len(dead) {
-		e.t.Errorf("%d dead-lettered rows with 1 attempt and a last_error, want %d", n, len(dead))
+		q := fmt.Sprintf(`SELECT count(*) FROM %q WHERE id = $1 AND dead_lettered_at IS NOT NULL AND published_at IS NULL AND attempts = $2 AND last_error <> ''`, e.schema.Table)
+		var c int
+		if err := e.pool.QueryRow(context.Background(), q, ev.id, n).Scan(&c); err != nil {
+			e.t.Fatal(err)
+		}
+		if c != 1 {
+			e.t.Errorf("event %s: no dead-lettered row with %d attempts and a last_error", ev.id, n)
+		}
 	}
 }
 
@@ -86,5 +99,38 @@ func checkWireOrder(t *testing.T, onBroker []string, failed []*fwdEvent, all []*
 				t.Errorf("event %s (key %s, position %d) is on the broker although position %d of its key failed", ev.id, ev.key, ev.pos, f.pos)
 			}
 		}
+	}
+}
+
+// checkOrderOnce asserts that got holds exactly the events want, once each, and every ordering
+// key's events in their order (the order of got), whatever their attempt numbers.
+func (e *fwdEnv) checkOrderOnce(got []fwdReceived, want []*fwdEvent) {
+	e.t.Helper()
+	byID := map[string]*fwdEvent{}
+	for _, ev := range want {
+		byID[ev.id] = ev
+	}
+	seen := map[string]bool{}
+	next := map[string]int{}
+	for _, r := range got {
+		ev := byID[r.uuid]
+		switch {
+		case ev == nil:
+			e.t.Errorf("unexpected message %s", r.uuid)
+			continue
+		case seen[r.uuid]:
+			e.t.Errorf("event %s received twice", r.uuid)
+			continue
+		}
+		seen[r.uuid] = true
+		if ev.key != "" {
+			if ev.pos != next[ev.key] {
+				e.t.Errorf("key %s: position %d received where %d was due", ev.key, ev.pos, next[ev.key])
+			}
+			next[ev.key] = ev.pos + 1
+		}
+	}
+	if len(seen) != len(want) {
+		e.t.Errorf("%d of %d events received", len(seen), len(want))
 	}
 }

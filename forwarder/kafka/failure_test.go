@@ -94,10 +94,11 @@ func wantAll(t *testing.T, what string, errs []error, check func(error) bool) {
 	}
 }
 
-// TestUnavailableRealClient: with the real Sarama producer against kfake, a partition whose
-// produce requests answer NOT_ENOUGH_REPLICAS fails its messages as unavailable after Sarama's
-// retries (the other partition's messages are written), the same batch goes through once the
-// broker answers again, and after the cluster is closed every message fails as unavailable.
+// TestUnavailableRealClient: with the real Sarama producer against kfake, produce requests
+// answered with NOT_ENOUGH_REPLICAS fail their messages as unavailable after Sarama's retries
+// and a key's second message (the next round) is held back unsent; the same batch goes
+// through once the broker answers again, and after the cluster is closed every message fails
+// as unavailable.
 func TestUnavailableRealClient(t *testing.T) {
 	const topic = "kafka-unavailable"
 	c := brokertest.Kafka(t, kfake.NumBrokers(1), kfake.SeedTopics(2, topic))
@@ -128,8 +129,12 @@ func TestUnavailableRealClient(t *testing.T) {
 		}
 		return resp, nil, true
 	})
-	batch := messages(topic, "a", "a", "b", "")
-	wantAll(t, "not enough replicas", p.PublishBatch(context.Background(), batch), func(err error) bool {
+	batch := messages(topic, "a", "b", "", "a")
+	errs := p.PublishBatch(context.Background(), batch)
+	if errs[3] != forwarder.ErrHeldBack { // the second round never goes out
+		t.Errorf("second message of key a: %v, want ErrHeldBack", errs[3])
+	}
+	wantAll(t, "not enough replicas", errs[:3], func(err error) bool {
 		var ue *outbox.UnavailableError
 		return errors.Is(err, sarama.ErrNotEnoughReplicas) && errors.As(err, &ue) && ue.Destination == "kafka "+c.ListenAddrs()[0]
 	})

@@ -44,6 +44,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -116,6 +117,17 @@ type Config struct {
 	// whole record batches, with the order of a key broken between a refused batch and a
 	// later accepted one.
 	DisableTopicLimits bool
+
+	// KeyRunsInOneCall hands a batch's messages to Sarama in one SendMessages call even when
+	// an ordering key has several of them. By default (false) a batch goes out in rounds, the
+	// r-th message of every key in round r, each round after the previous one answered, so no
+	// call carries two messages of one key: when Sarama gives up on a record batch after its
+	// retries and then writes the partition's next one (it does, with a new producer epoch),
+	// a key's later message can otherwise reach Kafka while an earlier one failed. Rounds cost
+	// a produce round trip per message of the longest key run in the batch (measured in the
+	// package's benchmark); set this to trade that order guarantee, during a partition's
+	// failure, for throughput with long runs.
+	KeyRunsInOneCall bool
 }
 
 // DefaultSaramaConfig returns the producer configuration used when Config.SaramaConfig is nil:
@@ -170,6 +182,7 @@ type Publisher struct {
 	maxBytes  int
 	version   int // record format version for size checks
 	limits    bool
+	oneCall   bool // Config.KeyRunsInOneCall
 	name      string // Destination of *outbox.UnavailableError
 	logger    watermill.LoggerAdapter
 
@@ -217,7 +230,7 @@ func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error
 		version = 2
 	}
 	return &Publisher{client: client, producer: prod, marshaler: m, maxBytes: sc.Producer.MaxMessageBytes, version: version,
-		limits: !cfg.DisableTopicLimits, name: "kafka " + strings.Join(cfg.Brokers, ","), logger: logger, limit: map[string]int{}}, nil
+		limits: !cfg.DisableTopicLimits, oneCall: cfg.KeyRunsInOneCall, name: "kafka " + strings.Join(cfg.Brokers, ","), logger: logger, limit: map[string]int{}}, nil
 }
 
 // Publish sends msgs to topic in one SendMessages call and waits for Kafka's acknowledgements.
@@ -258,11 +271,20 @@ func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing
 	}
 	var chunks []*chunk
 	cur, curBytes, chunkMax := &chunk{}, 0, p.maxBytes
-	for i, o := range batch {
+	seq, round := p.rounds(batch, keyOf)
+	curRound := 0
+	for _, i := range seq {
+		o := batch[i]
 		if isHeld(i) {
 			errs[i] = forwarder.ErrHeldBack
 			continue
 		}
+		if round[i] != curRound && len(cur.pms) > 0 {
+			// A new round: its messages go out only after the previous round's results.
+			chunks = append(chunks, cur)
+			cur, curBytes, chunkMax = &chunk{}, 0, p.maxBytes
+		}
+		curRound = round[i]
 		limit := p.topicLimit(o.Topic)
 		pm, size, err := p.marshal(o, limit)
 		if err != nil {
@@ -325,6 +347,30 @@ func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing
 		errs[i] = p.classify(err, down)
 	}
 	return errs
+}
+
+// rounds returns the order in which batch's messages are handed to Sarama and the round of
+// each: round r holds the r-th message of every ordering key (unordered messages are in round
+// 0), and each round is its own SendMessages call (or calls), sent after the previous one has
+// answered, so one call never carries two messages of one key. With
+// Config.KeyRunsInOneCall everything is round 0, in batch order.
+func (p *Publisher) rounds(batch []forwarder.Outgoing, keyOf func(int) string) (seq, round []int) {
+	seq, round = make([]int, len(batch)), make([]int, len(batch))
+	for i := range batch {
+		seq[i] = i
+	}
+	if p.oneCall {
+		return seq, round
+	}
+	n := map[string]int{}
+	for i := range batch {
+		if k := keyOf(i); k != "" {
+			round[i] = n[k]
+			n[k]++
+		}
+	}
+	slices.SortStableFunc(seq, func(a, b int) int { return round[a] - round[b] })
+	return seq, round
 }
 
 // topicLimit returns the largest message (and record batch) topic takes: Producer.MaxMessageBytes,

@@ -344,7 +344,6 @@ func (p *Publisher) finishRow(i int, r row, payload []byte, headers map[string]s
 	return r, nil
 }
 
-
 // insertSQL caches statements by shape.
 var insertSQL sync.Map // insertShape -> string
 

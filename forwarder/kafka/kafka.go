@@ -182,7 +182,7 @@ type Publisher struct {
 	maxBytes  int
 	version   int // record format version for size checks
 	limits    bool
-	oneCall   bool // Config.KeyRunsInOneCall
+	oneCall   bool   // Config.KeyRunsInOneCall
 	name      string // Destination of *outbox.UnavailableError
 	logger    watermill.LoggerAdapter
 

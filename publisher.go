@@ -309,7 +309,7 @@ func (p *Publisher) finishRow(i int, r row, payload []byte, headers map[string]s
 		if k == "" {
 			return r, &ValidationError{Index: i, Field: "headers", Reason: "empty header name"}
 		}
-		if reason := checkHeader(k); reason != "" {
+		if reason := checkHeaderName(k); reason != "" {
 			return r, &ValidationError{Index: i, Field: "headers", Reason: fmt.Sprintf("name %q: %s", k, reason)}
 		}
 		if reason := checkHeader(v); reason != "" {

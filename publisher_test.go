@@ -460,6 +460,7 @@ func TestValidationBeforeSQL(t *testing.T) {
 		{"LF in header value", "headers", func(p *outbox.Publisher) error { return p.Publish("t", withMeta("h", "a\nX-Injected: 1")) }},
 		{"NUL in header value", "headers", func(p *outbox.Publisher) error { return p.Publish("t", withMeta("h", "a\x00b")) }},
 		{"LF in header name", "headers", func(p *outbox.Publisher) error { return p.Publish("t", withMeta("h\n", "v")) }},
+		{"Watermill's UUID header", "headers", func(p *outbox.Publisher) error { return p.Publish("t", withMeta("_watermill_message_uuid", "x")) }},
 		{"CR in header via Enqueue", "headers", func(p *outbox.Publisher) error {
 			_, err := p.Enqueue(ctx, outbox.EventInput{Topic: "t", Payload: 1, Headers: map[string]string{"h": "v\r"}})
 			return err

@@ -207,3 +207,16 @@ func checkHeader(s string) string {
 	}
 	return ""
 }
+
+// watermillUUIDHeader is the metadata name Watermill's Kafka, Redis Streams and AMQP marshalers
+// use for the message UUID; the Kafka and Redis ones refuse a message whose metadata has it.
+const watermillUUIDHeader = "_watermill_message_uuid"
+
+// checkHeaderName is checkHeader for a metadata name, which also must not be the name
+// Watermill's marshalers reserve for the message UUID (the event id travels there).
+func checkHeaderName(s string) string {
+	if s == watermillUUIDHeader {
+		return "reserved by Watermill's marshalers for the message UUID (the event id)"
+	}
+	return checkHeader(s)
+}

@@ -138,7 +138,8 @@ func (s *schema) sqliteStatements() []string {
 	"lease_until"      INTEGER NULL,
 	"leased_by"        TEXT NULL,
 	"published_at"     INTEGER NULL,
-	"dead_lettered_at" INTEGER NULL%s
+	"dead_lettered_at" INTEGER NULL,
+	"delivery_starts"  INTEGER NOT NULL DEFAULT 0%s
 )`, t, payload, extra.String())}
 	return append(stmts, s.indexStatements()...)
 }
@@ -214,6 +215,13 @@ func (s *schema) sqliteMigrate(ctx context.Context, ex execer) error {
 		rs.Close()
 		if err := rs.Err(); err != nil {
 			return err
+		}
+		// A table created before delivery_starts existed gets it (SQLite adds a column with a
+		// constant default without rewriting the table).
+		if !have["delivery_starts"] {
+			if _, err := ex.exec(ctx, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN "delivery_starts" INTEGER NOT NULL DEFAULT 0`, s.table)); err != nil {
+				return err
+			}
 		}
 		for _, col := range s.cfg.ExtraColumns {
 			if have[strings.ToLower(col.Name)] {
@@ -355,7 +363,7 @@ func (p *Publisher) scanStored(rs rows) (Event, error) {
 // carries the skip scan's last key and how many keys it saw. The relay ranks each key's events
 // in Go (1 for the head). CROSS JOIN fixes the join order (SQLite's planner hint): each head
 // drives primary-key lookups, never a scan of the topic index per head.
-func (s *Subscriber) buildSQLiteClaimSQL(filter string) string {
+func (s *Subscriber) buildSQLiteClaimSQL(filter string, batch int) string {
 	t := s.s.table
 	claimable := fmt.Sprintf(`o."dead_lettered_at" IS NULL AND (o."next_attempt_at" IS NULL OR o."next_attempt_at" <= $1) AND (o."lease_until" IS NULL OR o."lease_until" < $1) AND %s`,
 		strings.ReplaceAll(filter, `"topic"`, `o."topic"`))
@@ -389,7 +397,7 @@ func (s *Subscriber) buildSQLiteClaimSQL(filter string) string {
 SELECT "sequence", NULL, NULL FROM picked
 UNION ALL
 SELECT NULL, (SELECT max(k) FROM scanned), (SELECT count(*) FROM scanned)`,
-		t, unpublishedKeyed, claimable, s.cfg.BatchSize, s.cfg.MaxRunPerKey, s.cfg.KeyScan, s.s.index("keyed_idx"), s.s.index("unordered_idx"))
+		t, unpublishedKeyed, claimable, batch, min(s.cfg.MaxRunPerKey, batch), s.cfg.KeyScan, s.s.index("keyed_idx"), s.s.index("unordered_idx"))
 }
 
 // buildSQLiteLeaseSQL is the leasing half of the SQLite claim: $1 the lease end
@@ -400,19 +408,19 @@ func (s *Subscriber) buildSQLiteLeaseSQL() string {
 	for _, c := range s.s.cfg.ExtraColumns {
 		extra.WriteString(", " + pgx.Identifier{c.Name}.Sanitize())
 	}
-	return fmt.Sprintf(`UPDATE %s SET "lease_until" = $1, "leased_by" = $2 WHERE "sequence" IN (SELECT value FROM json_each($3))
-RETURNING 0, "sequence", "id", "topic", "payload", "headers", "ordering_key", "created_at", "attempts", "last_error", NULL%s, NULL, NULL, NULL`, s.s.table, extra.String())
+	return fmt.Sprintf(`UPDATE %s SET "lease_until" = $1, "leased_by" = $2, "delivery_starts" = "delivery_starts" + 1 WHERE "sequence" IN (SELECT value FROM json_each($3))
+RETURNING 0, "sequence", "id", "topic", "payload", "headers", "ordering_key", "created_at", "attempts", "last_error", NULL, "delivery_starts"%s, NULL, NULL, NULL`, s.s.table, extra.String())
 }
 
 // sqliteClaim runs the SQLite claim: the selection (buildSQLiteClaimSQL) and an UPDATE …
 // RETURNING that leases it, in one IMMEDIATE transaction so no other writer comes between.
-func (sub *subscription) sqliteClaim(token string) (items []*item, cursor *string, scanned *int64, err error) {
+func (sub *subscription) sqliteClaim(token, q string, paused []string) (items []*item, cursor *string, scanned *int64, err error) {
 	s := sub.s
 	err = withSQLiteTx(sub.ctx, s.db, func(ex execer) error {
 		// The clock is read once the write lock is held: BEGIN IMMEDIATE may wait up to the
 		// busy timeout, and a lease computed before that wait could already have expired.
 		now := time.Now()
-		rs, err := ex.query(sub.ctx, sub.claimSQL, append([]any{micros(now), sub.cursor, nil}, sub.args...)...)
+		rs, err := ex.query(sub.ctx, q, append([]any{micros(now), sub.cursor, jsonList(paused)}, sub.args...)...)
 		if err != nil {
 			return err
 		}
@@ -446,10 +454,11 @@ func (sub *subscription) sqliteClaim(token string) (items []*item, cursor *strin
 	return items, cursor, scanned, err
 }
 
-// sqliteMark writes a batch's outcome in one transaction of three fenced UPDATEs (the same
+// sqliteMark writes a batch's outcome in one transaction of fenced UPDATEs (the same
 // rules as PostgreSQL's mark statement, with the relay's clock).
-func (sub *subscription) sqliteMark(ctx context.Context, token string, acked, released, failed []int64, errs []string, jitters []float64) ([]markResult, error) {
+func (sub *subscription) sqliteMark(ctx context.Context, token string, m markSets) ([]markResult, error) {
 	s := sub.s
+	acked, released, failed, errs, jitters := m.acked, m.released, m.failed, m.errs, m.jitters
 	var out []markResult
 	err := withSQLiteTx(ctx, s.db, func(ex execer) error {
 		now := time.Now() // once the write lock is held (see sqliteClaim)
@@ -479,14 +488,31 @@ func (sub *subscription) sqliteMark(ctx context.Context, token string, acked, re
 		}
 		fence := `"leased_by" = $2 AND "published_at" IS NULL`
 		if len(acked) > 0 {
-			if err := collect(fmt.Sprintf(`UPDATE %s SET "published_at" = $3, "lease_until" = NULL, "leased_by" = NULL WHERE "sequence" IN (SELECT value FROM json_each($1)) AND %s RETURNING "sequence", "attempts", NULL, NULL`,
+			if err := collect(fmt.Sprintf(`UPDATE %s SET "published_at" = $3, "lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0 WHERE "sequence" IN (SELECT value FROM json_each($1)) AND %s RETURNING "sequence", "attempts", NULL, NULL`,
 				s.s.table, fence), jsonList(acked), token, nowUS); err != nil {
 				return err
 			}
 		}
 		if len(released) > 0 {
-			if err := collect(fmt.Sprintf(`UPDATE %s SET "lease_until" = NULL, "leased_by" = NULL WHERE "sequence" IN (SELECT value FROM json_each($1)) AND %s RETURNING "sequence", "attempts", NULL, NULL`,
+			if err := collect(fmt.Sprintf(`UPDATE %s SET "lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0 WHERE "sequence" IN (SELECT value FROM json_each($1)) AND %s RETURNING "sequence", "attempts", NULL, NULL`,
 				s.s.table, fence), jsonList(released), token); err != nil {
+				return err
+			}
+		}
+		if len(m.unavailable) > 0 {
+			type u struct {
+				Seq  int64  `json:"s"`
+				Note string `json:"e"`
+			}
+			us := make([]u, len(m.unavailable))
+			for i := range m.unavailable {
+				us[i] = u{m.unavailable[i], m.notes[i]}
+			}
+			q := fmt.Sprintf(`UPDATE %[1]s AS o SET "last_error" = f.e, "lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0
+FROM (SELECT value ->> '$.s' AS s, value ->> '$.e' AS e FROM json_each($1)) AS f
+WHERE o."sequence" = f.s AND o.%[2]s
+RETURNING "sequence", "attempts", NULL, NULL`, s.s.table, strings.ReplaceAll(fence, `AND "`, `AND o."`))
+			if err := collect(q, jsonList(us), token); err != nil {
 				return err
 			}
 		}
@@ -495,20 +521,29 @@ func (sub *subscription) sqliteMark(ctx context.Context, token string, acked, re
 				Seq    int64   `json:"s"`
 				Err    string  `json:"e"`
 				Jitter float64 `json:"j"`
+				Perm   bool    `json:"p"`
 			}
 			fs := make([]f, len(failed))
 			for i := range failed {
-				fs[i] = f{failed[i], errs[i], jitters[i]}
+				fs[i] = f{failed[i], errs[i], jitters[i], m.perm[i]}
 			}
 			q := fmt.Sprintf(`UPDATE %[1]s AS o SET "attempts" = o."attempts" + 1, "last_error" = f.e,
-	"dead_lettered_at" = CASE WHEN o."attempts" + 1 >= %[2]d THEN $3 END,
-	"next_attempt_at" = CASE WHEN o."attempts" + 1 < %[2]d THEN $3 + CAST(min(%[3]d * power(2.0, min(o."attempts", 62)), %[4]d.0) * f.j AS INTEGER) END,
-	"lease_until" = NULL, "leased_by" = NULL
-FROM (SELECT value ->> '$.s' AS s, value ->> '$.e' AS e, value ->> '$.j' AS j FROM json_each($1)) AS f
+	"dead_lettered_at" = CASE WHEN o."attempts" + 1 >= %[2]d OR f.p THEN $3 END,
+	"next_attempt_at" = CASE WHEN o."attempts" + 1 < %[2]d AND NOT f.p THEN $3 + CAST(min(%[3]d * power(2.0, min(o."attempts", 62)), %[4]d.0) * f.j AS INTEGER) END,
+	"lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0
+FROM (SELECT value ->> '$.s' AS s, value ->> '$.e' AS e, value ->> '$.j' AS j, value ->> '$.p' AS p FROM json_each($1)) AS f
 WHERE o."sequence" = f.s AND o.%[5]s
 RETURNING "sequence", "attempts", "next_attempt_at", "dead_lettered_at"`,
 				s.s.table, s.cfg.MaxAttempts, s.cfg.RetryBase.Microseconds(), s.cfg.RetryMax.Microseconds(), strings.ReplaceAll(fence, `AND "`, `AND o."`))
 			if err := collect(q, jsonList(fs), token, nowUS); err != nil {
+				return err
+			}
+		}
+		if len(m.abandoned) > 0 {
+			// Unanswered at a stop: still leased, and the start does not count (see
+			// SubscriberConfig.MaxDeliveryStarts).
+			if _, err := ex.exec(ctx, fmt.Sprintf(`UPDATE %s SET "delivery_starts" = max("delivery_starts" - 1, 0) WHERE "sequence" IN (SELECT value FROM json_each($1)) AND %s`,
+				s.s.table, fence), jsonList(m.abandoned), token); err != nil {
 				return err
 			}
 		}

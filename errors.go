@@ -82,6 +82,10 @@ func (e *DeliveryError) Unwrap() error { return e.Err }
 // RecordError middleware.
 var ErrNacked = errors.New("outbox: message nacked")
 
+// ErrPoisonEvent is the cause recorded for an event dead-lettered because its deliveries kept
+// starting without an outcome (see SubscriberConfig.MaxDeliveryStarts).
+var ErrPoisonEvent = errors.New("outbox: poison event: the relay stopped while delivering it every time")
+
 // ErrDeliveryTimeout is the cause recorded when a message is neither acked nor nacked within
 // SubscriberConfig.DeliveryTimeout.
 var ErrDeliveryTimeout = errors.New("outbox: delivery timeout: message neither acked nor nacked")

@@ -22,7 +22,11 @@ const (
 	MetadataTopic = "outbox-topic"
 	// MetadataSequence is set on emitted messages to the event's sequence (decimal).
 	MetadataSequence = "outbox-sequence"
-	// MetadataAttempt is set on emitted messages to the delivery attempt, 1 for the first.
+	// MetadataAttempt is set on emitted messages to the delivery number, 1 for the first:
+	// failed attempts plus the deliveries started since the last one, so a delivery repeated
+	// after a relay crash or a lease expiry carries a higher number than the try before it
+	// (an event released without an attempt — unavailable destination, held back — keeps its
+	// number, since that try reached nobody).
 	MetadataAttempt = "outbox-attempt"
 )
 
@@ -96,6 +100,10 @@ type Event struct {
 	Attempts int
 	// LastError is the error of the last failed delivery, "" if none.
 	LastError string
+	// DeliveryStarts counts the deliveries started since the event's last recorded outcome
+	// (ack, failure, release), this one included: above 1 when a relay stopped or lost its
+	// lease while delivering it (see SubscriberConfig.MaxDeliveryStarts).
+	DeliveryStarts int
 	// Extra holds the SchemaConfig.ExtraColumns values read by the subscriber, by column name
 	// (as the driver returns them).
 	Extra map[string]any

@@ -212,6 +212,11 @@ type Backlog struct {
 	OldestPendingAge time.Duration
 	// DeadLettered counts dead-lettered events.
 	DeadLettered int64
+	// Unavailable counts the pending events whose last delivery found their destination
+	// unavailable (released with no attempt counted, last_error "unavailable: …"; see
+	// UnavailableError): non-zero while a destination is down, and until those events are
+	// delivered after it came back.
+	Unavailable int64
 }
 
 // Backlog returns the pending count, the oldest pending event's age and the dead-letter count,
@@ -228,7 +233,8 @@ func (s *Subscriber) Backlog(ctx context.Context) (Backlog, error) {
 	+ (SELECT count(*) FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NOT NULL),
 	%[3]s(COALESCE(u.c, k.c), COALESCE(k.c, u.c)),
 	(SELECT count(*) FROM %[1]s WHERE "dead_lettered_at" IS NOT NULL),
-	%[2]s
+	%[2]s,
+	(SELECT count(*) FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "last_error" LIKE 'unavailable: %%')
 FROM (SELECT (SELECT "created_at" FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NULL ORDER BY "sequence" LIMIT 1) AS c) u,
 	(SELECT (SELECT "created_at" FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NOT NULL ORDER BY "sequence" LIMIT 1) AS c) k`,
 		s.s.table, s.s.nowSQL(&args), least)
@@ -242,7 +248,7 @@ FROM (SELECT (SELECT "created_at" FROM %[1]s WHERE "published_at" IS NULL AND "d
 		oldest, now time.Time
 	)
 	if rs.Next() {
-		if err := rs.Scan(&b.Pending, (*microTime)(&oldest), &b.DeadLettered, (*microTime)(&now)); err != nil {
+		if err := rs.Scan(&b.Pending, (*microTime)(&oldest), &b.DeadLettered, (*microTime)(&now), &b.Unavailable); err != nil {
 			return Backlog{}, fmt.Errorf("outbox: backlog of %s: %w", s.s.table, err)
 		}
 	}
@@ -270,7 +276,8 @@ func (s *Subscriber) BacklogByTopic(ctx context.Context) ([]TopicBacklog, error)
 	count(*) FILTER (WHERE "dead_lettered_at" IS NULL),
 	min("created_at") FILTER (WHERE "dead_lettered_at" IS NULL),
 	count(*) FILTER (WHERE "dead_lettered_at" IS NOT NULL),
-	%[2]s
+	%[2]s,
+	count(*) FILTER (WHERE "dead_lettered_at" IS NULL AND "last_error" LIKE 'unavailable: %%')
 FROM %[1]s WHERE "published_at" IS NULL GROUP BY "topic" ORDER BY "topic"`, s.s.table, s.s.nowSQL(&args))
 	rs, err := s.db.query(ctx, q, args...)
 	if err != nil {
@@ -283,7 +290,7 @@ FROM %[1]s WHERE "published_at" IS NULL GROUP BY "topic" ORDER BY "topic"`, s.s.
 			tb          TopicBacklog
 			oldest, now time.Time
 		)
-		if err := rs.Scan(&tb.Topic, &tb.Pending, (*microTime)(&oldest), &tb.DeadLettered, (*microTime)(&now)); err != nil {
+		if err := rs.Scan(&tb.Topic, &tb.Pending, (*microTime)(&oldest), &tb.DeadLettered, (*microTime)(&now), &tb.Unavailable); err != nil {
 			return nil, fmt.Errorf("outbox: backlog by topic of %s: %w", s.s.table, err)
 		}
 		if !oldest.IsZero() {

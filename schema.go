@@ -81,11 +81,11 @@ const DefaultFillFactor = 50
 var (
 	builtinColumns = []string{"sequence", "id", "topic", "payload", "headers", "ordering_key",
 		"idempotency_key", "created_at", "attempts", "last_error", "next_attempt_at",
-		"lease_until", "leased_by", "published_at", "dead_lettered_at"}
+		"lease_until", "leased_by", "published_at", "dead_lettered_at", "delivery_starts"}
 	// RelayOwnedColumns lists the columns that no writer may fill through extra columns
 	// (SPEC §3.2): the database and the relay own them.
 	RelayOwnedColumns = []string{"sequence", "created_at", "next_attempt_at", "published_at",
-		"dead_lettered_at", "attempts", "last_error", "lease_until", "leased_by"}
+		"dead_lettered_at", "attempts", "last_error", "lease_until", "leased_by", "delivery_starts"}
 )
 
 var columnNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
@@ -233,8 +233,10 @@ func (s *schema) statements() []string {
 	"lease_until"      TIMESTAMPTZ NULL,
 	"leased_by"        TEXT NULL,
 	"published_at"     TIMESTAMPTZ NULL,
-	"dead_lettered_at" TIMESTAMPTZ NULL
+	"dead_lettered_at" TIMESTAMPTZ NULL,
+	"delivery_starts"  INT NOT NULL DEFAULT 0
 ) WITH (fillfactor = %d)`, t, s.cfg.PayloadType.sqlType(), s.cfg.FillFactor),
+		s.addDeliveryStarts(),
 	}
 	if !s.fillDefault {
 		stmts = append(stmts, s.setFillFactor())
@@ -245,6 +247,27 @@ func (s *schema) statements() []string {
 	return append(stmts, s.indexStatements()...)
 }
 
+// addDeliveryStarts returns a statement that adds the delivery_starts column to a table
+// created before it existed, unless it has it (ALTER TABLE takes an ACCESS EXCLUSIVE lock even
+// when IF NOT EXISTS finds the column: not worth taking on every start). With a constant
+// default PostgreSQL 11+ adds the column without rewriting the table.
+func (s *schema) addDeliveryStarts() string {
+	body := fmt.Sprintf(`BEGIN IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '%s'::regclass AND attname = 'delivery_starts' AND NOT attisdropped) THEN ALTER TABLE %s ADD COLUMN "delivery_starts" INT NOT NULL DEFAULT 0; END IF; END`,
+		strings.ReplaceAll(s.table, "'", "''"), s.table)
+	tag := dollarQuote(body, "ds")
+	return "DO " + tag + body + tag
+}
+
+// dollarQuote returns a dollar-quote tag ("$name$", "$name0$" …) that body does not contain (a
+// table name may hold '$').
+func dollarQuote(body, name string) string {
+	tag := "$" + name + "$"
+	for i := 0; strings.Contains(body, tag); i++ {
+		tag = fmt.Sprintf("$%s%d$", name, i)
+	}
+	return tag
+}
+
 // setFillFactor returns a statement that sets the configured fillfactor on an existing table
 // unless it has it already (ALTER TABLE … SET takes a SHARE UPDATE EXCLUSIVE lock, which waits
 // for a running VACUUM: not worth taking on every start).
@@ -252,10 +275,7 @@ func (s *schema) setFillFactor() string {
 	ff := s.cfg.FillFactor
 	body := fmt.Sprintf(`BEGIN IF NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = '%s'::regclass AND 'fillfactor=%d' = ANY(coalesce(reloptions, '{}'))) THEN ALTER TABLE %s SET (fillfactor = %d); END IF; END`,
 		strings.ReplaceAll(s.table, "'", "''"), ff, s.table, ff)
-	tag := "$ff$" // a dollar-quote tag the body (a table name may hold '$') does not contain
-	for i := 0; strings.Contains(body, tag); i++ {
-		tag = fmt.Sprintf("$ff%d$", i)
-	}
+	tag := dollarQuote(body, "ff")
 	return "DO " + tag + body + tag
 }
 
@@ -267,7 +287,8 @@ func (s *schema) setFillFactor() string {
 // Columns (SPEC §2): sequence (identity, delivery order), id (UUID, unique event id), topic,
 // payload (JSONB or BYTEA), headers (JSONB object of string values), ordering_key (NULL =
 // unordered), idempotency_key (unique), created_at, attempts, last_error, next_attempt_at,
-// lease_until, leased_by, published_at, dead_lettered_at. Pending means published_at IS NULL AND
+// lease_until, leased_by, published_at, dead_lettered_at, delivery_starts (deliveries started
+// since the event's last recorded outcome, see SubscriberConfig.MaxDeliveryStarts). Pending means published_at IS NULL AND
 // dead_lettered_at IS NULL.
 func SchemaSQL(cfg SchemaConfig) (string, error) {
 	s, err := cfg.compile()

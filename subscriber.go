@@ -47,6 +47,8 @@ type Subscriber struct {
 	// tokenPrefix is RelayName plus a random nonce of this Subscriber: fencing tokens stay
 	// unique even when two processes share a RelayName.
 	tokenPrefix string
+	outagesMu   sync.Mutex
+	outages     map[*subscription][]Outage // see Outages
 }
 
 // NewSubscriber returns a Subscriber reading the outbox table through db: a *pgxpool.Pool,
@@ -223,6 +225,14 @@ type subscription struct {
 	// after the events before them. Written by the mark goroutine before marking is closed.
 	unconfirmed map[string]bool
 
+	// probeSQL is claimSQL for one event of the topics of an outage (see outage.go); outages
+	// are the destinations found unavailable, by UnavailableError.Destination.
+	probeSQL string
+	outages  map[string]*outage
+	// retryDue is the earliest time (relay clock, UnixNano; 0 = none) at which an event this
+	// relay failed is due again, so the relay polls then instead of after PollInterval.
+	retryDue atomic.Int64
+
 	emit   func(ctx context.Context, b []*item) bool
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -239,12 +249,18 @@ func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscr
 	}
 	sub := &subscription{s: s, sel: sel, oldest: s.cfg.BatchSize, walked: -1}
 	args := []any{nil, nil, nil}
+	// Paused topics (outages) are one more parameter: $3 on SQLite (a JSON array), the last
+	// one on PostgreSQL (a text array, after the claim's other parameters).
 	if s.s.sqlite {
 		filter := sel.sql(`"topic"`, &args, true)
-		sub.claimSQL, sub.leaseSQL = s.buildSQLiteClaimSQL(filter), s.buildSQLiteLeaseSQL()
+		sub.claimSQL = s.buildSQLiteClaimSQL(filter+` AND "topic" NOT IN (SELECT value FROM json_each($3))`, s.cfg.BatchSize)
+		sub.probeSQL = s.buildSQLiteClaimSQL(filter+` AND "topic" IN (SELECT value FROM json_each($3))`, 1)
+		sub.leaseSQL = s.buildSQLiteLeaseSQL()
 	} else {
 		filter := sel.sql(`"topic"`, &args, false)
-		sub.claimSQL = s.buildClaimSQL(filter, len(args)+1)
+		paused := len(args) + 10
+		sub.claimSQL = s.buildClaimSQL(filter+fmt.Sprintf(` AND NOT ("topic" = ANY($%d::text[]))`, paused), len(args)+1, s.cfg.BatchSize)
+		sub.probeSQL = s.buildClaimSQL(filter+fmt.Sprintf(` AND "topic" = ANY($%d::text[])`, paused), len(args)+1, 1)
 	}
 	sub.args = args[3:]
 	sub.ctx, sub.cancel = context.WithCancel(ctx)
@@ -288,30 +304,71 @@ func (sub *subscription) waitMarks() {
 func (sub *subscription) run() {
 	s := sub.s
 	defer sub.waitMarks()
+	defer func() { sub.outages = nil; sub.publishOutages() }()
 	var wake <-chan struct{}
 	if s.cfg.Wakeup != nil {
 		wake = s.cfg.Wakeup.Listen(sub.ctx, sub.sel.match)
 	}
+	sub.takeBack()
+	var (
+		failures   int // polls failed in a row
+		failedFrom time.Time
+	)
 	for sub.ctx.Err() == nil {
 		again, err := sub.poll()
 		if err != nil {
 			if sub.ctx.Err() != nil {
 				return
 			}
-			s.logger.Error("outbox: poll failed", err, nil)
+			failures++
+			if failures == 1 {
+				failedFrom = time.Now()
+				s.logger.Error("outbox: poll failed; retrying with backoff", err, nil)
+			} else {
+				s.logger.Debug("outbox: poll failed again", watermill.LogFields{"error": err.Error(), "failures": failures})
+			}
+		} else if failures > 0 {
+			s.logger.Info("outbox: database answers again; polling resumed", watermill.LogFields{
+				"failed_polls": failures, "unavailable_for": time.Since(failedFrom).Round(time.Millisecond).String()})
+			failures = 0
 		}
 		if again && err == nil {
 			continue
 		}
-		timer := time.NewTimer(s.cfg.PollInterval)
+		wait := s.cfg.PollInterval
+		if failures > 0 {
+			wait = pollRetryWait(failures, s.cfg.PollInterval)
+		}
+		now := time.Now()
+		if due := sub.retryDue.Load(); due != 0 {
+			if d := time.Unix(0, due).Sub(now); d < wait {
+				wait = max(d, 0)
+			}
+		}
+		if at := sub.nextProbeAt(now); !at.IsZero() && at.Sub(now) < wait {
+			wait = max(at.Sub(now), 0)
+		}
+		timer := time.NewTimer(wait)
 		select {
 		case <-sub.ctx.Done():
 		case <-timer.C:
 		case <-wake:
 		}
 		timer.Stop()
+		if due := sub.retryDue.Load(); due != 0 && time.Now().UnixNano() >= due {
+			sub.retryDue.CompareAndSwap(due, 0)
+		}
 	}
 }
+
+// pollRetryWait is the wait after the n-th failed poll in a row: 100 ms doubling, at most
+// maxPollRetryWait (and PollInterval), so that a relay claims within about half a second
+// of the database accepting connections again.
+func pollRetryWait(n int, pollInterval time.Duration) time.Duration {
+	return min(100*time.Millisecond<<min(n-1, 10), maxPollRetryWait, pollInterval)
+}
+
+const maxPollRetryWait = 500 * time.Millisecond
 
 // item is one claimed event on its way out.
 type item struct {
@@ -323,6 +380,12 @@ type item struct {
 	cancel context.CancelFunc // cancels msg's context once it is answered
 	state  int
 	err    error
+	perm   bool // a failure the destination called permanent: dead-lettered now
+	// acked is set by the goroutine that sees the Ack, for the flusher (state is read only
+	// once the batch is over); flushed is the flusher's (flushNone, flushWritten,
+	// flushRefused), read by mark after the flusher stopped.
+	acked   atomic.Bool
+	flushed int
 }
 
 const (
@@ -331,13 +394,35 @@ const (
 	stateFailed           // counts an attempt
 	stateReleased         // lease given back, no attempt
 	stateAbandoned        // emitted, no answer before close: stays leased
+	// stateUnavailable: the destination was unavailable (ErrUnavailable); released with
+	// last_error noted, no attempt
+	stateUnavailable
 )
+
+// failed records a Nack's error: a failure, a permanent failure or an unavailable destination.
+func (it *item) failed(err error) {
+	if err == nil {
+		err = ErrNacked
+	}
+	it.err = err
+	switch classify(err) {
+	case classUnavailable:
+		it.state = stateUnavailable
+	case classPermanent:
+		it.state, it.perm = stateFailed, true
+	default:
+		it.state = stateFailed
+	}
+}
 
 // poll claims one batch, delivers it and writes its marks. It reports whether to poll again
 // at once: events were claimed, or keys remain unexamined.
 func (sub *subscription) poll() (again bool, err error) {
 	s := sub.s
 	token := s.tokenPrefix + strconv.FormatInt(s.claims.Add(1), 10)
+	if o := sub.dueProbe(time.Now()); o != nil {
+		return sub.probe(token, o)
+	}
 	if sub.serialFor > 0 {
 		sub.serialFor--
 		sub.waitMarks()
@@ -384,13 +469,9 @@ func (sub *subscription) poll() (again bool, err error) {
 	for _, it := range release {
 		it.state = stateReleased
 	}
-	if len(deliver) > 0 {
-		bctx, lost := context.WithCancel(sub.ctx)
-		stopRenew := sub.renewWhileOut(token, items, lost)
-		sub.emit(bctx, deliver)
-		stopRenew()
-		lost()
-	}
+	deliver = sub.dropPoison(deliver)
+	sub.deliver(token, items, deliver)
+	sub.noteOutcomes(items, nil)
 	sub.waitMarks()
 	sub.confirm(items)
 	sub.continueRuns(token, deliver)
@@ -405,6 +486,96 @@ func (sub *subscription) poll() (again bool, err error) {
 		}
 	}()
 	return true, nil
+}
+
+// deliver emits a claimed batch's deliverable events while renewing the batch's lease and
+// flushing its acks every MarkInterval; it returns when every emitted event was answered
+// (or the subscription stopped).
+func (sub *subscription) deliver(token string, items, deliver []*item) {
+	if len(deliver) == 0 {
+		return
+	}
+	bctx, lost := context.WithCancel(sub.ctx)
+	fl := sub.startFlusher(token, deliver, sub.marking)
+	stopRenew := sub.renewWhileOut(token, items, lost, fl)
+	sub.emit(bctx, deliver)
+	fl.stop()
+	stopRenew()
+	lost()
+}
+
+// probe delivers one event of an outage's topics (see outage.go) and writes its mark before
+// returning. A probe that finds nothing to claim leaves the outage open (the topics' events
+// may be held or leased elsewhere) and waits for the next probe.
+func (sub *subscription) probe(token string, o *outage) (again bool, err error) {
+	sub.waitMarks()
+	items, err := sub.probeClaim(token, o)
+	if err != nil {
+		o.nextProbe = time.Now().Add(sub.probeWait(o, time.Now()))
+		return false, err
+	}
+	deliver, release := splitRuns(items)
+	for _, it := range release {
+		it.state = stateReleased
+	}
+	deliver = sub.dropPoison(deliver)
+	sub.deliver(token, items, deliver)
+	sub.noteOutcomes(items, o)
+	if _, err := sub.mark(token, items); err != nil {
+		sub.s.logger.Error("outbox: writing marks failed; the events are delivered again after their lease", err, watermill.LogFields{"token": token})
+	}
+	// Poll at once when the outage ended; otherwise the ordinary claim of the other topics.
+	return true, nil
+}
+
+// dropPoison takes out of deliver (in sequence order) the events whose deliveries started more
+// than MaxDeliveryStarts times without an outcome — a relay stopped or crashed while delivering
+// each time — and dead-letters them (ErrPoisonEvent); their keys' later events are released.
+func (sub *subscription) dropPoison(deliver []*item) []*item {
+	limit := sub.s.cfg.MaxDeliveryStarts
+	var (
+		out    []*item
+		poison map[string]bool
+	)
+	for i, it := range deliver {
+		k := it.ev.OrderingKey
+		switch {
+		case k != "" && poison[k]:
+			it.state = stateReleased
+		case it.ev.DeliveryStarts > limit:
+			it.state, it.perm = stateFailed, true
+			it.err = fmt.Errorf("%w: %d deliveries started without an outcome (SubscriberConfig.MaxDeliveryStarts %d)", ErrPoisonEvent, it.ev.DeliveryStarts-1, limit)
+			if out == nil {
+				out = append(make([]*item, 0, len(deliver)), deliver[:i]...)
+			}
+			if k != "" {
+				if poison == nil {
+					poison = map[string]bool{}
+				}
+				poison[k] = true
+			}
+			continue
+		}
+		if out != nil && it.state != stateReleased {
+			out = append(out, it)
+		}
+	}
+	if out == nil {
+		return deliver
+	}
+	return out
+}
+
+// noteRetry records that an event this relay failed is due again at next (now and next
+// from the mark's clock), so that run polls then. Safe for concurrent use.
+func (sub *subscription) noteRetry(now, next time.Time) {
+	due := time.Now().Add(next.Sub(now)).UnixNano()
+	for {
+		cur := sub.retryDue.Load()
+		if (cur != 0 && cur <= due) || sub.retryDue.CompareAndSwap(cur, due) {
+			return
+		}
+	}
 }
 
 // confirm releases, instead of marking published, the acked continuation events (see
@@ -544,7 +715,9 @@ func splitRuns(items []*item) (deliver, release []*item) {
 	return deliver, release
 }
 
-func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
+// buildClaimSQL returns the PostgreSQL claim of up to batch events; filter selects topics
+// (with the paused-topics parameter at oldestParam+9).
+func (s *Subscriber) buildClaimSQL(filter string, oldestParam, batch int) string {
 	t := s.s.table
 	pending := `"published_at" IS NULL AND "dead_lettered_at" IS NULL`
 	claimable := `("next_attempt_at" IS NULL OR "next_attempt_at" <= now()) AND ("lease_until" IS NULL OR "lease_until" < now())`
@@ -566,7 +739,7 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 		extra.WriteString(", o." + pgx.Identifier{c.Name}.Sanitize())
 		uextra.WriteString(", u." + pgx.Identifier{c.Name}.Sanitize())
 	}
-	batch, run, keyScan := s.cfg.BatchSize, s.cfg.MaxRunPerKey, s.cfg.KeyScan
+	run, keyScan := min(s.cfg.MaxRunPerKey, batch), s.cfg.KeyScan
 	// Key lookups are written as row comparisons on ("ordering_key", "sequence") so that only the
 	// key index can serve them: with a plain "ordering_key" = k the planner may walk the
 	// primary key past every published event of the key.
@@ -694,19 +867,20 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam int) string {
 	SELECT "sequence", 0 FROM unordered
 	ORDER BY 1 LIMIT %[5]d
 ), upd AS (
-	UPDATE %[1]s o SET "lease_until" = now() + $2 * interval '1 microsecond', "leased_by" = $3
+	UPDATE %[1]s o SET "lease_until" = now() + $2 * interval '1 microsecond', "leased_by" = $3, "delivery_starts" = o."delivery_starts" + 1
 	WHERE o."sequence" = ANY(ARRAY(SELECT "sequence" FROM picked))
-	RETURNING o."sequence", o."id"::text AS id, o."topic", %[9]s AS payload, o."headers"::text AS headers, o."ordering_key", o."created_at", o."attempts", o."last_error"%[10]s
+	RETURNING o."sequence", o."id"::text AS id, o."topic", %[9]s AS payload, o."headers"::text AS headers, o."ordering_key", o."created_at", o."attempts", o."last_error", o."delivery_starts"%[10]s
 )
-SELECT false, u."sequence", u.id, u."topic", u.payload, u.headers, u."ordering_key", u."created_at", u."attempts", u."last_error", p.rn%[15]s, NULL::text, NULL::bigint, NULL::bigint
+SELECT false, u."sequence", u.id, u."topic", u.payload, u.headers, u."ordering_key", u."created_at", u."attempts", u."last_error", p.rn, u."delivery_starts"%[15]s, NULL::text, NULL::bigint, NULL::bigint
 FROM upd u JOIN picked p ON p."sequence" = u."sequence"
 UNION ALL
 SELECT true%[11]s, (SELECT max(k) FROM scanned), (SELECT count(*) FROM scanned), (SELECT count(*) FROM walk)`,
-		t, pending, claimable, filter, batch, keyScan, hfilter, run, payload, extra.String(), strings.Repeat(", NULL", 10+len(s.s.cfg.ExtraColumns)), oldestParam, pkFilter, oldestParam+1, uextra.String(), oldestParam+2, oldestParam+3, oldestParam+4, oldestParam+5, oldestParam+6, oldestParam+7, oldestParam+8)
+		t, pending, claimable, filter, batch, keyScan, hfilter, run, payload, extra.String(), strings.Repeat(", NULL", 11+len(s.s.cfg.ExtraColumns)), oldestParam, pkFilter, oldestParam+1, uextra.String(), oldestParam+2, oldestParam+3, oldestParam+4, oldestParam+5, oldestParam+6, oldestParam+7, oldestParam+8)
 }
 
-// claim leases the next batch. more reports that the key skip scan stopped at its KeyScan
-// bound, so keys after the cursor are still unexamined and the next poll should not wait.
+// claim leases the next batch, leaving the topics of outages out. more reports that the key
+// skip scan stopped at its KeyScan bound, so keys after the cursor are still unexamined and the
+// next poll should not wait.
 func (sub *subscription) claim(token string) (items []*item, more bool, err error) {
 	s := sub.s
 	began := time.Now()
@@ -715,22 +889,16 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		cursor  *string
 		scanned *int64
 	)
+	paused := sub.pausedTopics(began)
 	if s.s.sqlite {
-		items, cursor, scanned, err = sub.sqliteClaim(token)
+		items, cursor, scanned, err = sub.sqliteClaim(token, sub.claimSQL, paused)
 	} else {
-		args := append([]any{sub.cursor, s.cfg.LeaseDuration.Microseconds(), token}, sub.args...)
-		args = append(args, sub.oldest)
-		q := sub.claimSQL
 		limit := s.cfg.BatchSize
 		if sub.splitFor > 0 {
 			limit = sub.splitLimit
 		}
-		args = append(args, limit, sub.lowUnordered, sub.lowKeyed, sub.contKeys, sub.contAfter, sub.contToken, (s.cfg.LeaseDuration / 3).Microseconds(), sub.contFrom)
-		var rs rows
-		rs, err = s.db.query(sub.ctx, q, s.db.oneShot(args)...)
-		if err == nil {
-			items, cursor, scanned, err = sub.scanClaimed(rs)
-		}
+		items, cursor, scanned, err = sub.pgClaim(sub.claimSQL, token, sub.cursor, sub.oldest, limit, sub.lowUnordered, sub.lowKeyed,
+			sub.contKeys, sub.contAfter, sub.contToken, sub.contFrom, paused)
 	}
 	if err != nil {
 		return nil, false, fmt.Errorf("outbox: claim from %s: %w", s.s.table, err)
@@ -780,8 +948,58 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 			sub.splitFor = splitClaims
 		}
 	}
-	// A claim that leases only gap-free runs without reporting ranks (SQLite: one writer, no
-	// SKIP LOCKED gaps) leaves them to be counted here: 1 for a key's head, then 2, 3 …
+	rankRuns(items)
+	// Resume the key skip scan after the last key it reached; start over once it reached the
+	// end of the keys.
+	if scanned != nil && *scanned >= int64(s.cfg.KeyScan) && cursor != nil {
+		sub.cursor, more = *cursor, true
+	} else {
+		sub.cursor = ""
+	}
+	s.logger.Trace("outbox: claimed", watermill.LogFields{"events": len(items), "token": token, "duration": time.Since(began)})
+	return items, more, nil
+}
+
+// pgClaim runs a PostgreSQL claim statement (buildClaimSQL) with its parameters.
+func (sub *subscription) pgClaim(q, token, cursor string, oldest, limit int, lowUnordered, lowKeyed int64,
+	contKeys []string, contAfter []int64, contToken string, contFrom []int64, paused []string) ([]*item, *string, *int64, error) {
+	s := sub.s
+	args := append([]any{cursor, s.cfg.LeaseDuration.Microseconds(), token}, sub.args...)
+	args = append(args, oldest, limit, lowUnordered, lowKeyed, contKeys, contAfter, contToken, (s.cfg.LeaseDuration / 3).Microseconds(), contFrom, paused)
+	rs, err := s.db.query(sub.ctx, q, s.db.oneShot(args)...)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return sub.scanClaimed(rs)
+}
+
+// probeClaim leases one event of o's topics (the oldest claimable, in key order like any
+// claim), or none.
+func (sub *subscription) probeClaim(token string, o *outage) ([]*item, error) {
+	topics := make([]string, 0, len(o.topics))
+	for t := range o.topics {
+		topics = append(topics, t)
+	}
+	var (
+		items []*item
+		err   error
+	)
+	if sub.s.s.sqlite {
+		items, _, _, err = sub.sqliteClaim(token, sub.probeSQL, topics)
+	} else {
+		items, _, _, err = sub.pgClaim(sub.probeSQL, token, "", 16, 1, 0, 0, nil, nil, "", nil, topics)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("outbox: probe claim from %s: %w", sub.s.s.table, err)
+	}
+	rankRuns(items)
+	return items, nil
+}
+
+// rankRuns ranks the events of a claim that leases only gap-free runs without reporting ranks
+// (SQLite: one writer, no SKIP LOCKED gaps): 1 for a key's head, then 2, 3 … Items are in
+// sequence order.
+func rankRuns(items []*item) {
 	ranks := map[string]int64{}
 	for _, it := range items {
 		if it.rank >= 0 {
@@ -793,15 +1011,6 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 			it.rank = ranks[k]
 		}
 	}
-	// Resume the key skip scan after the last key it reached; start over once it reached the
-	// end of the keys.
-	if scanned != nil && *scanned >= int64(s.cfg.KeyScan) && cursor != nil {
-		sub.cursor, more = *cursor, true
-	} else {
-		sub.cursor = ""
-	}
-	s.logger.Trace("outbox: claimed", watermill.LogFields{"events": len(items), "token": token, "duration": time.Since(began)})
-	return items, more, nil
 }
 
 // scanClaimed reads a claim's rows: the leased events (in any order) and, when the claim
@@ -819,11 +1028,12 @@ func (sub *subscription) scanClaimed(rs rows) (items []*item, cursor *string, sc
 			created   time.Time
 			attempts  *int
 			rank      *int64
+			starts    *int
 			walked    *int64
 			payload   []byte
 			extraVals = make([]any, len(s.s.cfg.ExtraColumns))
 		)
-		dest := []any{&marker, &seq, &id, &topic, &payload, &hdrs, &okey, (*microTime)(&created), &attempts, &le, &rank}
+		dest := []any{&marker, &seq, &id, &topic, &payload, &hdrs, &okey, (*microTime)(&created), &attempts, &le, &rank, &starts}
 		for i := range extraVals {
 			dest = append(dest, &extraVals[i])
 		}
@@ -838,6 +1048,9 @@ func (sub *subscription) scanClaimed(rs rows) (items []*item, cursor *string, sc
 			continue
 		}
 		ev := Event{Sequence: *seq, Topic: *topic, Payload: payload, CreatedAt: created, Attempts: *attempts}
+		if starts != nil {
+			ev.DeliveryStarts = *starts
+		}
 		ev.ID, _ = uuid.Parse(*id)
 		if err := json.Unmarshal([]byte(*hdrs), &ev.Headers); err != nil {
 			ev.Headers = map[string]string{"outbox-headers-error": err.Error()}
@@ -879,7 +1092,7 @@ func (sub *subscription) newMessage(ctx context.Context, it *item) *message.Mess
 		msg.Metadata[MetadataOrderingKey] = ev.OrderingKey
 	}
 	msg.Metadata[MetadataSequence] = strconv.FormatInt(ev.Sequence, 10)
-	msg.Metadata[MetadataAttempt] = strconv.Itoa(ev.Attempts + 1)
+	msg.Metadata[MetadataAttempt] = strconv.Itoa(ev.Attempts + max(ev.DeliveryStarts, 1))
 	it.hold = &errHolder{}
 	mctx, cancel := context.WithCancel(contextWithEvent(withErrHolder(ctx, it.hold), ev))
 	msg.SetContext(mctx)
@@ -893,11 +1106,9 @@ func (sub *subscription) await(ctx context.Context, it *item, timeout <-chan str
 	select {
 	case <-it.msg.Acked():
 		it.state = stateAcked
+		it.acked.Store(true)
 	case <-it.msg.Nacked():
-		it.state, it.err = stateFailed, it.hold.get()
-		if it.err == nil {
-			it.err = ErrNacked
-		}
+		it.failed(it.hold.get())
 	case <-timeout:
 		it.state, it.err = stateFailed, ErrDeliveryTimeout
 	case <-ctx.Done():
@@ -905,11 +1116,9 @@ func (sub *subscription) await(ctx context.Context, it *item, timeout <-chan str
 		select {
 		case <-it.msg.Acked():
 			it.state = stateAcked
+			it.acked.Store(true)
 		case <-it.msg.Nacked():
-			it.state, it.err = stateFailed, it.hold.get()
-			if it.err == nil {
-				it.err = ErrNacked
-			}
+			it.failed(it.hold.get())
 		default:
 			it.state = stateAbandoned
 		}
@@ -945,6 +1154,7 @@ func (sub *subscription) deliverEach(ctx context.Context, items []*item, out cha
 	copy(ready, lanes)
 	results := make(chan *item, len(items))
 	inflight, stopped := 0, false
+	var downTopics map[string]bool
 	for {
 		for !stopped && inflight < sub.s.cfg.Concurrency && len(ready) > 0 {
 			l := ready[0]
@@ -956,6 +1166,9 @@ func (sub *subscription) deliverEach(ctx context.Context, items []*item, out cha
 				continue
 			}
 			it := l.items[l.pos]
+			if downTopics[it.ev.Topic] {
+				continue // released below, with the rest of its lane
+			}
 			msg := sub.newMessage(ctx, it)
 			select {
 			case out <- msg:
@@ -983,9 +1196,17 @@ func (sub *subscription) deliverEach(ctx context.Context, items []*item, out cha
 			if l.pos < len(l.items) {
 				ready = append(ready, l)
 			}
-		case stateFailed:
+		case stateFailed, stateUnavailable:
 			for _, rest := range l.items[l.pos+1:] {
 				rest.state = stateReleased
+			}
+			if it.state == stateUnavailable {
+				// The rest of the batch's events of this topic stay unsent: released
+				// without an attempt, like the refused one.
+				if downTopics == nil {
+					downTopics = map[string]bool{}
+				}
+				downTopics[it.ev.Topic] = true
 			}
 		}
 	}
@@ -1047,7 +1268,7 @@ func (sub *subscription) deliverBatch(ctx context.Context, items []*item, out ch
 			it.state, it.err = stateReleased, nil
 			continue
 		}
-		if it.state == stateFailed {
+		if it.state == stateFailed || it.state == stateUnavailable {
 			failedKey[k] = true
 		}
 	}
@@ -1057,7 +1278,7 @@ func (sub *subscription) deliverBatch(ctx context.Context, items []*item, out ch
 // renewWhileOut renews the batch's lease three times per LeaseDuration until the returned
 // function is called. When a renewal finds the lease no longer held (it expired and another
 // relay took the events over), it calls lost, which stops emitting the rest of the batch.
-func (sub *subscription) renewWhileOut(token string, items []*item, lost func()) (stop func()) {
+func (sub *subscription) renewWhileOut(token string, items []*item, lost func(), fl *flusher) (stop func()) {
 	s := sub.s
 	seqs := make([]int64, len(items))
 	for i, it := range items {
@@ -1083,12 +1304,16 @@ func (sub *subscription) renewWhileOut(token string, items []*item, lost func())
 				return
 			case <-t.C:
 				ctx, cancel := context.WithTimeout(context.Background(), s.cfg.LeaseDuration/3)
+				// Rows whose acks the flusher wrote are no longer leased: expect the rest.
+				fl.mu.Lock()
 				n, err := s.db.exec(ctx, q, args()...)
+				want := int64(len(seqs) - fl.written)
+				fl.mu.Unlock()
 				cancel()
 				switch {
 				case err != nil:
 					s.logger.Error("outbox: lease renewal failed", err, watermill.LogFields{"token": token})
-				case n < int64(len(seqs)):
+				case n < want:
 					lost()
 					s.logger.Error("outbox: lease lost; the rest of the batch is left to the relay that took it over", nil,
 						watermill.LogFields{"token": token, "held": n, "claimed": len(seqs)})
@@ -1100,44 +1325,70 @@ func (sub *subscription) renewWhileOut(token string, items []*item, lost func())
 	return func() { close(done); wg.Wait() }
 }
 
+// markSets is one mark statement's input: the sequences of each outcome, in parallel with
+// their per-event values (failed: errs, perm, jitters; unavailable: notes).
+type markSets struct {
+	acked, released, unavailable, failed []int64
+	abandoned                            []int64 // unanswered at a stop: stay leased
+	notes, errs                          []string
+	perm                                 []bool
+	jitters                              []float64
+}
+
+// errText is the last_error form of err: valid UTF-8 without NUL (PostgreSQL text refuses it).
+func errText(err error) string {
+	return strings.ToValidUTF8(strings.ReplaceAll(err.Error(), "\x00", "\uFFFD"), "\uFFFD")
+}
+
 // mark writes the batch's outcome in one statement, conditioned on the fencing token: acks
 // become published, failures a retry with backoff or a dead letter, releases give the lease
-// back. It runs even while the subscriber is closing.
+// back, unavailable events are released with last_error noted and no attempt counted. Acks
+// already written by the flusher (see flushAcks) are skipped. It runs even while the
+// subscriber is closing. unconfirmed holds the ordering keys of acks that were not written.
 func (sub *subscription) mark(token string, items []*item) (unconfirmed map[string]bool, err error) {
-	s := sub.s
 	var (
-		acked, released, failed []int64
-		errs                    []string
-		jitters                 []float64
-		byseq                   = map[int64]*item{}
+		m     markSets
+		byseq = map[int64]*item{}
 	)
 	for _, it := range items {
 		seq := it.ev.Sequence
 		switch it.state {
 		case stateAcked:
-			acked = append(acked, seq)
+			if it.flushed == flushWritten {
+				continue
+			}
+			if it.flushed == flushRefused {
+				if k := it.ev.OrderingKey; k != "" {
+					if unconfirmed == nil {
+						unconfirmed = map[string]bool{}
+					}
+					unconfirmed[k] = true
+				}
+				continue
+			}
+			m.acked = append(m.acked, seq)
 		case stateReleased:
-			released = append(released, seq)
+			m.released = append(m.released, seq)
+		case stateUnavailable:
+			m.unavailable = append(m.unavailable, seq)
+			m.notes = append(m.notes, errText(it.err))
 		case stateFailed:
-			failed = append(failed, seq)
-			errs = append(errs, strings.ToValidUTF8(strings.ReplaceAll(it.err.Error(), "\x00", "\uFFFD"), "\uFFFD"))
-			jitters = append(jitters, 0.9+0.2*rand.Float64())
+			m.failed = append(m.failed, seq)
+			m.errs = append(m.errs, errText(it.err))
+			m.perm = append(m.perm, it.perm)
+			m.jitters = append(m.jitters, 0.9+0.2*rand.Float64())
+		case stateAbandoned:
+			m.abandoned = append(m.abandoned, seq)
+			continue
 		default:
 			continue
 		}
 		byseq[seq] = it
 	}
-	if len(byseq) == 0 {
-		return nil, nil
+	if len(byseq) == 0 && len(m.abandoned) == 0 {
+		return unconfirmed, nil
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(sub.ctx), 30*time.Second)
-	defer cancel()
-	var results []markResult
-	if s.s.sqlite {
-		results, err = sub.sqliteMark(ctx, token, acked, released, failed, errs, jitters)
-	} else {
-		results, err = sub.pgMark(ctx, token, acked, released, failed, errs, jitters)
-	}
+	results, err := sub.writeMarks(token, m)
 	// The keys whose acks were not written: every key of the batch when the statement failed.
 	written := make(map[int64]bool, len(results))
 	if err == nil {
@@ -1145,7 +1396,7 @@ func (sub *subscription) mark(token string, items []*item) (unconfirmed map[stri
 			written[r.seq] = true
 		}
 	}
-	for _, seq := range acked {
+	for _, seq := range m.acked {
 		if k := byseq[seq].ev.OrderingKey; k != "" && !written[seq] {
 			if unconfirmed == nil {
 				unconfirmed = map[string]bool{}
@@ -1156,11 +1407,33 @@ func (sub *subscription) mark(token string, items []*item) (unconfirmed map[stri
 	if err != nil {
 		return unconfirmed, fmt.Errorf("outbox: mark batch %s: %w", token, err)
 	}
-	// Logs and hooks run after the connection went back to the pool.
+	sub.reportMarks(results, byseq, false)
+	return unconfirmed, nil
+}
+
+// writeMarks runs the dialect's mark statement with a 30 s bound, also while closing.
+func (sub *subscription) writeMarks(token string, m markSets) ([]markResult, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(sub.ctx), 30*time.Second)
+	defer cancel()
+	if sub.s.s.sqlite {
+		return sub.sqliteMark(ctx, token, m)
+	}
+	return sub.pgMark(ctx, token, m)
+}
+
+// reportMarks logs and calls the hooks for the rows a mark wrote; it runs after the
+// connection went back to the pool. ackOnly: the rows are a flush's acks (whose items' state
+// belongs to the delivering goroutines until the batch is over).
+func (sub *subscription) reportMarks(results []markResult, byseq map[int64]*item, ackOnly bool) {
+	s := sub.s
 	for _, r := range results {
 		it := byseq[r.seq]
 		ev := it.ev
-		switch it.state {
+		state := stateAcked
+		if !ackOnly {
+			state = it.state
+		}
+		switch state {
 		case stateAcked:
 			s.logger.Debug("outbox: delivered", watermill.LogFields{"event_id": ev.ID.String(), "topic": ev.Topic})
 			if h := s.cfg.Hooks.OnDelivered; h != nil {
@@ -1171,6 +1444,9 @@ func (sub *subscription) mark(token string, items []*item) (unconfirmed map[stri
 			info := FailedInfo{EventID: ev.ID.String(), Topic: ev.Topic, Attempts: r.attempts, Err: derr, At: r.now}
 			fields := watermill.LogFields{"event_id": ev.ID.String(), "topic": ev.Topic, "attempts": r.attempts}
 			if r.dead {
+				if it.perm {
+					fields["permanent"] = true
+				}
 				s.logger.Error("outbox: dead-lettered", derr, fields)
 				if h := s.cfg.Hooks.OnDeadLettered; h != nil {
 					h(info)
@@ -1180,6 +1456,7 @@ func (sub *subscription) mark(token string, items []*item) (unconfirmed map[stri
 			if r.next != nil {
 				info.NextAttemptAt = *r.next
 				fields["next_attempt_at"] = *r.next
+				sub.noteRetry(r.now, *r.next)
 			}
 			s.logWarn("outbox: delivery failed, will retry", derr, fields)
 			if h := s.cfg.Hooks.OnFailed; h != nil {
@@ -1187,7 +1464,6 @@ func (sub *subscription) mark(token string, items []*item) (unconfirmed map[stri
 			}
 		}
 	}
-	return unconfirmed, nil
 }
 
 // markResult is one row a mark wrote: the event's attempts and, for a failure, when it is tried
@@ -1201,31 +1477,41 @@ type markResult struct {
 }
 
 // pgMark is PostgreSQL's mark: one statement, database clock.
-func (sub *subscription) pgMark(ctx context.Context, token string, acked, released, failed []int64, errs []string, jitters []float64) ([]markResult, error) {
+func (sub *subscription) pgMark(ctx context.Context, token string, m markSets) ([]markResult, error) {
 	s := sub.s
-	// Three join-free updates in one statement (a join with the parameter arrays is planned
-	// as a nested loop over both arrays). Every update is fenced by the batch's token.
+	// Join-free updates in one statement (a join with the parameter arrays is planned as a
+	// nested loop over both arrays). Every update is fenced by the batch's token.
 	fence := `"leased_by" = $6 AND "published_at" IS NULL`
 	q := fmt.Sprintf(`WITH acked AS (
-	UPDATE %[1]s SET "published_at" = now(), "lease_until" = NULL, "leased_by" = NULL
+	UPDATE %[1]s SET "published_at" = now(), "lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0
 	WHERE "sequence" = ANY($1::bigint[]) AND %[5]s RETURNING "sequence", "attempts", NULL::timestamptz AS next, false AS dead
 ), released AS (
-	UPDATE %[1]s SET "lease_until" = NULL, "leased_by" = NULL
+	UPDATE %[1]s SET "lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0
 	WHERE "sequence" = ANY($2::bigint[]) AND %[5]s RETURNING "sequence", "attempts", NULL::timestamptz AS next, false AS dead
+), unavailable AS (
+	UPDATE %[1]s o SET "lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0,
+		"last_error" = ($8::text[])[array_position($7::bigint[], o."sequence")]
+	WHERE o."sequence" = ANY($7::bigint[]) AND %[5]s RETURNING o."sequence", o."attempts", NULL::timestamptz AS next, false AS dead
 ), failed AS (
 	UPDATE %[1]s o SET "attempts" = o."attempts" + 1,
 		"last_error" = ($4::text[])[array_position($3::bigint[], o."sequence")],
-		"dead_lettered_at" = CASE WHEN o."attempts" + 1 >= %[2]d THEN now() END,
-		"next_attempt_at" = CASE WHEN o."attempts" + 1 < %[2]d THEN now() + LEAST(%[3]d * power(2::float8, LEAST(o."attempts", 62)), %[4]d::float8)
+		"dead_lettered_at" = CASE WHEN o."attempts" + 1 >= %[2]d OR ($9::bool[])[array_position($3::bigint[], o."sequence")] THEN now() END,
+		"next_attempt_at" = CASE WHEN o."attempts" + 1 < %[2]d AND NOT ($9::bool[])[array_position($3::bigint[], o."sequence")]
+			THEN now() + LEAST(%[3]d * power(2::float8, LEAST(o."attempts", 62)), %[4]d::float8)
 			* ($5::float8[])[array_position($3::bigint[], o."sequence")] * interval '1 microsecond' END,
-		"lease_until" = NULL, "leased_by" = NULL
+		"lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0
 	WHERE o."sequence" = ANY($3::bigint[]) AND %[5]s RETURNING o."sequence", o."attempts", o."next_attempt_at" AS next, o."dead_lettered_at" IS NOT NULL AS dead
+), abandoned AS (
+	UPDATE %[1]s SET "delivery_starts" = GREATEST("delivery_starts" - 1, 0)
+	WHERE "sequence" = ANY($10::bigint[]) AND %[5]s RETURNING "sequence"
 )
 SELECT "sequence", "attempts", next, dead, now() FROM acked
 UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM released
+UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM unavailable
 UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM failed`,
 		s.s.table, s.cfg.MaxAttempts, s.cfg.RetryBase.Microseconds(), s.cfg.RetryMax.Microseconds(), fence)
-	rs, err := s.db.query(ctx, q, s.db.oneShot([]any{acked, released, failed, errs, jitters, token})...)
+	args := []any{nonNil(m.acked), nonNil(m.released), nonNil(m.failed), nonNil(m.errs), nonNil(m.jitters), token, nonNil(m.unavailable), nonNil(m.notes), nonNil(m.perm), nonNil(m.abandoned)}
+	rs, err := s.db.query(ctx, q, s.db.oneShot(args)...)
 	if err != nil {
 		return nil, err
 	}
@@ -1243,6 +1529,15 @@ UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM failed`,
 		return nil, err
 	}
 	return results, nil
+}
+
+// nonNil returns vals, or an empty slice for nil (pgx sends a nil slice as NULL, and
+// "= ANY(NULL)" matches nothing but also makes array_position NULL).
+func nonNil[T any](vals []T) []T {
+	if vals == nil {
+		return []T{}
+	}
+	return vals
 }
 
 // WarnLogger is an optional extension of watermill.LoggerAdapter (which has no WARN level in

@@ -23,6 +23,14 @@ const (
 	// few claims, small enough that the scan stays a minor part of a claim's cost (1,000 keys
 	// per claim cost 15–20% of the drain rate in BenchmarkDrain).
 	DefaultKeyScan = 100
+	// DefaultUnavailableBackoff and DefaultUnavailableBackoffMax are the first and the
+	// longest wait between probes of an unavailable destination.
+	DefaultUnavailableBackoff    = 200 * time.Millisecond
+	DefaultUnavailableBackoffMax = 30 * time.Second
+	// DefaultMarkInterval is MarkInterval's default.
+	DefaultMarkInterval = 100 * time.Millisecond
+	// DefaultMaxDeliveryStarts is MaxDeliveryStarts' default.
+	DefaultMaxDeliveryStarts = 5
 	// MaxBatchSize is the largest BatchSize.
 	MaxBatchSize = 10000
 )
@@ -75,6 +83,15 @@ type SubscriberConfig struct {
 	// RelayName identifies this relay in leased_by. The fencing token written there is
 	// RelayName, a random nonce of this Subscriber and a claim number, so it stays unique even
 	// when processes share a name. Default "host:pid:random".
+	//
+	// Give a relay a stable name (a StatefulSet pod's name, a systemd unit's) to have its
+	// restart resume at once: each Subscribe of a Subscriber with an explicit RelayName first
+	// releases the unexpired leases of earlier Subscribers of that name — a predecessor that
+	// was killed — instead of waiting up to LeaseDuration for them. A name must therefore be
+	// unique among live relays; two live relays sharing one stay safe (the fencing token
+	// refuses the first one's marks, so nothing is lost or recorded out of order), but events
+	// taken back from a relay that is still delivering them are delivered twice, and a key's
+	// events may then reach the destination interleaved.
 	RelayName string
 	// ExcludeTopics are topic patterns (exact, "prefix*", "*") never delivered by this
 	// subscriber, so relays of different topics share one table. Order is per ordering key
@@ -96,6 +113,36 @@ type SubscriberConfig struct {
 	// committed instead of waiting for PollInterval (see package wakeup). Polling stays the
 	// safety net: a lost signal only delays delivery until the next poll.
 	Wakeup Wakeup
+	// UnavailableBackoff and UnavailableBackoffMax shape how an unavailable destination is
+	// probed (a delivery error matching ErrUnavailable, see UnavailableError): such an event
+	// is released with no attempt counted, the subscription stops claiming the topics whose
+	// events that destination refused, and it delivers one event of them after
+	// UnavailableBackoff, doubling the wait up to UnavailableBackoffMax while the destination
+	// stays unavailable (or after the error's RetryAfter, when longer). The first probe that
+	// gets any other answer ends the outage: those topics are claimed at full rate again.
+	// The outage is logged once at WARN when it starts and once at INFO when it ends.
+	// Defaults 200ms and 30s; UnavailableBackoffMax must not be below UnavailableBackoff.
+	UnavailableBackoff    time.Duration
+	UnavailableBackoffMax time.Duration
+	// UnavailableDeadLetterAfter bounds an outage: once a destination has been unavailable
+	// for this long without a break, each of its events that is refused as unavailable is
+	// dead-lettered at once (last_error says why) and its topics are claimed at full rate, so
+	// a destination that never comes back does not hold a backlog forever. Zero (the
+	// default) never dead-letters for unavailability.
+	UnavailableDeadLetterAfter time.Duration
+	// MarkInterval is how often the acks of a batch that is still out are written: a relay
+	// that is killed repeats at most the deliveries acked since the last write (plus those in
+	// flight). A batch delivered within MarkInterval writes its marks once, at its end. Each
+	// write is one statement. Default 100ms; at least 1ms.
+	MarkInterval time.Duration
+	// MaxDeliveryStarts detects poison events: an event whose delivery was started this many
+	// times in a row without any outcome being recorded (no ack, no failure: the relay was
+	// killed, crashed or lost its lease while delivering it each time) is dead-lettered at its
+	// next claim with ErrPoisonEvent instead of being delivered again. A relay that stops
+	// gracefully does not count the deliveries it leaves unanswered. Default 5; at least 1.
+	MaxDeliveryStarts int
+
+	takeBack bool // RelayName was set explicitly (see setDefaults)
 }
 
 // Wakeup is the relay side of a wakeup (package wakeup implements it): Listen returns a channel
@@ -171,6 +218,19 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
 	}
+	if c.UnavailableBackoff == 0 {
+		c.UnavailableBackoff = DefaultUnavailableBackoff
+	}
+	if c.UnavailableBackoffMax == 0 {
+		c.UnavailableBackoffMax = max(DefaultUnavailableBackoffMax, c.UnavailableBackoff)
+	}
+	if c.MarkInterval == 0 {
+		c.MarkInterval = DefaultMarkInterval
+	}
+	if c.MaxDeliveryStarts == 0 {
+		c.MaxDeliveryStarts = DefaultMaxDeliveryStarts
+	}
+	c.takeBack = c.RelayName != ""
 	if c.RelayName == "" {
 		host, _ := os.Hostname()
 		var b [4]byte
@@ -209,6 +269,16 @@ func (c SubscriberConfig) Validate() error {
 		return bad("DeliveryTimeout", fmt.Sprintf("%s must be below LeaseDuration (%s)", c.DeliveryTimeout, c.LeaseDuration))
 	case c.Concurrency < 1:
 		return bad("Concurrency", "must be at least 1")
+	case c.UnavailableBackoff < 0:
+		return bad("UnavailableBackoff", "must not be negative")
+	case c.UnavailableBackoffMax < c.UnavailableBackoff:
+		return bad("UnavailableBackoffMax", "must not be below UnavailableBackoff")
+	case c.UnavailableDeadLetterAfter < 0:
+		return bad("UnavailableDeadLetterAfter", "must not be negative")
+	case c.MarkInterval < time.Millisecond:
+		return bad("MarkInterval", "must be at least 1ms")
+	case c.MaxDeliveryStarts < 1:
+		return bad("MaxDeliveryStarts", "must be at least 1")
 	}
 	for i, p := range c.ExcludeTopics {
 		if _, err := parseTopicPattern(fmt.Sprintf("SubscriberConfig.ExcludeTopics[%d]", i), p); err != nil {

@@ -1,0 +1,137 @@
+package outbox
+
+import (
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+)
+
+// An acked item's flush state: not written yet (the batch's mark writes it), written as
+// published by a flush, or refused by a flush's fence (another relay holds the lease now).
+const (
+	flushNone = iota
+	flushWritten
+	flushRefused
+)
+
+// flusher writes the acks of the batch that is out every MarkInterval, so a relay that is
+// killed mid-batch repeats only the deliveries acked since the last write.
+//
+// Only an ack whose key's earlier events of the batch are all acked is written (unordered
+// events always), so the table never shows a key's event published before an earlier one; and
+// a continuation's acks (subscription.contKeys) only once the previous batch's marks are written
+// and confirmed its key, for the same reason (see subscription.confirm).
+type flusher struct {
+	sub      *subscription
+	token    string
+	items    []*item // the emitted batch, in sequence order
+	prevDone <-chan struct{}
+	stopc    chan struct{}
+	wg       sync.WaitGroup
+	// mu serialises flushes with lease renewals: a renewal expects every row of the batch
+	// not yet written as published (len(items) − written) to be still leased by the token.
+	mu      sync.Mutex
+	written int
+}
+
+// startFlusher starts flushing items' acks; prevDone is closed when the previous batch's marks
+// are written (nil: there is none). Call stop before reading the items' states.
+func (sub *subscription) startFlusher(token string, items []*item, prevDone <-chan struct{}) *flusher {
+	f := &flusher{sub: sub, token: token, items: items, prevDone: prevDone, stopc: make(chan struct{})}
+	f.wg.Add(1)
+	go f.run()
+	return f
+}
+
+func (f *flusher) run() {
+	defer f.wg.Done()
+	t := time.NewTicker(f.sub.s.cfg.MarkInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-f.stopc:
+			return
+		case <-t.C:
+			f.flush()
+		}
+	}
+}
+
+// stop ends the flusher and waits for a flush in progress.
+func (f *flusher) stop() {
+	close(f.stopc)
+	f.wg.Wait()
+}
+
+// prevConfirmed reports whether the previous batch's marks are written and wrote key's acks.
+func (f *flusher) prevConfirmed(key string) bool {
+	if f.prevDone == nil {
+		return true
+	}
+	select {
+	case <-f.prevDone:
+		return !f.sub.unconfirmed[key]
+	default:
+		return false
+	}
+}
+
+// flush writes the acks that may be written now, in one statement.
+func (f *flusher) flush() {
+	var (
+		pick    []*item
+		blocked map[string]bool
+	)
+	for _, it := range f.items {
+		k := it.ev.OrderingKey
+		if k != "" && blocked[k] {
+			continue
+		}
+		if it.flushed != flushNone {
+			continue
+		}
+		if !it.acked.Load() || (it.cont && !f.prevConfirmed(k)) {
+			if k != "" {
+				if blocked == nil {
+					blocked = map[string]bool{}
+				}
+				blocked[k] = true
+			}
+			continue
+		}
+		pick = append(pick, it)
+	}
+	if len(pick) == 0 {
+		return
+	}
+	seqs := make([]int64, len(pick))
+	byseq := make(map[int64]*item, len(pick))
+	for i, it := range pick {
+		seqs[i] = it.ev.Sequence
+		byseq[it.ev.Sequence] = it
+	}
+	f.mu.Lock()
+	results, err := f.sub.writeMarks(f.token, markSets{acked: seqs})
+	if err == nil {
+		f.written += len(results)
+	}
+	f.mu.Unlock()
+	if err != nil {
+		// Left to the batch's mark, which tries them again.
+		f.sub.s.logger.Info("outbox: writing acks of a batch in flight failed; the batch's mark writes them", watermill.LogFields{"token": f.token, "error": err.Error()})
+		return
+	}
+	done := make(map[int64]bool, len(results))
+	for _, r := range results {
+		done[r.seq] = true
+	}
+	for _, it := range pick {
+		if done[it.ev.Sequence] {
+			it.flushed = flushWritten
+		} else {
+			it.flushed = flushRefused
+		}
+	}
+	f.sub.reportMarks(results, byseq, true)
+}

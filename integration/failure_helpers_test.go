@@ -6,6 +6,7 @@ package integration_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"testing"
@@ -133,4 +134,34 @@ func (e *fwdEnv) checkOrderOnce(got []fwdReceived, want []*fwdEvent) {
 	if len(seen) != len(want) {
 		e.t.Errorf("%d of %d events received", len(seen), len(want))
 	}
+}
+
+// addWithHeaders writes one event of key with the given headers (plus "source").
+func (e *fwdEnv) addWithHeaders(topic, key string, headers map[string]string) *fwdEvent {
+	e.t.Helper()
+	ev := &fwdEvent{topic: topic, key: key, pos: e.pos[key], payload: map[string]any{"key": key, "pos": float64(e.pos[key])},
+		headers: map[string]string{"source": "fwd-test"}}
+	for k, v := range headers {
+		ev.headers[k] = v
+	}
+	e.pos[key]++
+	body, _ := json.Marshal(ev.payload)
+	msg := outbox.NewMessage(body)
+	for k, v := range ev.headers {
+		msg.Metadata.Set(k, v)
+	}
+	if key != "" {
+		outbox.SetOrderingKey(msg, key)
+	}
+	pub, err := outbox.NewPublisher(e.pool, outbox.PublisherConfig{Schema: e.schema}, nil)
+	if err == nil {
+		err = pub.Publish(topic, msg)
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ev.id = msg.UUID
+	e.events = append(e.events, ev)
+	e.byID[ev.id] = ev
+	return ev
 }

@@ -84,6 +84,12 @@ func TestRabbitMQBadHeaderFailsAlone(t *testing.T) {
 	}
 	go col.consume(q, ch, nil)
 	pgtest.Eventually(t, 30*time.Second, "the good events consumed", func() bool { return col.len() >= len(good) })
-	// Exactly once each, in per-key order, at attempt 1 (confirmed the first time).
+	// Exactly once each, in per-key order, at attempt 1 (confirmed the first time); no event
+	// after a refused one of its key.
 	e.checkReceived(col.all(), good, func(s string) string { return s })
+	var ids []string
+	for _, r := range col.all() {
+		ids = append(ids, r.uuid)
+	}
+	checkWireOrder(t, ids, bad, e.events)
 }

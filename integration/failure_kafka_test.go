@@ -58,6 +58,11 @@ func TestKafkaUnavailableKeepsOrder(t *testing.T) {
 	e.checkMarkedOnce(fwdIDs(evs))
 	if n := e.count("attempts > 0"); n != 0 {
 		t.Errorf("%d events have attempts counted for the outage, want 0", n)
+		e.mu.Lock()
+		for _, f := range e.failed {
+			t.Logf("event %s failed: %v", f.EventID, f.Err)
+		}
+		e.mu.Unlock()
 	}
 
 	var col fwdCollector

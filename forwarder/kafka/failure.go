@@ -16,11 +16,16 @@ import (
 // unavailableErrors are the Kafka and Sarama errors that say the cluster (or the partition's
 // leader) cannot take writes right now, whatever the message: no broker reachable, no leader,
 // too few in-sync replicas for acks = all, a request timeout, a broker-side network or storage
-// failure. Sarama has already retried them Producer.Retry.Max times when they surface.
+// failure. Sarama has already retried them Producer.Retry.Max times when they surface. Also
+// the idempotent producer's own state after such a failure: Sarama bumps its producer epoch
+// when it gives up on a record batch, and a batch still in flight with the old epoch (or out
+// of sequence) is refused with INVALID_PRODUCER_EPOCH or OUT_OF_ORDER_SEQUENCE_NUMBER — an
+// echo of the outage, not a fault of the message; the next send goes through.
 var unavailableErrors = []error{
 	sarama.ErrOutOfBrokers, sarama.ErrBrokerNotAvailable, sarama.ErrLeaderNotAvailable,
 	sarama.ErrNotLeaderForPartition, sarama.ErrNotEnoughReplicas, sarama.ErrNotEnoughReplicasAfterAppend,
 	sarama.ErrRequestTimedOut, sarama.ErrNetworkException, sarama.ErrKafkaStorageError,
+	sarama.ErrInvalidProducerEpoch, sarama.ErrOutOfOrderSequenceNumber,
 }
 
 // probeTimeout bounds the metadata request that tells a dropped connection from a cluster

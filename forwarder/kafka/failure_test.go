@@ -38,6 +38,7 @@ func TestClassify(t *testing.T) {
 		{"leader not available", sarama.ErrLeaderNotAvailable, up, outbox.ErrUnavailable},
 		{"not leader", sarama.ErrNotLeaderForPartition, up, outbox.ErrUnavailable},
 		{"request timed out", sarama.ErrRequestTimedOut, up, outbox.ErrUnavailable},
+		{"old epoch after a failed batch", sarama.ErrInvalidProducerEpoch, up, outbox.ErrUnavailable},
 		{"dial refused", &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: connection refused")}, up, outbox.ErrUnavailable},
 		{"eof, cluster answers", fmt.Errorf("read: %w", net.ErrClosed), up, nil},
 		{"eof, cluster down", fmt.Errorf("read: %w", net.ErrClosed), down, outbox.ErrUnavailable},

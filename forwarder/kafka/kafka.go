@@ -32,8 +32,9 @@
 //
 // Failure classes (outbox.ErrUnavailable, outbox.ErrPermanent): unreachable brokers (refused,
 // DNS, out of brokers), a leader not available, not enough replicas, a request timeout, a
-// broker network or storage error, or a connection that broke while the cluster does not
-// answer a metadata request either, are unavailable (the relay pauses and probes instead of
+// broker network or storage error, the idempotent producer's stale epoch or sequence right
+// after such a failure, or a connection that broke while the cluster does not answer a
+// metadata request either, are unavailable (the relay pauses and probes instead of
 // counting attempts); a message above the producer's or the topic's limit (refused before
 // sending, or MESSAGE_TOO_LARGE from the broker for that message alone) or one the marshaler
 // refuses is permanent; anything else (an unknown topic, Sarama's open circuit breaker, an

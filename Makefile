@@ -1,4 +1,4 @@
-# Test targets read OUTBOX_TEST_POSTGRES_DSN (default postgres://postgres@127.0.0.1:5432/test).
+# Test targets read OUTBOX_TEST_POSTGRES_DSN (default postgres://postgres@127.0.0.1:5432/test?sslmode=disable).
 GO ?= go
 PKGS ?= ./...
 

@@ -35,9 +35,13 @@ const (
 	MaxBatchSize = 10000
 )
 
-// SubscriberConfig configures a Subscriber. The zero value is valid and means the defaults
-// below; negative values and out-of-range values are configuration errors, never clamped.
+// SubscriberConfig configures a Subscriber. The zero value is valid: a zero field means the
+// default its comment gives; negative and out-of-range values are configuration errors
+// (*ConfigError from Validate and NewSubscriber), never clamped.
 type SubscriberConfig struct {
+	// The zero value is valid: each zero field means the default given in its comment.
+	// Negative and out-of-range values are configuration errors, never clamped.
+	//
 	// Schema names the outbox table; it must match the table's Migrate config.
 	Schema SchemaConfig
 	// PollInterval is how long a subscription waits before polling again after a poll that
@@ -45,17 +49,14 @@ type SubscriberConfig struct {
 	PollInterval time.Duration
 	// BatchSize is how many events one claim leases, 1..10000. Default 100.
 	BatchSize int
-	// MaxRunPerKey caps how many consecutive events of one ordering key one batch may hold;
-	// they are emitted one after another. 1..BatchSize; default BatchSize/10, at least 1.
-	// On PostgreSQL, a key whose run in a batch was full (MaxRunPerKey events) and acked
-	// whole is continued by the relay's next claim, which runs while that batch's marks are
-	// written: it leases the key's following events, since the ones before them are this
-	// relay's own and delivered. Its acks are written only if the earlier run's were. A key
-	// continued 4 batches in a row is left out once, so that other relays can take it over.
-	// When a claim beside the marks still finds the last batch's keys all held (a few hot
-	// keys, at most 64, shared with other relays), the relay claims the runs of half of them
-	// at a time (at most ceil(keys/2) × MaxRunPerKey keyed events per claim, of any keys)
-	// while capped claims fill up with long runs.
+	// MaxRunPerKey caps how many consecutive events of one ordering key one batch may hold
+	// (a key's events are delivered one after another, in order). 1..BatchSize; default
+	// BatchSize/10, at least 1. It trades the throughput of hot keys against fairness: a
+	// larger cap lets a few keys that carry most of the events drain faster, since each
+	// claim takes more of each key's backlog; a smaller cap spreads every batch over more
+	// keys, so events of quiet keys wait less behind busy ones and more keys are delivered
+	// concurrently (up to Concurrency). Relays sharing a table still share hot keys: a key
+	// is not kept by one relay for good.
 	MaxRunPerKey int
 	// KeyScan caps how many ordering keys one claim inspects for their head event (a bounded
 	// skip scan that resumes after the last key it reached, so every key is looked at within

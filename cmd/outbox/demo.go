@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -80,7 +81,7 @@ delivered them.
 --db takes a PostgreSQL URL (postgres://…) or an SQLite file; the demo creates its own tables
 (named outbox_demo_<id> and demo_orders_<id> unless the database is the temporary file) and
 drops them at the end unless --keep is given.`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -288,6 +289,9 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 	}
 	extra = append(extra, fmt.Sprintf("relay               %s marked published", plural(tr.marked.Load(), "event", "events")))
 	var after []string
+	if f.rate > 0 {
+		after = append(after, rateLine(f.rate, r.TxRate))
+	}
 	if note := backlogNote(f.rate, r); note != "" {
 		after = append(after, note)
 	}
@@ -305,6 +309,23 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 func signaturesLine(verified, rejected, refused int64) string {
 	return fmt.Sprintf("signatures          %d verified, %d rejected; %s on purpose (503) and retried",
 		verified, rejected, plural(refused, "request refused", "requests refused"))
+}
+
+// rateLine is the report's line on --rate: the transactions per second the writers reached
+// beside the rate asked, in the flag's unit, and when they fell short by more than a tenth,
+// that they could not go faster (a writer starts its next transaction only after its last one
+// ended, and the pacing makes up late starts, so falling short means the writers were always
+// busy).
+func rateLine(asked, achieved float64) string {
+	prec := 0
+	if achieved < 100 {
+		prec = 1
+	}
+	line := fmt.Sprintf("rate                %.*f transactions/s reached, %g asked (--rate)", prec, achieved, asked)
+	if achieved < 0.9*asked {
+		line += ": the writers could not go faster on this database"
+	}
+	return line
 }
 
 // backlogLatency and backlogDrain are where the demo says that the relay ran behind the
@@ -354,12 +375,27 @@ func writeDemo(ctx context.Context, d *database, business string, w *wakeup.InPr
 		once sync.Once
 		ferr error
 	)
-	// pace hands out one start per transaction at --rate per second (nil = unlimited).
-	var pace <-chan time.Time
+	// pace waits for the next transaction's start at --rate per second, all writers together
+	// (nil = unlimited): the n-th start is due n/rate after the first, so a start that a busy
+	// writer takes late is made up by the next ones instead of being lost (as a ticker's
+	// dropped ticks would be). It returns false when ctx ends.
+	first := time.Now()
+	tr.start(first)
+	var pace func() bool
 	if f.rate > 0 {
-		t := time.NewTicker(time.Duration(float64(time.Second) / f.rate))
-		defer t.Stop()
-		pace = t.C
+		var starts atomic.Int64
+		every := float64(time.Second) / f.rate
+		pace = func() bool {
+			due := first.Add(time.Duration(float64(starts.Add(1)-1) * every))
+			wait := time.NewTimer(time.Until(due))
+			defer wait.Stop()
+			select {
+			case <-wait.C:
+				return true
+			case <-ctx.Done():
+				return false
+			}
+		}
 	}
 	insert := fmt.Sprintf(`INSERT INTO %s (id, customer, seq, amount_cents) VALUES ($1, $2, $3, $4)`, quoteIdent(business))
 	for wr := range f.writers {
@@ -373,12 +409,8 @@ func writeDemo(ctx context.Context, d *database, business string, w *wakeup.InPr
 			seq := map[string]int{}
 			rng := rand.New(rand.NewPCG(rand.Uint64(), uint64(wr)))
 			for n := wr; n < f.transactions && ctx.Err() == nil; n += f.writers {
-				if pace != nil {
-					select {
-					case <-pace:
-					case <-ctx.Done():
-						return
-					}
+				if pace != nil && !pace() {
+					return
 				}
 				cust := own[rng.IntN(len(own))]
 				events := 1 + rng.IntN(len(demoEvents))
@@ -423,7 +455,7 @@ func writeDemo(ctx context.Context, d *database, business string, w *wakeup.InPr
 					tr.commit(ids, evs, time.Now())
 				case errors.Is(err, errRollback):
 					coll.Discard()
-					tr.rollback(ids)
+					tr.rollback(ids, time.Now())
 				default:
 					coll.Discard()
 					once.Do(func() {

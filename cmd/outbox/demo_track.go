@@ -42,6 +42,9 @@ type tracker struct {
 	malformed  int
 	firstWrite time.Time
 	lastWrite  time.Time
+	// started is when the writers started (the origin of --rate's schedule); lastTx is when
+	// the last transaction ended (committed or rolled back).
+	started, lastTx time.Time
 
 	// Counters read by the progress bar without the lock.
 	nCommitted atomic.Int64
@@ -65,6 +68,13 @@ func newTracker() *tracker {
 	}
 }
 
+// start records when the writers started.
+func (t *tracker) start(at time.Time) {
+	t.mu.Lock()
+	t.started = at
+	t.mu.Unlock()
+}
+
 // wrote records the start of a write.
 func (t *tracker) wrote(start time.Time) {
 	t.mu.Lock()
@@ -83,17 +93,26 @@ func (t *tracker) commit(ids []string, evs []demoPayload, at time.Time) {
 	if at.After(t.lastWrite) {
 		t.lastWrite = at
 	}
+	t.endTx(at)
 	t.mu.Unlock()
 	t.nTx.Add(1)
 	t.nCommitted.Add(int64(len(ids)))
 }
 
-// rollback records the events of a rolled-back transaction.
-func (t *tracker) rollback(ids []string) {
+// endTx records a transaction that ended at at; t.mu must be held.
+func (t *tracker) endTx(at time.Time) {
+	if at.After(t.lastTx) {
+		t.lastTx = at
+	}
+}
+
+// rollback records the events of a transaction rolled back at at.
+func (t *tracker) rollback(ids []string, at time.Time) {
 	t.mu.Lock()
 	for _, id := range ids {
 		t.rolledBack[id] = struct{}{}
 	}
+	t.endTx(at)
 	t.mu.Unlock()
 	t.nTx.Add(1)
 	t.nTxRolled.Add(1)
@@ -145,7 +164,10 @@ type demoReport struct {
 	Keys                                int
 	P50, P99, Max                       time.Duration
 	WriteRate, Throughput               float64
-	Elapsed                             time.Duration
+	// TxRate is the transactions (committed and rolled back) per second from the writers'
+	// start to the last transaction's end: the rate --rate asks for.
+	TxRate  float64
+	Elapsed time.Duration
 	// Drain is how long after the last commit the last event arrived (0 when it arrived before).
 	Drain time.Duration
 }
@@ -185,6 +207,9 @@ func (t *tracker) report() demoReport {
 	}
 	if w := t.lastWrite.Sub(t.firstWrite); w > 0 {
 		r.WriteRate = float64(r.Committed) / w.Seconds()
+	}
+	if w := t.lastTx.Sub(t.started); w > 0 {
+		r.TxRate = float64(r.Transactions) / w.Seconds()
 	}
 	if !last.IsZero() {
 		r.Drain = max(0, last.Sub(t.lastWrite))

@@ -15,7 +15,8 @@
 // OUTBOX_TO, OUTBOX_BATCH_SIZE …); a flag on the command line wins over the environment.
 //
 // Errors are printed as one line on stderr, naming the fix, and the exit status is non-zero:
-// 1 for a failure, 2 for a usage error.
+// 1 for a failure, 2 for a usage error. An unknown command is a usage error printed as cobra
+// prints it (with its "Did you mean this?" suggestions, on several lines).
 package main
 
 import (
@@ -53,9 +54,16 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := newRootCmd(stdout, stderr)
 	root.SetArgs(args)
-	err := root.ExecuteContext(ctx)
+	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return 0
+	}
+	var uce *unknownCommandError
+	if errors.As(err, &uce) {
+		// As cobra prints it: the message with its suggestions, then where to find usage.
+		fmt.Fprintln(stderr, "outbox: "+err.Error())
+		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
+		return 2
 	}
 	fmt.Fprintln(stderr, "outbox: "+oneLine(err.Error()))
 	var ue *usageError
@@ -93,8 +101,19 @@ OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environme
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		// "outbox stauts --db x": a group parses the flags of the command it did not find; the
+		// mistyped name, read before the flag, is the error to report.
+		if c.HasAvailableSubCommands() && c.Flags().NArg() > 0 {
+			return unknownCommand(c, c.Flags().Arg(0))
+		}
+		var ive *pflag.InvalidValueError
+		if errors.As(err, &ive) {
+			f := ive.GetFlag()
+			err = fmt.Errorf("--%s %q is not %s: give e.g. %s", f.Name, ive.GetValue(), valueForm(f), flagExample(f))
+		}
 		return &usageError{fmt.Errorf("%w (see %s --help)", err, c.CommandPath())}
 	})
+	unknownSubcommand(root)
 	root.AddCommand(
 		newDemoCmd(),
 		newMigrateCmd(),
@@ -104,6 +123,102 @@ OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environme
 		newCleanupCmd(),
 	)
 	return root
+}
+
+// unknownSubcommand makes cmd, a command that only groups subcommands (the root, dead), reject
+// an unknown subcommand with cobra's own message and suggestions, as a usage error that run
+// prints the way cobra does (cobra itself checks subcommand names on the root only, as an
+// untyped error, and prints a group's help with exit status 0 for anything else). With no
+// argument cmd prints its help.
+func unknownSubcommand(cmd *cobra.Command) *cobra.Command {
+	cmd.Args = cobra.ArbitraryArgs
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return c.Help()
+		}
+		return unknownCommand(c, args[0])
+	}
+	// Runnable now, the group would list "outbox dead [flags]" as a usage of its own.
+	cmd.SetUsageTemplate(strings.Replace(cmd.UsageTemplate(), "{{if .Runnable}}", "{{if and .Runnable (not .HasAvailableSubCommands)}}", 1))
+	return cmd
+}
+
+// unknownCommand is the error for name, not a subcommand of group: cobra's text, with the
+// subcommands whose names are close to name as cobra suggests them.
+func unknownCommand(group *cobra.Command, name string) error {
+	var sb strings.Builder
+	if group.SuggestionsMinimumDistance <= 0 {
+		group.SuggestionsMinimumDistance = 2 // cobra's default, set by its own check only
+	}
+	if s := group.SuggestionsFor(name); len(s) > 0 {
+		sb.WriteString("\n\nDid you mean this?\n")
+		for _, n := range s {
+			fmt.Fprintf(&sb, "\t%s\n", n)
+		}
+	}
+	return &unknownCommandError{fmt.Sprintf("unknown command %q for %q%s", name, group.CommandPath(), sb.String())}
+}
+
+// unknownCommandError is a subcommand that does not exist under a group (unknownSubcommand);
+// it is printed like cobra's unknown-command error of the root, with exit status 2.
+type unknownCommandError struct{ msg string }
+
+func (e *unknownCommandError) Error() string { return e.msg }
+
+// noArgs is the Args check of every command that takes flags only: an argument is a usage
+// error (cobra.NoArgs would call it an unknown command, with exit status 1).
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return &usageError{fmt.Errorf("unexpected argument %q: %s takes flags only, e.g. --db URL (see %s --help)", args[0], cmd.CommandPath(), cmd.CommandPath())}
+	}
+	return nil
+}
+
+// valueForm says what a value of flag f looks like, for a value that failed to parse.
+func valueForm(f *pflag.Flag) string {
+	switch t := f.Value.Type(); t {
+	case "int", "int8", "int16", "int32", "int64", "uint", "uint8", "uint16", "uint32", "uint64":
+		return "a whole number"
+	case "float32", "float64":
+		return "a number"
+	case "duration":
+		return "a Go duration (a number and a unit: 500ms, 90s, 15m, 168h)"
+	case "bool":
+		return "true or false"
+	case "stringSlice":
+		return "a comma-separated list"
+	default:
+		return "a valid " + t
+	}
+}
+
+// exampleValue is a value of f's type to show in a message: its default when that says
+// something, otherwise a typical one.
+func exampleValue(f *pflag.Flag) string {
+	switch f.DefValue {
+	case "", "0", "0s", "[]", "false":
+	default:
+		return f.DefValue
+	}
+	switch f.Value.Type() {
+	case "duration":
+		return "30s"
+	case "bool":
+		return "true"
+	case "float32", "float64":
+		return "0.5"
+	case "stringSlice":
+		return "a,b"
+	}
+	return "10"
+}
+
+// flagExample is f given with an example value on the command line.
+func flagExample(f *pflag.Flag) string {
+	if f.Value.Type() == "bool" {
+		return "--" + f.Name + "=" + exampleValue(f)
+	}
+	return "--" + f.Name + " " + exampleValue(f)
 }
 
 // aliasFlag adds the hidden flag alias to cmd's flag name: the same value under another
@@ -157,7 +272,8 @@ func withEnv(cmd *cobra.Command) *cobra.Command {
 				return
 			}
 			if err := f.Value.Set(v); err != nil {
-				errs = append(errs, fmt.Errorf("environment variable %s=%q: %w", envName(f.Name), v, err))
+				errs = append(errs, fmt.Errorf("environment variable %s=%q is not %s (it sets --%s): give e.g. %s=%s",
+					envName(f.Name), v, valueForm(f), f.Name, envName(f.Name), exampleValue(f)))
 				return
 			}
 			f.Changed = true

@@ -70,7 +70,7 @@ func newMigrateCmd() *cobra.Command {
 		Long: `migrate creates the outbox table and its indexes, or adds what an older version lacks.
 It is idempotent and safe to run from several processes at once. For SQLite it creates the
 database file when it does not exist.`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			d, err := f.open(ctx, true)
@@ -111,7 +111,7 @@ func newStatusCmd() *cobra.Command {
 		Long: `status shows the outbox backlog: how many events wait for delivery (pending), how old the
 oldest of them is, and how many were dead-lettered — in total and per topic (topics with nothing
 pending and no dead letters are left out).`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			return f.withSubscriber(ctx, func(d *database, sub *outbox.Subscriber) error {
@@ -133,6 +133,7 @@ type statusJSON struct {
 	Pending                 int64       `json:"pending"`
 	OldestPendingAgeSeconds float64     `json:"oldest_pending_age_seconds"`
 	DeadLettered            int64       `json:"dead_lettered"`
+	Unavailable             int64       `json:"unavailable"`
 	Topics                  []topicJSON `json:"topics"`
 }
 
@@ -141,6 +142,7 @@ type topicJSON struct {
 	Pending                 int64   `json:"pending"`
 	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
 	DeadLettered            int64   `json:"dead_lettered"`
+	Unavailable             int64   `json:"unavailable"`
 }
 
 // totalOf is the TOTAL row of status, computed from the per-topic rows (read in one query) so
@@ -151,6 +153,7 @@ func totalOf(topics []topicBacklog) outbox.Backlog {
 	for _, t := range topics {
 		b.Pending += t.Pending
 		b.DeadLettered += t.DeadLettered
+		b.Unavailable += t.Unavailable
 		b.OldestPendingAge = max(b.OldestPendingAge, t.OldestPendingAge)
 	}
 	return b
@@ -158,9 +161,9 @@ func totalOf(topics []topicBacklog) outbox.Backlog {
 
 func printStatus(w io.Writer, total outbox.Backlog, topics []topicBacklog, asJSON bool) error {
 	if asJSON {
-		out := statusJSON{Pending: total.Pending, OldestPendingAgeSeconds: total.OldestPendingAge.Seconds(), DeadLettered: total.DeadLettered, Topics: []topicJSON{}}
+		out := statusJSON{Pending: total.Pending, OldestPendingAgeSeconds: total.OldestPendingAge.Seconds(), DeadLettered: total.DeadLettered, Unavailable: total.Unavailable, Topics: []topicJSON{}}
 		for _, t := range topics {
-			out.Topics = append(out.Topics, topicJSON{Topic: t.Topic, Pending: t.Pending, OldestPendingAgeSeconds: t.OldestPendingAge.Seconds(), DeadLettered: t.DeadLettered})
+			out.Topics = append(out.Topics, topicJSON{Topic: t.Topic, Pending: t.Pending, OldestPendingAgeSeconds: t.OldestPendingAge.Seconds(), DeadLettered: t.DeadLettered, Unavailable: t.Unavailable})
 		}
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
@@ -172,7 +175,21 @@ func printStatus(w io.Writer, total outbox.Backlog, topics []topicBacklog, asJSO
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\n", t.Topic, t.Pending, formatAge(t.OldestPendingAge), t.DeadLettered)
 	}
 	fmt.Fprintf(tw, "TOTAL\t%d\t%s\t%d\n", total.Pending, formatAge(total.OldestPendingAge), total.DeadLettered)
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if total.Unavailable > 0 {
+		var names []string
+		for _, t := range topics {
+			if t.Unavailable > 0 {
+				names = append(names, t.Topic)
+			}
+		}
+		_, err := fmt.Fprintf(w, "destination unavailable: %d pending events of %s were last released because their destination was down (no attempt counted; the relay probes it and resumes on its own)\n",
+			total.Unavailable, strings.Join(names, ", "))
+		return err
+	}
+	return nil
 }
 
 // formatAge prints an age rounded to what a reader needs; "-" for none.
@@ -242,7 +259,7 @@ The filters select by topic pattern and/or event id (either selects), and --olde
 to events dead-lettered more than that long ago.`,
 	}
 	cmd.AddCommand(newDeadListCmd(), newDeadRetryCmd(), newDeadPurgeCmd())
-	return cmd
+	return unknownSubcommand(cmd)
 }
 
 func newDeadListCmd() *cobra.Command {
@@ -252,9 +269,16 @@ func newDeadListCmd() *cobra.Command {
 		asJSON bool
 	)
 	cmd := &cobra.Command{
-		Use:   "list --db URL [--topic PATTERN]… [--id UUID]… [--older-than DURATION]",
+		Use:   "list --db URL [--topic PATTERN]… [--id UUID]… [--older-than DURATION] [--limit N] [--json]",
 		Short: "List dead-lettered events (all topics unless filtered)",
-		Args:  cobra.NoArgs,
+		Long: `list shows dead-lettered events, oldest dead letter first: event id, topic, ordering key,
+attempts, when it was dead-lettered and the last delivery error (its last 100 characters).
+With no filter it lists every topic; --topic and --id select (either selects) and --older-than
+narrows. It shows at most --limit events and says on stderr when there are more. --json prints
+one array that also holds each event's sequence, created_at, headers, payload (when it is
+JSON) and whole last error. It changes nothing: act on what it shows with "outbox dead retry"
+or "outbox dead purge".`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			flt, err := f.filter(true)
 			if err != nil {
@@ -366,7 +390,7 @@ func (a deadAction) command() *cobra.Command {
 		Use:   a.name + " --db URL (--topic PATTERN | --id UUID)… [--older-than DURATION]",
 		Short: a.short,
 		Long:  a.long,
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			flt, err := f.filter(false)
 			if err != nil {
@@ -423,7 +447,7 @@ func newCleanupCmd() *cobra.Command {
 --dead-older-than is given, events dead-lettered more than that long ago, in small batches so no
 lock is held long. Deleting an event frees its idempotency key: keep events at least as long as
 a producer may retry with the same key. The relay never cleans up by itself.`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !cmd.Flags().Changed("published-older-than") {
 				return &usageError{fmt.Errorf("--published-older-than is required, e.g. --published-older-than 168h (7 days)")}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os/signal"
+	"regexp"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/forwarder"
@@ -29,6 +32,11 @@ type relayFlags struct {
 	concurrency     int
 	relayName       string
 	exclude         []string
+	unavailable     time.Duration
+	unavailableMax  time.Duration
+	unavailableDead time.Duration
+	markInterval    time.Duration
+	maxStarts       int
 }
 
 func (f *relayFlags) register(cmd *cobra.Command) {
@@ -41,8 +49,13 @@ func (f *relayFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.lease, "lease", outbox.DefaultLeaseDuration, "how long a claim leases its events (renewed while they are out), at least 1s")
 	fl.DurationVar(&f.deliveryTimeout, "delivery-timeout", 0, "how long one delivery may take before it counts as failed, below --lease; 0 = min(30s, lease/2)")
 	fl.IntVar(&f.concurrency, "concurrency", outbox.DefaultConcurrency, "deliveries in flight at once per subscription (different ordering keys)")
-	fl.StringVar(&f.relayName, "relay-name", "", "name of this relay in leased_by; empty = host:pid:random")
+	fl.StringVar(&f.relayName, "relay-name", "", "name of this relay in leased_by; empty = host:pid:random. A stable name lets a restarted relay take back its predecessor's leases at once; it must be unique among live relays")
 	fl.StringSliceVar(&f.exclude, "exclude", nil, "topic pattern never relayed (exact, \"prefix*\" or \"*\"); repeatable or comma-separated")
+	fl.DurationVar(&f.unavailable, "unavailable-backoff", outbox.DefaultUnavailableBackoff, "first wait before probing a destination that answered unavailable (no attempt is counted; its topics pause)")
+	fl.DurationVar(&f.unavailableMax, "unavailable-backoff-max", outbox.DefaultUnavailableBackoffMax, "longest wait between probes of an unavailable destination, at least --unavailable-backoff")
+	fl.DurationVar(&f.unavailableDead, "unavailable-dead-letter-after", 0, "dead-letter the events of a destination unavailable for this long without a break; 0 = never")
+	fl.DurationVar(&f.markInterval, "mark-interval", outbox.DefaultMarkInterval, "how often the acks of a batch still out are written (a killed relay repeats at most those since the last write)")
+	fl.IntVar(&f.maxStarts, "max-delivery-starts", outbox.DefaultMaxDeliveryStarts, "dead-letter an event whose delivery started this many times without an outcome (the relay crashed on it each time)")
 }
 
 // config returns the SubscriberConfig of the flags, validated. A bad value is a usage error
@@ -60,11 +73,19 @@ func (f *relayFlags) config(schema outbox.SchemaConfig) (outbox.SubscriberConfig
 		Concurrency:     f.concurrency,
 		RelayName:       f.relayName,
 		ExcludeTopics:   f.exclude,
+
+		UnavailableBackoff:         f.unavailable,
+		UnavailableBackoffMax:      f.unavailableMax,
+		UnavailableDeadLetterAfter: f.unavailableDead,
+		MarkInterval:               f.markInterval,
+		MaxDeliveryStarts:          f.maxStarts,
 	}
 	// Zero means "default" in SubscriberConfig; on the command line 0 is a mistake, except for
 	// --delivery-timeout whose default is derived from --lease.
 	for name, v := range map[string]int64{"batch-size": int64(f.batchSize), "poll-interval": int64(f.pollInterval), "max-attempts": int64(f.maxAttempts),
-		"retry-base": int64(f.retryBase), "retry-max": int64(f.retryMax), "lease": int64(f.lease), "concurrency": int64(f.concurrency)} {
+		"retry-base": int64(f.retryBase), "retry-max": int64(f.retryMax), "lease": int64(f.lease), "concurrency": int64(f.concurrency),
+		"unavailable-backoff": int64(f.unavailable), "unavailable-backoff-max": int64(f.unavailableMax), "mark-interval": int64(f.markInterval),
+		"max-delivery-starts": int64(f.maxStarts)} {
 		if v <= 0 {
 			return cfg, &usageError{fmt.Errorf("--%s must be positive", name)}
 		}
@@ -72,11 +93,66 @@ func (f *relayFlags) config(schema outbox.SchemaConfig) (outbox.SubscriberConfig
 	if err := cfg.Validate(); err != nil {
 		var ce *outbox.ConfigError
 		if errors.As(err, &ce) {
-			return cfg, &usageError{fmt.Errorf("%s (%s): %s", flagOfField(ce.Field), ce.Field, ce.Reason)}
+			if flag := flagOfField(ce.Field); strings.HasPrefix(flag, "--") {
+				return cfg, &usageError{fmt.Errorf("%s: %s", flag, flagsInReason(ce.Reason))}
+			}
 		}
-		return cfg, &usageError{err}
+		return cfg, &usageError{errors.New(strings.TrimPrefix(err.Error(), "outbox: "))}
 	}
 	return cfg, nil
+}
+
+// fieldWord is a word of a ConfigError's reason that may name a SubscriberConfig field.
+var fieldWord = regexp.MustCompile(`\b[A-Z][A-Za-z]+\b`)
+
+// flagsInReason is a ConfigError's reason with every SubscriberConfig field it names
+// ("must not be below RetryBase") replaced by the field's flag ("--retry-base").
+func flagsInReason(reason string) string {
+	return fieldWord.ReplaceAllStringFunc(reason, func(w string) string {
+		if flag := flagOfField("SubscriberConfig." + w); strings.HasPrefix(flag, "--") {
+			return flag
+		}
+		return w
+	})
+}
+
+// effectiveDeliveryTimeout is the relay's delivery timeout: --delivery-timeout, or when it is
+// 0 the default that SubscriberConfig.DeliveryTimeout documents, min(30s, lease/2).
+func effectiveDeliveryTimeout(cfg outbox.SubscriberConfig) time.Duration {
+	if cfg.DeliveryTimeout > 0 {
+		return cfg.DeliveryTimeout
+	}
+	return min(outbox.DefaultDeliveryTimeout, cfg.LeaseDuration/2)
+}
+
+// startFields are the fields of the relay's start line: every flag of cmd under its own name
+// with the value in effect (given, from the environment, or the default), except --help and
+// hidden spellings; values holds the ones to show instead of the flag's own (the database and
+// destination with any password removed, derived defaults). --secret is shown as set or not.
+// An empty string is shown as "".
+func startFields(cmd *cobra.Command, values map[string]string) watermill.LogFields {
+	fields := watermill.LogFields{}
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if f.Name == "help" || f.Hidden {
+			return
+		}
+		v, ok := values[f.Name]
+		switch {
+		case ok:
+		case f.Name == "secret":
+			v = "unset"
+			if f.Value.String() != "" {
+				v = "set"
+			}
+		default:
+			v = f.Value.String()
+		}
+		if v == "" {
+			v = `""`
+		}
+		fields[f.Name] = v
+	})
+	return fields
 }
 
 // flagOfField names the flag of a SubscriberConfig field.
@@ -87,6 +163,9 @@ func flagOfField(field string) string {
 		"SubscriberConfig.RetryMax": "--retry-max", "SubscriberConfig.LeaseDuration": "--lease",
 		"SubscriberConfig.DeliveryTimeout": "--delivery-timeout", "SubscriberConfig.Concurrency": "--concurrency",
 		"SubscriberConfig.RelayName": "--relay-name", "SubscriberConfig.ExcludeTopics": "--exclude",
+		"SubscriberConfig.UnavailableBackoff": "--unavailable-backoff", "SubscriberConfig.UnavailableBackoffMax": "--unavailable-backoff-max",
+		"SubscriberConfig.UnavailableDeadLetterAfter": "--unavailable-dead-letter-after", "SubscriberConfig.MarkInterval": "--mark-interval",
+		"SubscriberConfig.MaxDeliveryStarts": "--max-delivery-starts",
 	}
 	if f, ok := m[field]; ok {
 		return f
@@ -125,7 +204,7 @@ Destinations (--to):
                                      --allow-prefix
 The destination topic (Kafka topic, routing key, stream) is the event's topic unless --dest-topic
 names one for all.`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			dest, err := parseDestURL(to)
 			if err != nil {
@@ -167,7 +246,8 @@ names one for all.`,
 			if destTopic != "" {
 				fcfg.Topic = func(string, *message.Message) string { return destTopic }
 			}
-			logger.Info("outbox relay starting", watermill.LogFields{"db": d.where(), "table": d.tableName(), "to": dest.shown, "topics": topics, "exclude": rf.exclude})
+			logger.Info("outbox relay starting", startFields(cmd, map[string]string{"db": d.url.shown, "to": dest.shown,
+				"delivery-timeout": effectiveDeliveryTimeout(cfg).String()}))
 			return runRelay(ctx, d, cfg, pub, fcfg, topics, logger)
 		},
 	}

@@ -1,0 +1,178 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestUnknownCommand: an unknown command, at the top or under dead, prints cobra's message
+// and suggestions on several lines as cobra does and exits 2; an argument to a command that
+// takes flags only is a usage error too; dead alone still prints its help.
+func TestUnknownCommand(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"stauts"}, "outbox: unknown command \"stauts\" for \"outbox\"\n\nDid you mean this?\n\tstatus\n\nRun 'outbox --help' for usage.\n"},
+		{[]string{"bogus"}, "outbox: unknown command \"bogus\" for \"outbox\"\nRun 'outbox --help' for usage.\n"},
+		{[]string{"dead", "lsit"}, "outbox: unknown command \"lsit\" for \"outbox dead\"\n\nDid you mean this?\n\tlist\n\nRun 'outbox dead --help' for usage.\n"},
+		{[]string{"dead", "bogus"}, "outbox: unknown command \"bogus\" for \"outbox dead\"\nRun 'outbox dead --help' for usage.\n"},
+		// Flags after the mistyped name, as typed in practice.
+		{[]string{"stauts", "--db", "x.db", "--json"}, "outbox: unknown command \"stauts\" for \"outbox\"\n\nDid you mean this?\n\tstatus\n\nRun 'outbox --help' for usage.\n"},
+		{[]string{"dead", "lsit", "--db", "x.db"}, "outbox: unknown command \"lsit\" for \"outbox dead\"\n\nDid you mean this?\n\tlist\n\nRun 'outbox dead --help' for usage.\n"},
+		{[]string{"status", "x.db"}, "outbox: unexpected argument \"x.db\": outbox status takes flags only, e.g. --db URL (see outbox status --help)\n"},
+		{[]string{"dead", "list", "extra"}, "outbox: unexpected argument \"extra\": outbox dead list takes flags only, e.g. --db URL (see outbox dead list --help)\n"},
+	} {
+		r := cli(t, nil, tc.args...)
+		if r.code != 2 || r.stderr != tc.want || r.stdout != "" {
+			t.Errorf("outbox %s: exit %d, stdout %q, stderr %q\nwant exit 2, stderr %q", strings.Join(tc.args, " "), r.code, r.stdout, r.stderr, tc.want)
+		}
+	}
+	// A group given a flag and no command: the flag is unknown to it.
+	wantStderr(t, cli(t, nil, "dead", "--db", "x.db"), 2, "outbox: unknown flag: --db (see outbox dead --help)")
+	wantStderr(t, cli(t, nil, "--db", "x.db"), 2, "outbox: unknown flag: --db (see outbox --help)")
+	help := mustRun(t, nil, "dead")
+	if !strings.HasPrefix(help, "dead acts on dead-lettered events") || !strings.Contains(help, "\nUsage:\n  outbox dead [command]\n\nAvailable Commands:\n") {
+		t.Fatalf("outbox dead printed:\n%s", help)
+	}
+	if root := mustRun(t, nil); !strings.Contains(root, "\nUsage:\n  outbox [command]\n\nAvailable Commands:\n") {
+		t.Fatalf("outbox printed:\n%s", root)
+	}
+}
+
+// TestFlagValueMessages: values that do not parse, or that the relay's settings refuse, name
+// the flag (never a Go field), the expected form and an example; exit status 2.
+func TestFlagValueMessages(t *testing.T) {
+	relay := []string{"relay", "--db", "x.db", "--to", "http://127.0.0.1/"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{append(relay, "--batch-size", "20000"), "outbox: --batch-size: 20000 outside 1..10000"},
+		{append(relay, "--lease", "2s", "--delivery-timeout", "5s"), "outbox: --delivery-timeout: 5s must be below --lease (2s)"},
+		{append(relay, "--retry-base", "10s", "--retry-max", "5s"), "outbox: --retry-max: must not be below --retry-base"},
+		{append(relay, "--lease", "500ms"), "outbox: --lease: must be at least 1s"},
+		{append(relay, "--batch-size", "abc"), `outbox: --batch-size "abc" is not a whole number: give e.g. --batch-size 100 (see outbox relay --help)`},
+		{append(relay, "--poll-interval", "5"), `outbox: --poll-interval "5" is not a Go duration (a number and a unit: 500ms, 90s, 15m, 168h): give e.g. --poll-interval 5s (see outbox relay --help)`},
+		{[]string{"dead", "list", "--db", "x.db", "--json=maybe"}, `outbox: --json "maybe" is not true or false: give e.g. --json=true (see outbox dead list --help)`},
+		{[]string{"demo", "--rate", "fast"}, `outbox: --rate "fast" is not a number: give e.g. --rate 0.5 (see outbox demo --help)`},
+	} {
+		wantStderr(t, cli(t, nil, tc.args...), 2, tc.want)
+	}
+}
+
+// TestEnvValueMessages: an environment variable that does not parse is named with the form it
+// needs, the flag it sets and an example; exit status 2. Several bad variables are all named.
+func TestEnvValueMessages(t *testing.T) {
+	relay := []string{"relay", "--db", "x.db", "--to", "http://127.0.0.1/"}
+	for _, tc := range []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{[]string{"OUTBOX_BATCH_SIZE=abc"}, relay, `outbox: environment variable OUTBOX_BATCH_SIZE="abc" is not a whole number (it sets --batch-size): give e.g. OUTBOX_BATCH_SIZE=100`},
+		{[]string{"OUTBOX_DELIVERY_TIMEOUT=10"}, relay, `outbox: environment variable OUTBOX_DELIVERY_TIMEOUT="10" is not a Go duration (a number and a unit: 500ms, 90s, 15m, 168h) (it sets --delivery-timeout): give e.g. OUTBOX_DELIVERY_TIMEOUT=30s`},
+		{[]string{"OUTBOX_JSON=maybe", "OUTBOX_LIMIT=all"}, []string{"dead", "list", "--db", "x.db"},
+			`outbox: environment variable OUTBOX_JSON="maybe" is not true or false (it sets --json): give e.g. OUTBOX_JSON=true ; ` +
+				`environment variable OUTBOX_LIMIT="all" is not a whole number (it sets --limit): give e.g. OUTBOX_LIMIT=100`},
+		{[]string{"OUTBOX_BATCH_SIZE=20000"}, relay, "outbox: --batch-size: 20000 outside 1..10000"},
+	} {
+		wantStderr(t, cli(t, tc.env, tc.args...), 2, tc.want)
+	}
+}
+
+// TestDeadListHelp: dead list --help explains the command like retry and purge do, and its
+// usage line lists --limit and --json.
+func TestDeadListHelp(t *testing.T) {
+	help := mustRun(t, nil, "dead", "list", "--help")
+	for _, want := range []string{
+		"list shows dead-lettered events, oldest dead letter first: event id, topic, ordering key,\n",
+		"It shows at most --limit events and says on stderr when there are more.",
+		"\nUsage:\n  outbox dead list --db URL [--topic PATTERN]… [--id UUID]… [--older-than DURATION] [--limit N] [--json] [flags]\n",
+	} {
+		if !strings.Contains(help, want) {
+			t.Fatalf("dead list --help lacks %q:\n%s", want, help)
+		}
+	}
+}
+
+// startLine matches the fields of the relay's start line.
+var startLine = regexp.MustCompile(`level=INFO\s+msg="outbox relay starting" (.*) \n`)
+
+// TestRelayStartLine: the relay's start line shows every setting in effect under its flag's
+// name — given, from the environment or by default, --dest-topic included — with the database
+// as given (one pair of quotes around a path with a space, none nested), the secret only as
+// set, and the derived delivery timeout.
+func TestRelayStartLine(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "my dir")
+	path := filepath.Join(dir, "outbox.db")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, nil, "migrate", "--db", path)
+	p := start(t, []string{"OUTBOX_SECRET=s3cret", "OUTBOX_CONCURRENCY=3"}, "relay", "--db", path, "--to", "http://127.0.0.1:9/hook",
+		"--allow-prefix", "127.0.0.0/8", "--topics", "orders.*", "--dest-topic", "all-orders", "--lease", "10s", "--poll-interval", "50ms")
+	var m []string
+	waitFor(t, 30*time.Second, "the start line", func() bool {
+		m = startLine.FindStringSubmatch(p.errb.String())
+		return m != nil || !p.running()
+	})
+	if code := p.stop(t); m == nil || code != 0 {
+		t.Fatalf("relay exit %d; stderr:\n%s", code, p.errb.String())
+	}
+	want := fmt.Sprintf(`allow-prefix=[127.0.0.0/8] amqp-exchange="" batch-size=100 concurrency=3 db=%q debug=false delivery-timeout=5s `+
+		`dest-topic=all-orders exclude=[] lease=10s max-attempts=5 poll-interval=50ms relay-name="" retry-base=1s retry-max=5m0s `+
+		`secret=set table=watermill_outbox to=http://127.0.0.1:9/hook topics=[orders.*] trace=false`, path)
+	if m[1] != want {
+		t.Fatalf("start line fields\n%s\nwant\n%s", m[1], want)
+	}
+}
+
+// TestRateLine: the report's --rate line gives the transactions/s reached beside the rate
+// asked, and says when the writers fell short by more than a tenth.
+func TestRateLine(t *testing.T) {
+	for _, tc := range []struct {
+		asked, reached float64
+		want           string
+	}{
+		{2000, 1043.4, "rate                1043 transactions/s reached, 2000 asked (--rate): the writers could not go faster on this database"},
+		{100, 99.64, "rate                99.6 transactions/s reached, 100 asked (--rate)"},
+		{2.5, 2.3, "rate                2.3 transactions/s reached, 2.5 asked (--rate)"},
+	} {
+		if got := rateLine(tc.asked, tc.reached); got != tc.want {
+			t.Errorf("rateLine(%g, %g) = %q, want %q", tc.asked, tc.reached, got, tc.want)
+		}
+	}
+}
+
+// TestDemoRate: a paced demo reports the rate it reached, after the throughput line. Pacing
+// keeps it at or below the rate asked: the n-th start is due (n-1)/rate after the writers
+// started, and the rate is counted from then.
+func TestDemoRate(t *testing.T) {
+	const rate, n = 200, 100
+	r := cli(t, []string{"TMPDIR=" + t.TempDir()}, "demo", "--quiet", "--rate", strconv.Itoa(rate), "--transactions", strconv.Itoa(n), "--writers", "2", "--keys", "4")
+	lines := quietDemoLines(t, r, "2", strconv.Itoa(n), "4")
+	var i int
+	for i = range lines {
+		if strings.HasPrefix(lines[i], "  throughput ") {
+			break
+		}
+	}
+	m := regexp.MustCompile(`^  rate                ([0-9.]+) transactions/s reached, 200 asked \(--rate\)(: the writers could not go faster on this database)?$`).FindStringSubmatch(lines[min(i+1, len(lines)-1)])
+	if m == nil {
+		t.Fatalf("no rate line after the throughput line:\n%s", r.stdout)
+	}
+	reached, err := strconv.ParseFloat(m[1], 64)
+	if err != nil || reached <= 0 || reached > rate*float64(n)/float64(n-1)+0.5 {
+		t.Fatalf("reached %q transactions/s with --rate %d over %d transactions", m[1], rate, n)
+	}
+	if short := reached < 0.9*rate; short != (m[2] != "") {
+		t.Fatalf("rate line %q: the shortfall note does not match the rate reached", lines[i+1])
+	}
+}

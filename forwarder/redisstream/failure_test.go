@@ -136,3 +136,44 @@ func withPayload(m *message.Message, pad string) *message.Message {
 	out.Metadata = m.Metadata
 	return out
 }
+
+// TestScriptWithMaxLen: a key's run (the append script) with MAXLEN trims like single XADDs,
+// and the entries are in batch order.
+func TestScriptWithMaxLen(t *testing.T) {
+	addr := brokertest.RequireRedis(t)
+	stream := fmt.Sprintf("rs-script-maxlen-%d", time.Now().UnixNano())
+	client := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer client.Close()
+	defer client.Del(context.Background(), stream)
+	p, err := NewPublisher(Config{Client: client, MaxLen: 10}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for round := range 30 {
+		batch := outgoing(stream, "k", "k", "k", "k", "k", "k", "k", "k", "k", "k")
+		for i, err := range p.PublishBatch(context.Background(), batch) {
+			if err != nil {
+				t.Fatalf("round %d message %d: %v", round, i, err)
+			}
+		}
+		for _, o := range batch {
+			want = append(want, o.Message.UUID)
+		}
+	}
+	entries, err := client.XRange(context.Background(), stream, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// MAXLEN ~ 10 trims whole macro nodes (100 entries by default): fewer than the 300 sent,
+	// at least 10, and what is left is the tail of the batches in order.
+	if len(entries) < 10 || len(entries) >= 300 {
+		t.Fatalf("%d entries after 300 appends with MAXLEN ~ 10", len(entries))
+	}
+	tail := want[len(want)-len(entries):]
+	for i, en := range entries {
+		if en.Values["_watermill_message_uuid"] != tail[i] {
+			t.Fatalf("entry %d is %v, want %s", i, en.Values["_watermill_message_uuid"], tail[i])
+		}
+	}
+}

@@ -69,27 +69,23 @@ func (en *entry) args(maxLen int64) *redis.XAddArgs {
 // the number of entries appended, the error of the entry after them ("" when all were), and
 // their ids.
 const runScript = `
-local maxlen = tonumber(ARGV[1])
+local maxlen = ARGV[1]
 local ids = {}
 local i = 2
 while i <= #ARGV do
-  local n = tonumber(ARGV[i + 1])
-  local cmd = {'XADD', KEYS[tonumber(ARGV[i])]}
-  if maxlen > 0 then
-    cmd[#cmd + 1] = 'MAXLEN'
-    cmd[#cmd + 1] = '~'
-    cmd[#cmd + 1] = maxlen
+  local key = KEYS[tonumber(ARGV[i])]
+  local last = i + 1 + 2 * tonumber(ARGV[i + 1])
+  local r
+  if maxlen ~= '0' then
+    r = redis.pcall('XADD', key, 'MAXLEN', '~', maxlen, '*', unpack(ARGV, i + 2, last))
+  else
+    r = redis.pcall('XADD', key, '*', unpack(ARGV, i + 2, last))
   end
-  cmd[#cmd + 1] = '*'
-  for j = i + 2, i + 1 + 2 * n do
-    cmd[#cmd + 1] = ARGV[j]
-  end
-  local r = redis.pcall(unpack(cmd))
   if type(r) == 'table' and r.err then
     return {#ids, r.err, ids}
   end
   ids[#ids + 1] = r
-  i = i + 2 + 2 * n
+  i = last + 1
 end
 return {#ids, '', ids}
 `

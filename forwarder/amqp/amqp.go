@@ -135,6 +135,8 @@ func (c Config) Validate() error {
 		return bad("Channels", fmt.Sprintf("%d outside 1..1024", c.Channels))
 	case c.MaxMessageBytes < 0:
 		return bad("MaxMessageBytes", "must not be negative")
+	case len(c.Exchange) > 255:
+		return bad("Exchange", fmt.Sprintf("%d bytes, AMQP short strings hold at most 255", len(c.Exchange)))
 	}
 	return nil
 }

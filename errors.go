@@ -82,6 +82,10 @@ func (e *DeliveryError) Unwrap() error { return e.Err }
 // RecordError middleware.
 var ErrNacked = errors.New("outbox: message nacked")
 
+// ErrLeaseLost is the error logged when a batch's marks were refused by the fencing token: its
+// lease had expired and another relay took its events over (and delivers them again).
+var ErrLeaseLost = errors.New("outbox: lease lost to another relay")
+
 // ErrPoisonEvent is the cause recorded for an event dead-lettered because its deliveries kept
 // starting without an outcome (see SubscriberConfig.MaxDeliveryStarts).
 var ErrPoisonEvent = errors.New("outbox: poison event: the relay stopped while delivering it every time")

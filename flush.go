@@ -133,5 +133,6 @@ func (f *flusher) flush() {
 			it.flushed = flushRefused
 		}
 	}
+	f.sub.leaseLost(f.token, len(pick)-len(results))
 	f.sub.reportMarks(results, byseq, true)
 }

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -135,6 +136,13 @@ func (sub *subscription) noteOutcomes(items []*item, probe *outage) {
 		switch it.state {
 		case stateAcked, stateFailed:
 			answered = true
+			// An outage past UnavailableDeadLetterAfter is not probed (its topics are claimed
+			// at full rate): the first answer of one of its topics ends it.
+			for _, o := range sub.outages {
+				if o.topics[it.ev.Topic] && sub.outageExpired(o, now) && !(it.state == stateFailed && it.perm && errors.Is(it.err, ErrUnavailable)) {
+					sub.closeOutage(o, now)
+				}
+			}
 			continue
 		case stateUnavailable:
 		default:
@@ -150,10 +158,14 @@ func (sub *subscription) noteOutcomes(items []*item, probe *outage) {
 			sub.outages[dest] = o
 			sub.s.logWarn("outbox: destination unavailable; its topics are paused and probed, no attempts are counted", it.err,
 				watermill.LogFields{"destination": dest, "topic": it.ev.Topic})
+			defer sub.outageHook(o, time.Time{})
 		}
 		o.topics[it.ev.Topic] = true
 		o.refused++
 		o.lastErr = it.err
+		if h := sub.s.cfg.Hooks.OnUnavailable; h != nil {
+			h(FailedInfo{EventID: it.ev.ID.String(), Topic: it.ev.Topic, Attempts: it.ev.Attempts, Err: &DeliveryError{EventID: it.ev.ID.String(), Topic: it.ev.Topic, Err: it.err}, At: now})
+		}
 		if next := now.Add(retryAfter); next.After(o.nextProbe) {
 			o.nextProbe = next
 		}
@@ -173,9 +185,24 @@ func (sub *subscription) noteOutcomes(items []*item, probe *outage) {
 	sub.publishOutages()
 }
 
+// outageHook calls Hooks.OnOutage for o (ended zero: it started).
+func (sub *subscription) outageHook(o *outage, ended time.Time) {
+	h := sub.s.cfg.Hooks.OnOutage
+	if h == nil {
+		return
+	}
+	ts := make([]string, 0, len(o.topics))
+	for t := range o.topics {
+		ts = append(ts, t)
+	}
+	sort.Strings(ts)
+	h(OutageInfo{Destination: o.dest, Topics: ts, Since: o.since, Ended: ended, Released: o.refused, Err: o.lastErr})
+}
+
 // closeOutage ends an outage: its topics are claimed at full rate again.
 func (sub *subscription) closeOutage(o *outage, now time.Time) {
 	delete(sub.outages, o.dest)
+	sub.outageHook(o, now)
 	sub.s.logger.Info("outbox: destination available again; its topics are claimed at full rate", watermill.LogFields{
 		"destination": o.dest, "unavailable_for": now.Sub(o.since).Round(time.Millisecond).String(),
 		"events_released": o.refused, "probes": o.probes})

@@ -5,6 +5,7 @@ import (
 	cryptorand "crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sort"
@@ -957,6 +958,9 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		sub.cursor = ""
 	}
 	s.logger.Trace("outbox: claimed", watermill.LogFields{"events": len(items), "token": token, "duration": time.Since(began)})
+	if h := s.cfg.Hooks.OnClaim; h != nil {
+		h(ClaimInfo{Events: len(items), Duration: time.Since(began)})
+	}
 	return items, more, nil
 }
 
@@ -976,6 +980,7 @@ func (sub *subscription) pgClaim(q, token, cursor string, oldest, limit int, low
 // probeClaim leases one event of o's topics (the oldest claimable, in key order like any
 // claim), or none.
 func (sub *subscription) probeClaim(token string, o *outage) ([]*item, error) {
+	began := time.Now()
 	topics := make([]string, 0, len(o.topics))
 	for t := range o.topics {
 		topics = append(topics, t)
@@ -991,6 +996,9 @@ func (sub *subscription) probeClaim(token string, o *outage) ([]*item, error) {
 	}
 	if err != nil {
 		return nil, fmt.Errorf("outbox: probe claim from %s: %w", sub.s.s.table, err)
+	}
+	if h := sub.s.cfg.Hooks.OnClaim; h != nil {
+		h(ClaimInfo{Events: len(items), Duration: time.Since(began), Probe: true})
 	}
 	rankRuns(items)
 	return items, nil
@@ -1122,6 +1130,12 @@ func (sub *subscription) await(ctx context.Context, it *item, timeout <-chan str
 		default:
 			it.state = stateAbandoned
 		}
+	}
+	if it.state == stateFailed && sub.ctx.Err() != nil && errors.Is(it.err, context.Canceled) {
+		// The relay is stopping and the delivery failed because its context was canceled
+		// by that stop: the destination did not judge the event, so no attempt is counted
+		// (it is released and delivered again).
+		it.state, it.err, it.perm = stateReleased, nil, false
 	}
 }
 
@@ -1317,6 +1331,9 @@ func (sub *subscription) renewWhileOut(token string, items []*item, lost func(),
 					lost()
 					s.logger.Error("outbox: lease lost; the rest of the batch is left to the relay that took it over", nil,
 						watermill.LogFields{"token": token, "held": n, "claimed": len(seqs)})
+					if h := s.cfg.Hooks.OnLeaseLost; h != nil {
+						h(LeaseLostInfo{Token: token, Events: int(want - n)})
+					}
 					return
 				}
 			}
@@ -1407,18 +1424,38 @@ func (sub *subscription) mark(token string, items []*item) (unconfirmed map[stri
 	if err != nil {
 		return unconfirmed, fmt.Errorf("outbox: mark batch %s: %w", token, err)
 	}
+	sub.leaseLost(token, len(byseq)-len(results))
 	sub.reportMarks(results, byseq, false)
 	return unconfirmed, nil
 }
 
 // writeMarks runs the dialect's mark statement with a 30 s bound, also while closing.
-func (sub *subscription) writeMarks(token string, m markSets) ([]markResult, error) {
+func (sub *subscription) writeMarks(token string, m markSets) (results []markResult, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(sub.ctx), 30*time.Second)
 	defer cancel()
+	began := time.Now()
 	if sub.s.s.sqlite {
-		return sub.sqliteMark(ctx, token, m)
+		results, err = sub.sqliteMark(ctx, token, m)
+	} else {
+		results, err = sub.pgMark(ctx, token, m)
 	}
-	return sub.pgMark(ctx, token, m)
+	if h := sub.s.cfg.Hooks.OnMark; h != nil {
+		h(MarkInfo{Events: len(m.acked) + len(m.released) + len(m.unavailable) + len(m.failed), Duration: time.Since(began), Err: err})
+	}
+	return results, err
+}
+
+// leaseLost reports, once per batch, events whose marks the fencing refused: their lease had
+// passed to another relay (it expired while they were out), which delivers them again.
+func (sub *subscription) leaseLost(token string, n int) {
+	if n == 0 {
+		return
+	}
+	sub.s.logWarn(fmt.Sprintf("outbox: lease lost: %d events were taken over by another relay; their outcome here was not recorded", n), ErrLeaseLost,
+		watermill.LogFields{"token": token, "events": n})
+	if h := sub.s.cfg.Hooks.OnLeaseLost; h != nil {
+		h(LeaseLostInfo{Token: token, Events: n})
+	}
 }
 
 // reportMarks logs and calls the hooks for the rows a mark wrote; it runs after the

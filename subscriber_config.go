@@ -163,6 +163,57 @@ type Hooks struct {
 	OnFailed func(FailedInfo)
 	// OnDeadLettered is called for each event dead-lettered.
 	OnDeadLettered func(FailedInfo)
+	// OnUnavailable is called for each event released because its destination was
+	// unavailable (no attempt counted; FailedInfo.Attempts is the unchanged count).
+	OnUnavailable func(FailedInfo)
+	// OnOutage is called when a subscription starts treating a destination as unavailable
+	// (Outage.Since set, Ended zero) and when it ends (Ended set): the destination's state.
+	OnOutage func(OutageInfo)
+	// OnLeaseLost is called once per batch (or flush of a batch's acks) whose lease had
+	// passed to another relay, with the number of events whose marks the fencing refused or
+	// whose renewal found them taken over.
+	OnLeaseLost func(LeaseLostInfo)
+	// OnClaim is called after each claim statement that succeeded, with the events it leased
+	// (0 for an empty claim) and its duration; OnMark after each mark statement (including the
+	// flushes of acks while a batch is out), with its duration and error.
+	OnClaim func(ClaimInfo)
+	OnMark  func(MarkInfo)
+}
+
+// OutageInfo describes a destination's outage as a subscription sees it (see
+// SubscriberConfig.UnavailableBackoff).
+type OutageInfo struct {
+	// Destination is UnavailableError.Destination ("" when unnamed); Topics the topics paused.
+	Destination string
+	Topics      []string
+	// Since is when it started; Ended is zero while it lasts, and when it ended (relay clock).
+	Since, Ended time.Time
+	// Released counts the events released as unavailable during the outage.
+	Released int
+	// Err is the last refusal's error.
+	Err error
+}
+
+// LeaseLostInfo describes a batch whose lease another relay took over.
+type LeaseLostInfo struct {
+	// Token is the batch's fencing token; Events how many of its events were taken over.
+	Token  string
+	Events int
+}
+
+// ClaimInfo describes one claim statement.
+type ClaimInfo struct {
+	Events   int
+	Duration time.Duration
+	// Probe is true for a claim of one event of an unavailable destination's topics.
+	Probe bool
+}
+
+// MarkInfo describes one mark statement: Events is how many events it was given.
+type MarkInfo struct {
+	Events   int
+	Duration time.Duration
+	Err      error
 }
 
 // DeliveredInfo describes a delivered event.

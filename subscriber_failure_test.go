@@ -376,3 +376,126 @@ func TestMigrateAddsDeliveryStarts(t *testing.T) {
 		}
 	})
 }
+
+// TestFencedMarkReportedOnce: a batch whose lease passed to another relay while it was out
+// logs one WARN line and calls OnLeaseLost once with the number of events taken over.
+func TestFencedMarkReportedOnce(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t)
+		b.seed(t, schema, "t", 5, []string{""})
+		cfg := fastCfg(schema)
+		cfg.MarkInterval = time.Hour // the batch's one mark at its end
+		var lost []outbox.LeaseLostInfo
+		var mu sync.Mutex
+		cfg.Hooks.OnLeaseLost = func(i outbox.LeaseLostInfo) { mu.Lock(); lost = append(lost, i); mu.Unlock() }
+		logs := &levelLog{}
+		sub, err := outbox.NewSubscriber(b.db, cfg, logs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sub.Close()
+		ch, _ := sub.SubscribeBatches(ctx, "t")
+		batch := <-ch
+		b.exec(t, fmt.Sprintf(`UPDATE %q SET leased_by = 'other#0123456789ab#1'`, schema.Table))
+		for _, m := range batch.Messages {
+			m.Ack()
+		}
+		pgtest.Eventually(t, 5*time.Second, "lease loss reported", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(lost) > 0
+		})
+		sub.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(lost) != 1 || lost[0].Events != 5 {
+			t.Fatalf("OnLeaseLost calls %+v, want one with 5 events", lost)
+		}
+		if n := logs.count("WARN outbox: lease lost: 5 events"); n != 1 {
+			t.Fatalf("%d WARN lines for the lost lease, want 1: %q", n, logs.lines)
+		}
+		if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL`, schema.Table)); n != 0 {
+			t.Fatalf("%d events marked by the relay that lost the lease", n)
+		}
+	})
+}
+
+// TestOutageHooks: OnOutage is called when an outage starts and when it ends, OnUnavailable
+// for each released event, OnClaim with Probe set for probes.
+func TestOutageHooks(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t)
+		b.seed(t, schema, "t", 3, []string{"k"})
+		cfg := fastCfg(schema)
+		cfg.UnavailableBackoff, cfg.UnavailableBackoffMax = 20*time.Millisecond, 40*time.Millisecond
+		var (
+			mu       sync.Mutex
+			outages  []outbox.OutageInfo
+			released int
+			probes   int
+		)
+		cfg.Hooks.OnOutage = func(o outbox.OutageInfo) { mu.Lock(); outages = append(outages, o); mu.Unlock() }
+		cfg.Hooks.OnUnavailable = func(outbox.FailedInfo) { mu.Lock(); released++; mu.Unlock() }
+		cfg.Hooks.OnClaim = func(c outbox.ClaimInfo) {
+			if c.Probe {
+				mu.Lock()
+				probes++
+				mu.Unlock()
+			}
+		}
+		sub := b.newSub(t, cfg)
+		ch, _ := sub.Subscribe(ctx, "t")
+		var refusals atomic.Int64
+		(&recorder{}).consume(ch, func(*message.Message) error {
+			if refusals.Add(1) <= 3 {
+				return &outbox.UnavailableError{Destination: "d", Err: errors.New("down")}
+			}
+			return nil
+		})
+		pgtest.Eventually(t, 10*time.Second, "drained", func() bool {
+			return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL`, schema.Table)) == 3
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		if len(outages) != 2 || !outages[0].Ended.IsZero() || outages[1].Ended.IsZero() || outages[1].Released != 3 || outages[1].Destination != "d" {
+			t.Fatalf("OnOutage calls %+v, want start and end of destination d with 3 released", outages)
+		}
+		if released != 3 || probes < 3 {
+			t.Fatalf("OnUnavailable %d times (want 3), %d probe claims (want ≥ 3)", released, probes)
+		}
+	})
+}
+
+// TestStopCountsNoAttempt: deliveries that fail with context.Canceled because the Subscriber is
+// closing are not charged an attempt (20 rounds of 10 events in flight).
+func TestStopCountsNoAttempt(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t)
+		b.seed(t, schema, "t", 10, []string{""})
+		for round := 0; round < b.scale(20, 4); round++ {
+			cfg := fastCfg(schema)
+			sub, err := outbox.NewSubscriber(b.db, cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ch, _ := sub.Subscribe(ctx, "t")
+			var out sync.WaitGroup
+			for i := 0; i < 10; i++ {
+				m := <-ch
+				out.Add(1)
+				go func() { // a handler whose destination call is canceled by the stop
+					defer out.Done()
+					<-m.Context().Done()
+					outbox.SetNackError(m, fmt.Errorf("publish: %w", m.Context().Err()))
+					m.Nack()
+				}()
+			}
+			sub.Close()
+			out.Wait()
+			if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE attempts > 0 OR last_error IS NOT NULL`, schema.Table)); n != 0 {
+				t.Fatalf("round %d: %d events charged an attempt by the stop", round, n)
+			}
+			b.exec(t, fmt.Sprintf(`UPDATE %q SET lease_until = NULL, leased_by = NULL`, schema.Table))
+		}
+	})
+}

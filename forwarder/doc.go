@@ -42,8 +42,8 @@
 // permanent — this event can never be delivered as it is — dead-letters the event at once;
 // anything else is retried with backoff up to MaxAttempts. The destinations of this module map
 // their clients' errors (each package doc lists its mapping): forwarder/kafka,
-// forwarder/amqp, forwarder/redisstream, webhook; router names each unavailable error after
-// its route. A Func or your own publisher says it by returning outbox.Unavailable(err),
+// forwarder/amqp, forwarder/redisstream, forwarder/asynq, webhook; router names each
+// unavailable error after its route. A Func or your own publisher says it by returning outbox.Unavailable(err),
 // outbox.Permanent(err) or an *outbox.UnavailableError.
 //
 // Each destination checks before sending what its transport can carry (pre-flight), so one
@@ -74,6 +74,8 @@
 //     fields _watermill_message_uuid, payload, metadata (all headers as one msgpack map),
 //     topic and, for ordered events, ordering_key. Refused: an entry over
 //     Config.MaxEntryBytes (default 512 MiB, Redis's proto-max-bulk-len).
+//   - asynq (forwarder/asynq): the headers are the task's headers, the payload its payload,
+//     the event id its task id.
 //   - HTTP (webhook): each header a request header, its name canonicalized (net/http's
 //     CanonicalHeaderKey; HTTP/2 lowercases it — read headers case-insensitively), plus
 //     Outbox-Event-Id and Outbox-Topic; hop-by-hop and framing names are skipped. Refused: a

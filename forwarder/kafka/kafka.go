@@ -126,10 +126,11 @@ type Config struct {
 	// retries and then writes the partition's next one (it does, with a new producer epoch),
 	// a key's later message can otherwise reach Kafka while an earlier one failed. Rounds cost
 	// a produce round trip per message of the longest key run in the batch: draining to kfake
-	// on 2 loaded cores (BenchmarkForwarderKafka, batch 1000, MaxRunPerKey 100) rounds gave
-	// 0.43× the events/s of one call at 1,000 keys (30 events each) and 0.23× at 10 keys; with
-	// one event per key per batch they cost nothing. Set this to trade the order guarantee
-	// during a partition's failure for throughput with long runs.
+	// on 2 shared cores (BenchmarkForwarderKafka, batch 1000, MaxRunPerKey 100), rounds gave
+	// 0.43–0.60× the events/s of one call at 1,000 keys (30 events each) and 0.23–0.52× at 10
+	// keys (runs vary with the machine's load); with one event per key per batch they cost
+	// nothing. Set this to trade the order guarantee during a partition's failure for
+	// throughput with long runs.
 	KeyRunsInOneCall bool
 }
 

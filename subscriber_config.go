@@ -136,7 +136,8 @@ type SubscriberConfig struct {
 	// MarkInterval is how often the acks of a batch that is still out are written: a relay
 	// that is killed repeats at most the deliveries acked since the last write (plus those in
 	// flight). A batch delivered within MarkInterval writes its marks once, at its end. Each
-	// write is one statement. Default 100ms; at least 1ms.
+	// write is one statement. Default 100ms; at least 1ms. PostgreSQL only: on SQLite (one
+	// writer) a batch's acks are written at its end.
 	MarkInterval time.Duration
 	// MaxDeliveryStarts detects poison events: an event whose delivery was started this many
 	// times in a row without any outcome being recorded (no ack, no failure: the relay was

@@ -184,7 +184,7 @@ func TestOperations(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := fmt.Sprint(byTopic); got != fmt.Sprintf("[{t {200 %s 50}} {u.a {0 0s 1}} {u.b {0 0s 2}} {v {0 0s 1}}]", byTopic[0].OldestPendingAge) ||
+		if got := fmt.Sprint(byTopic); got != fmt.Sprintf("[{t {200 %s 50 0}} {u.a {0 0s 1 0}} {u.b {0 0s 2 0}} {v {0 0s 1 0}}]", byTopic[0].OldestPendingAge) ||
 			byTopic[0].OldestPendingAge < time.Hour {
 			t.Fatalf("backlog by topic %v", got)
 		}

@@ -278,4 +278,3 @@ func otelPoint(rm metricdata.ResourceMetrics, name string, key attribute.Key, va
 	}
 	return 0, false
 }
-

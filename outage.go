@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -135,6 +136,13 @@ func (sub *subscription) noteOutcomes(items []*item, probe *outage) {
 		switch it.state {
 		case stateAcked, stateFailed:
 			answered = true
+			// An outage past UnavailableDeadLetterAfter is not probed (its topics are claimed
+			// at full rate): the first answer of one of its topics ends it.
+			for _, o := range sub.outages {
+				if o.topics[it.ev.Topic] && sub.outageExpired(o, now) && !(it.state == stateFailed && it.perm && errors.Is(it.err, ErrUnavailable)) {
+					sub.closeOutage(o, now)
+				}
+			}
 			continue
 		case stateUnavailable:
 		default:

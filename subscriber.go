@@ -5,6 +5,7 @@ import (
 	cryptorand "crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sort"
@@ -1129,6 +1130,12 @@ func (sub *subscription) await(ctx context.Context, it *item, timeout <-chan str
 		default:
 			it.state = stateAbandoned
 		}
+	}
+	if it.state == stateFailed && sub.ctx.Err() != nil && errors.Is(it.err, context.Canceled) {
+		// The relay is stopping and the delivery failed because its context was canceled
+		// by that stop: the destination did not judge the event, so no attempt is counted
+		// (it is released and delivered again).
+		it.state, it.err, it.perm = stateReleased, nil, false
 	}
 }
 

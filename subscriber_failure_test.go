@@ -465,3 +465,37 @@ func TestOutageHooks(t *testing.T) {
 		}
 	})
 }
+
+// TestStopCountsNoAttempt: deliveries that fail with context.Canceled because the Subscriber is
+// closing are not charged an attempt (20 rounds of 10 events in flight).
+func TestStopCountsNoAttempt(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t)
+		b.seed(t, schema, "t", 10, []string{""})
+		for round := 0; round < b.scale(20, 4); round++ {
+			cfg := fastCfg(schema)
+			sub, err := outbox.NewSubscriber(b.db, cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ch, _ := sub.Subscribe(ctx, "t")
+			var out sync.WaitGroup
+			for i := 0; i < 10; i++ {
+				m := <-ch
+				out.Add(1)
+				go func() { // a handler whose destination call is canceled by the stop
+					defer out.Done()
+					<-m.Context().Done()
+					outbox.SetNackError(m, fmt.Errorf("publish: %w", m.Context().Err()))
+					m.Nack()
+				}()
+			}
+			sub.Close()
+			out.Wait()
+			if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE attempts > 0 OR last_error IS NOT NULL`, schema.Table)); n != 0 {
+				t.Fatalf("round %d: %d events charged an attempt by the stop", round, n)
+			}
+			b.exec(t, fmt.Sprintf(`UPDATE %q SET lease_until = NULL, leased_by = NULL`, schema.Table))
+		}
+	})
+}

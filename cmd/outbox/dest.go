@@ -13,13 +13,14 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-outbox/outbox/forwarder/amqp"
+	outboxasynq "github.com/watermill-outbox/outbox/forwarder/asynq"
 	"github.com/watermill-outbox/outbox/forwarder/kafka"
 	"github.com/watermill-outbox/outbox/forwarder/redisstream"
 	"github.com/watermill-outbox/outbox/webhook"
 )
 
 // destForms lists the accepted --to forms, for error messages.
-const destForms = "kafka://host:9092[,host2:9092], amqp://user:password@host:5672/[vhost], redis://host:6379[/db] or http(s)://host/path"
+const destForms = "kafka://host:9092[,host2:9092], amqp://user:password@host:5672/[vhost], redis://host:6379[/db], http(s)://host/path or " + asynqForm
 
 // destKind is the broker behind a --to URL.
 type destKind string
@@ -29,6 +30,7 @@ const (
 	destAMQP  destKind = "RabbitMQ"
 	destRedis destKind = "Redis Streams"
 	destHTTP  destKind = "webhook"
+	destAsynq destKind = "asynq"
 )
 
 // destURL is a parsed --to value.
@@ -40,6 +42,8 @@ type destURL struct {
 	brokers []string
 	// redis are the Redis client options.
 	redis *redis.Options
+	// asynq is the asynq task publisher's config (destAsynq).
+	asynq *outboxasynq.Config
 }
 
 // parseDestURL parses a --to value. Errors name the accepted forms.
@@ -75,6 +79,9 @@ func parseDestURL(s string) (destURL, error) {
 			return d, &usageError{fmt.Errorf("--to %q is not a Redis URL (%v): use redis://[user:password@]host:6379[/db]", d.shown, err)}
 		}
 		d.redis, d.kind = opts, destRedis
+	case "asynq+redis", "asynq+rediss":
+		err := parseAsynqURL(&d, u)
+		return d, err
 	case "http", "https":
 		if u.Host == "" {
 			return d, &usageError{fmt.Errorf("--to %q names no host: use http(s)://host/path", d.shown)}
@@ -129,6 +136,8 @@ func openPublisher(ctx context.Context, d destURL, opts destOptions, logger wate
 		}
 		opts := *d.redis
 		return redisstream.NewPublisher(redisstream.Config{Options: &opts}, logger)
+	case destAsynq:
+		return openAsynq(d, logger)
 	case destHTTP:
 		pub, err := webhook.NewPublisher(webhook.Config{URL: d.raw, Secret: opts.secret, AllowedPrefixes: opts.allow, Timeout: opts.timeout}, logger)
 		if err != nil {

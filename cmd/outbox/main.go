@@ -6,6 +6,7 @@
 //	outbox status  --db URL                      # backlog: pending, oldest pending age, dead letters
 //	outbox dead list|retry|purge --db URL …      # inspect and act on dead-lettered events
 //	outbox cleanup --db URL --published-older-than 168h
+//	outbox inbox migrate|status|cleanup --db URL …  # the consumer inbox table (package inbox)
 //
 // Database URLs: postgres://… or postgresql://… (PostgreSQL, through a pgx pool); sqlite://PATH,
 // sqlite:PATH, file:PATH or a path ending in .db, .sqlite or .sqlite3 (SQLite, pure Go).
@@ -121,6 +122,7 @@ OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environme
 		newStatusCmd(),
 		newDeadCmd(),
 		newCleanupCmd(),
+		newInboxCmd(),
 	)
 	return root
 }

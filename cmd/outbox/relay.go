@@ -199,6 +199,9 @@ Destinations (--to):
   amqp://user:password@host:5672/    persistent messages with publisher confirms and mandatory routing
                                      through --amqp-exchange (default exchange: routing key = queue)
   redis://host:6379[/db]             XADD to the stream named by the topic
+  asynq+redis://host:6379[/db]       an asynq task per event of a "task." topic (type = the rest of the
+                                     topic, task id = event id; ?queue=, ?retention=, ?max-retry=);
+                                     relays "task.*" unless --topics is given
   http(s)://host/path                signed POST per event (Outbox-Signature: sha256=HMAC of the body
                                      when --secret is set); private and loopback receivers need
                                      --allow-prefix
@@ -213,6 +216,9 @@ names one for all.`,
 			prefixes, err := parsePrefixes(allow)
 			if err != nil {
 				return err
+			}
+			if len(topics) == 0 && dest.kind == destAsynq {
+				topics = asynqDefaultTopics
 			}
 			if len(topics) == 0 {
 				topics = []string{forwarder.DefaultSubscribeTopic}

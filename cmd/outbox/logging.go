@@ -88,8 +88,12 @@ func (s slogLogger) Warn(msg string, err error, fields watermill.LogFields) {
 	s.log(slog.LevelWarn, msg, err, fields)
 }
 
-func (s slogLogger) Info(msg string, fields watermill.LogFields)  { s.log(slog.LevelInfo, msg, nil, fields) }
-func (s slogLogger) Debug(msg string, fields watermill.LogFields) { s.log(slog.LevelDebug, msg, nil, fields) }
+func (s slogLogger) Info(msg string, fields watermill.LogFields) {
+	s.log(slog.LevelInfo, msg, nil, fields)
+}
+func (s slogLogger) Debug(msg string, fields watermill.LogFields) {
+	s.log(slog.LevelDebug, msg, nil, fields)
+}
 func (s slogLogger) Trace(msg string, fields watermill.LogFields) {
 	s.log(watermill.LevelTrace, msg, nil, fields)
 }

@@ -123,6 +123,7 @@ OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environme
 		newDeadCmd(),
 		newCleanupCmd(),
 		newInboxCmd(),
+		newCaptureCmd(),
 	)
 	return root
 }

@@ -1,0 +1,178 @@
+package capture
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/watermill-outbox/outbox"
+)
+
+// Install creates or regenerates the capture triggers of tables, writing into the outbox
+// table of schema (which must exist: run outbox.Migrate first). It is idempotent, runs in one
+// transaction (the caller's when db is a pgx.Tx or *sql.Tx) and, on PostgreSQL, serialises
+// with Migrate and other Installs on the same transaction-scoped advisory lock Migrate takes
+// (on SQLite on the write lock). Every declaration is checked against the catalog before any
+// DDL runs, so a refused declaration installs nothing.
+//
+// db is a *pgxpool.Pool, *pgx.Conn or pgx.Tx, or for either dialect a *sql.DB, *sql.Conn or
+// *sql.Tx. Errors: a *outbox.ConfigError for an invalid schema, handle or declaration (see
+// the sentinels in errors.go and *UnsupportedTypeError), else the database error wrapped with
+// context.
+//
+// The triggers carry the columns the table has when Install runs: re-run Install after ALTER
+// TABLE, or an added column is not carried (and a dropped or retyped one makes the trigger,
+// hence the write, fail loudly).
+func Install(ctx context.Context, db any, schema outbox.SchemaConfig, tables ...Table) error {
+	return inTx(ctx, db, func(c conn) error {
+		stmts, err := generate(ctx, c, schema, tables, true)
+		if err != nil {
+			return err
+		}
+		for _, st := range stmts {
+			if err := c.exec(ctx, st); err != nil {
+				return fmt.Errorf("capture: install: %w", err)
+			}
+		}
+		return nil
+	})
+}
+
+// SQL returns the DDL Install would run, as one script for a migration tool or psql: on
+// PostgreSQL wrapped in BEGIN … COMMIT with Migrate's advisory lock, on SQLite in BEGIN
+// IMMEDIATE … COMMIT. It reads the catalog through db (the generated code depends on the
+// column types) and changes nothing. Errors as Install.
+func SQL(ctx context.Context, db any, schema outbox.SchemaConfig, tables ...Table) (string, error) {
+	var script string
+	err := inTx(ctx, db, func(c conn) error {
+		stmts, err := generate(ctx, c, schema, tables, false)
+		if err != nil {
+			return err
+		}
+		var b strings.Builder
+		begin := "BEGIN;\n"
+		if schema.Dialect == outbox.DialectSQLite {
+			begin = "BEGIN IMMEDIATE;\n"
+		}
+		b.WriteString(begin)
+		if schema.Dialect == outbox.DialectPostgreSQL {
+			tg, _ := newTarget(schema)
+			fmt.Fprintf(&b, "SELECT pg_advisory_xact_lock(%d);\n", tg.seed)
+		}
+		for _, st := range stmts {
+			b.WriteString(st)
+			b.WriteString(";\n")
+		}
+		b.WriteString("COMMIT;\n")
+		script = b.String()
+		return nil
+	})
+	return script, err
+}
+
+// Uninstall drops the capture triggers (and PostgreSQL trigger functions) of the named tables;
+// only Table.Name is read. A table without triggers, or that no longer exists, is skipped. One
+// transaction, locked as Install.
+func Uninstall(ctx context.Context, db any, schema outbox.SchemaConfig, tables ...Table) error {
+	tg, err := newTarget(schema)
+	if err != nil {
+		return err
+	}
+	return inTx(ctx, db, func(c conn) error {
+		var stmts []string
+		if schema.Dialect == outbox.DialectPostgreSQL {
+			stmts = append(stmts, fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", tg.seed))
+		}
+		for _, t := range tables {
+			if schema.Dialect == outbox.DialectSQLite {
+				stmts = append(stmts, sqliteUninstall(t.Name)...)
+				continue
+			}
+			got, err := queryStrings(ctx, c, `SELECT n.nspname::text || '.' || c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, quoteParts(t.Name))
+			if err != nil {
+				return fmt.Errorf("capture: uninstall %s: %w", t.Name, err)
+			}
+			if len(got) == 1 {
+				schemaName, table, _ := strings.Cut(got[0], ".")
+				stmts = append(stmts, pgUninstall(schemaName, table)...)
+			}
+		}
+		for _, st := range stmts {
+			if err := c.exec(ctx, st); err != nil {
+				return fmt.Errorf("capture: uninstall: %w", err)
+			}
+		}
+		return nil
+	})
+}
+
+func quoteParts(name string) string {
+	parts := strings.Split(name, ".")
+	for i, p := range parts {
+		parts[i] = quoteIdent(p)
+	}
+	return strings.Join(parts, ".")
+}
+
+// generate checks every declaration and returns the DDL; withLock prepends the advisory lock
+// (PostgreSQL), taken before the catalog is read.
+func generate(ctx context.Context, c conn, schema outbox.SchemaConfig, tables []Table, withLock bool) ([]string, error) {
+	tg, err := newTarget(schema)
+	if err != nil {
+		return nil, err
+	}
+	checkedTables := make([]*checked, len(tables))
+	for i, t := range tables {
+		if checkedTables[i], err = check(i, t); err != nil {
+			return nil, err
+		}
+	}
+	sqlite := schema.Dialect == outbox.DialectSQLite
+	var stmts []string
+	if !sqlite && withLock {
+		if err := c.exec(ctx, fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", tg.seed)); err != nil {
+			return nil, fmt.Errorf("capture: lock: %w", err)
+		}
+	}
+	var exists bool
+	if sqlite {
+		exists, err = sqliteOutboxExists(ctx, c, tg)
+	} else {
+		exists, err = pgOutboxExists(ctx, c, tg)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("capture: read catalog: %w", err)
+	}
+	if !exists {
+		return nil, &outbox.ConfigError{Field: "SchemaConfig.Table", Reason: fmt.Sprintf("outbox table %s does not exist: run outbox.Migrate first", tg.table), Err: ErrOutboxTable}
+	}
+	seen := map[string]int{}
+	for i, ch := range checkedTables {
+		var cat *catalog
+		if sqlite {
+			cat, err = sqliteCatalog(ctx, c, ch.Name, tg)
+		} else {
+			cat, err = pgCatalog(ctx, c, ch.Name, tg)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if cat == nil {
+			return nil, &outbox.ConfigError{Field: ch.field("Name"), Reason: fmt.Sprintf("no table %q", ch.Name), Err: ErrUnknownTable}
+		}
+		r, err := resolve(ch, cat, tg)
+		if err != nil {
+			return nil, err
+		}
+		if j, dup := seen[r.display]; dup {
+			return nil, &outbox.ConfigError{Field: ch.field("Name"), Reason: fmt.Sprintf("%s is declared twice (Table[%d])", r.display, j), Err: ErrInvalid}
+		}
+		seen[r.display] = i
+		if sqlite {
+			stmts = append(stmts, r.sqliteStatements(tg)...)
+		} else {
+			stmts = append(stmts, r.pgStatements(tg)...)
+		}
+	}
+	return stmts, nil
+}

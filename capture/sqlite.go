@@ -1,0 +1,214 @@
+package capture
+
+import (
+	"context"
+	"database/sql/driver"
+	"encoding/base64"
+	"fmt"
+	"strings"
+
+	"github.com/watermill-outbox/outbox"
+	"modernc.org/sqlite"
+)
+
+// SQLite: three row triggers per captured table (insert, update, delete), each one INSERT …
+// VALUES into the outbox built with SQLite's JSON functions. SQLite has one writer at a time,
+// so sequence order is commit order without locks.
+
+// SQLiteBase64 is the SQL function the SQLite triggers call to render a BLOB column as
+// base64 (SQLite has no built-in one). Importing this package registers it with
+// modernc.org/sqlite (driver "sqlite") for every connection opened afterwards; a writer using
+// another driver must register a function of this name (one argument, standard base64 with
+// padding, NULL for NULL), or its writes to a captured table with a BLOB column fail.
+const SQLiteBase64 = "outbox_base64"
+
+func init() {
+	sqlite.MustRegisterDeterministicScalarFunction(SQLiteBase64, 1, func(_ *sqlite.FunctionContext, args []driver.Value) (driver.Value, error) {
+		switch v := args[0].(type) {
+		case nil:
+			return nil, nil
+		case []byte:
+			return base64.StdEncoding.EncodeToString(v), nil
+		case string:
+			return base64.StdEncoding.EncodeToString([]byte(v)), nil
+		default:
+			return base64.StdEncoding.EncodeToString([]byte(fmt.Sprint(v))), nil
+		}
+	})
+}
+
+// sqliteTimeFmt renders SQLite's current time as ISO 8601 in UTC with microseconds (SQLite's
+// clock has milliseconds).
+const sqliteNow = `strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000+00:00'`
+
+// sqliteMillis is the current Unix time in milliseconds; julianday rather than
+// unixepoch('subsec'), which SQLite before 3.42 lacks (the sqlite3 shell of Debian 12 is
+// 3.40), so writers with an older library are captured too. 'now' is stable within a
+// statement.
+const sqliteMillis = `CAST(round((julianday('now') - 2440587.5) * 86400000) AS INTEGER)`
+
+// sqliteUUIDv7 is a version 7 UUID (RFC 9562): 48 bits of Unix milliseconds, version 7, 12
+// random bits, variant 10, 62 random bits.
+const sqliteUUIDv7 = `(substr(printf('%012x', ` + sqliteMillis + `), 1, 8) || '-' || substr(printf('%012x', ` + sqliteMillis + `), 9, 4) || '-7' || substr(lower(hex(randomblob(2))), 2, 3) || '-' || substr('89ab', 1 + (abs(random()) % 4), 1) || substr(lower(hex(randomblob(2))), 2, 3) || '-' || lower(hex(randomblob(6))))`
+
+// sqliteRule returns the JSON rule of a declared column type (SQLite's type names are free
+// text; the rules follow its affinity names), or nil when there is none.
+func sqliteRule(decl string) func(x string) string {
+	d := strings.ToUpper(decl)
+	has := func(subs ...string) bool {
+		for _, s := range subs {
+			if strings.Contains(d, s) {
+				return true
+			}
+		}
+		return false
+	}
+	switch {
+	case has("BOOL"):
+		return func(x string) string {
+			return fmt.Sprintf("CASE WHEN %[1]s IS NULL THEN NULL WHEN %[1]s THEN json('true') ELSE json('false') END", x)
+		}
+	case has("JSON"):
+		return func(x string) string { return "json(" + x + ")" }
+	case has("INT"):
+		return func(x string) string { return x }
+	case has("CHAR", "CLOB", "TEXT", "UUID"):
+		return func(x string) string { return x }
+	case has("BLOB", "BYTEA"):
+		return func(x string) string { return SQLiteBase64 + "(" + x + ")" }
+	case has("REAL", "FLOA", "DOUB"):
+		// SQLite stores NaN as NULL; infinities are ±9e999.
+		return func(x string) string {
+			return fmt.Sprintf("CASE WHEN %[1]s = 9e999 THEN 'Infinity' WHEN %[1]s = -9e999 THEN '-Infinity' ELSE %[1]s END", x)
+		}
+	case has("DATE", "TIME"):
+		// Text as stored (store ISO 8601); Unix seconds as ISO 8601 in UTC.
+		return func(x string) string {
+			return fmt.Sprintf("CASE WHEN typeof(%[1]s) IN ('integer', 'real') THEN strftime('%%Y-%%m-%%dT%%H:%%M:%%S', %[1]s, 'unixepoch') || '+00:00' ELSE %[1]s END", x)
+		}
+	}
+	// NUMERIC/DECIMAL (stored as INTEGER or REAL: "12.50" would read 12.5, not exact) and
+	// columns without a type.
+	return nil
+}
+
+func sqliteTableName(name string) string {
+	return strings.TrimPrefix(name, "main.")
+}
+
+func sqliteOutboxExists(ctx context.Context, c conn, tg *target) (bool, error) {
+	got, err := queryStrings(ctx, c, `SELECT name FROM sqlite_master WHERE type = 'table' AND name = $1`, tg.parts[len(tg.parts)-1])
+	return len(got) == 1, err
+}
+
+func sqliteCatalog(ctx context.Context, c conn, name string, tg *target) (*catalog, error) {
+	table := sqliteTableName(name)
+	got, err := queryStrings(ctx, c, `SELECT name FROM sqlite_master WHERE type = 'table' AND name = $1`, table)
+	if err != nil || len(got) == 0 {
+		return nil, err
+	}
+	cat := &catalog{schema: "main", table: got[0], isOutbox: strings.EqualFold(got[0], tg.parts[len(tg.parts)-1])}
+	rs, err := c.query(ctx, `SELECT name, type, pk FROM pragma_table_info($1) ORDER BY cid`, table)
+	if err != nil {
+		return nil, err
+	}
+	defer rs.Close()
+	pk := map[int]string{}
+	for rs.Next() {
+		var (
+			col, typ string
+			pos      int
+		)
+		if err := rs.Scan(&col, &typ, &pos); err != nil {
+			return nil, err
+		}
+		if pos > 0 {
+			pk[pos] = col
+		}
+		cat.cols = append(cat.cols, catColumn{name: col, typ: typ, json: sqliteRule(typ),
+			text:     func(x string) string { return "CAST(" + x + " AS TEXT)" },
+			distinct: func(a, b string) string { return a + " IS NOT " + b }})
+	}
+	for i := 1; i <= len(pk); i++ {
+		cat.pk = append(cat.pk, pk[i])
+	}
+	return cat, rs.Err()
+}
+
+func sqliteTrigger(table string, op Operation) string {
+	return quoteIdent("outbox_capture_" + table + "_" + string(op))
+}
+
+func (r *resolved) sqliteImage(alias string, cols []catColumn) string {
+	return "json_object(" + strings.Join(pairs(alias, cols), ", ") + ")"
+}
+
+// sqliteStatements returns the DDL installing r's triggers.
+func (r *resolved) sqliteStatements(tg *target) []string {
+	var stmts []string
+	for _, op := range []Operation{Inserted, Updated, Deleted} {
+		name := sqliteTrigger(r.cat.table, op)
+		stmts = append(stmts, "DROP TRIGGER IF EXISTS "+name)
+		if !containsOp(r.ops, op) {
+			continue
+		}
+		alias := map[Operation]string{Inserted: "NEW", Updated: "NEW", Deleted: "OLD"}[op]
+		var diffs, names, changedSel []string
+		for _, c := range r.carried {
+			d := c.distinct(rowRef("OLD")(c.name), rowRef("NEW")(c.name))
+			diffs = append(diffs, d)
+			names = append(names, quoteLiteral(c.name))
+			changedSel = append(changedSel, fmt.Sprintf("SELECT %s AS c WHERE %s", quoteLiteral(c.name), d))
+		}
+		changed := "json_array(" + strings.Join(names, ", ") + ")"
+		when := ""
+		if op == Updated {
+			changed = "json('[]')"
+			if len(changedSel) > 0 {
+				changed = "json((SELECT json_group_array(c) FROM (" + strings.Join(changedSel, " UNION ALL ") + ")))"
+			}
+			if !r.EmitUnchanged {
+				when = " WHEN " + strings.Join(append(diffs, "0"), " OR ")
+			}
+		}
+		env := r.envelope(op, r.pk(alias, "NULL", r.sqliteImage), changed, sqliteNow, "OLD", "NEW", "NULL", r.sqliteImage)
+		for _, k := range sortedKeys(r.Extend.Payload) {
+			env = append(env, quoteLiteral(k)+", "+expandRow(r.Extend.Payload[k], alias))
+		}
+		payload := "json_object(" + strings.Join(env, ", ") + ")"
+		if op == Updated && r.Payload != PayloadBeforeAndAfter && len(r.key) > 0 {
+			payload = fmt.Sprintf("CASE WHEN %s THEN json_set(%s, '$.before', %s) ELSE %s END", r.keyChanged("OLD", "NEW"), payload, r.sqliteImage("OLD", r.key), payload)
+		}
+		if tg.cfg.PayloadType == outbox.PayloadBytea {
+			payload = "CAST(" + payload + " AS BLOB)"
+		}
+		headers := "'{}'"
+		if len(r.Extend.Headers) > 0 {
+			var pairs []string
+			for _, k := range sortedKeys(r.Extend.Headers) {
+				pairs = append(pairs, quoteLiteral(k)+", CAST("+expandRow(r.Extend.Headers[k], alias)+" AS TEXT)")
+			}
+			headers = "(SELECT json_group_object(key, value) FROM json_each(json_object(" + strings.Join(pairs, ", ") + ")) WHERE type <> 'null')"
+		}
+		okey := r.orderingKey(alias, func(p []string) string { return "(" + strings.Join(p, " || ") + ")" })
+		// created_at explicitly (microseconds, the dialect's time value): the table's default
+		// needs unixepoch('subsec') (SQLite 3.42+).
+		cols := []string{`"id"`, `"topic"`, `"payload"`, `"headers"`, `"ordering_key"`, `"created_at"`}
+		vals := []string{sqliteUUIDv7, quoteLiteral(r.topicFor(op)), payload, headers, "nullif(" + okey + ", '')", sqliteMillis + " * 1000"}
+		for _, c := range sortedKeys(r.Extend.Columns) {
+			cols, vals = append(cols, quoteIdent(c)), append(vals, expandRow(r.Extend.Columns[c], alias))
+		}
+		stmts = append(stmts, fmt.Sprintf("CREATE TRIGGER %s AFTER %s ON %s FOR EACH ROW%s BEGIN\n  INSERT INTO %s (%s) VALUES (%s);\nEND",
+			name, pgOp(op), quoteIdent(r.cat.table), when, tg.table, strings.Join(cols, ", "), strings.Join(vals, ", ")))
+	}
+	return stmts
+}
+
+func sqliteUninstall(name string) []string {
+	table := sqliteTableName(name)
+	var stmts []string
+	for _, op := range []Operation{Inserted, Updated, Deleted} {
+		stmts = append(stmts, "DROP TRIGGER IF EXISTS "+sqliteTrigger(table, op))
+	}
+	return stmts
+}

@@ -99,9 +99,12 @@ type Observer struct {
 	cfg      Config
 	patterns []outbox.TopicPattern
 
+	labels sync.Map // topic → label (string), read without a lock on the hot path
+
 	mu      sync.Mutex
-	labels  map[string]string // topic → label
-	outages map[string]int    // destination → subscriptions in an outage
+	nLabels int            // entries in labels
+	topics  int            // distinct topics labelled as themselves
+	outages map[string]int // destination → subscriptions in an outage
 }
 
 // New returns an Observer writing to rec. Errors: an *outbox.ConfigError for a nil rec or an
@@ -119,7 +122,7 @@ func New(rec Recorder, cfg Config) (*Observer, error) {
 	if cfg.BacklogInterval == 0 {
 		cfg.BacklogInterval = DefaultBacklogInterval
 	}
-	o := &Observer{rec: rec, cfg: cfg, labels: map[string]string{}, outages: map[string]int{}}
+	o := &Observer{rec: rec, cfg: cfg, outages: map[string]int{}}
 	for _, p := range cfg.TopicPatterns {
 		tp, _ := outbox.ParseTopicPattern(p)
 		o.patterns = append(o.patterns, tp)
@@ -129,10 +132,13 @@ func New(rec Recorder, cfg Config) (*Observer, error) {
 
 // Label returns the bounded label of topic (see Config.TopicPatterns).
 func (o *Observer) Label(topic string) string {
+	if l, ok := o.labels.Load(topic); ok {
+		return l.(string)
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if l, ok := o.labels[topic]; ok {
-		return l
+	if l, ok := o.labels.Load(topic); ok {
+		return l.(string)
 	}
 	l := OtherTopic
 	switch {
@@ -143,11 +149,13 @@ func (o *Observer) Label(topic string) string {
 				break
 			}
 		}
-	case len(o.labels) < o.cfg.MaxTopics:
+	case o.topics < o.cfg.MaxTopics:
 		l = topic
+		o.topics++
 	}
-	if len(o.labels) < 10*o.cfg.MaxTopics+len(o.patterns) {
-		o.labels[topic] = l // the cache is bounded too
+	if o.nLabels < 10*o.cfg.MaxTopics {
+		o.labels.Store(topic, l) // the cache is bounded too
+		o.nLabels++
 	}
 	return l
 }

@@ -4,6 +4,7 @@
 package prom
 
 import (
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,6 +30,22 @@ type Recorder struct {
 	claimDur, claimSize, markDur         prometheus.Histogram
 	pending, deadGauge, oldest, unavail  prometheus.Gauge
 	destDown                             *prometheus.GaugeVec
+
+	byTopic sync.Map // topic → *topicSeries
+}
+
+// topicSeries are the children of one topic label, looked up once.
+type topicSeries struct {
+	delivered prometheus.Counter
+	delay     prometheus.Observer
+}
+
+func (r *Recorder) series(topic string) *topicSeries {
+	if s, ok := r.byTopic.Load(topic); ok {
+		return s.(*topicSeries)
+	}
+	s, _ := r.byTopic.LoadOrStore(topic, &topicSeries{delivered: r.delivered.WithLabelValues(topic), delay: r.delay.WithLabelValues(topic)})
+	return s.(*topicSeries)
 }
 
 var _ metrics.Recorder = (*Recorder)(nil)
@@ -70,8 +87,9 @@ func New(reg prometheus.Registerer) (*Recorder, error) {
 
 // Delivered implements metrics.Recorder.
 func (r *Recorder) Delivered(topic string, delay time.Duration) {
-	r.delivered.WithLabelValues(topic).Inc()
-	r.delay.WithLabelValues(topic).Observe(delay.Seconds())
+	s := r.series(topic)
+	s.delivered.Inc()
+	s.delay.Observe(delay.Seconds())
 }
 
 // Failed implements metrics.Recorder.

@@ -2,7 +2,7 @@
 GO ?= go
 PKGS ?= ./...
 
-.PHONY: test test-short test-race bench lint up demo
+.PHONY: test test-short test-race bench lint up demo chaos
 
 ## test: start local services if down, then the whole suite with the race detector (what CI runs).
 test: up
@@ -18,6 +18,11 @@ test-race: test
 ## bench: the benchmarks (write path, drain) against the local PostgreSQL.
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m $(PKGS)
+
+## chaos: the full chaos suite (private PostgreSQL and Redis, relay processes killed, destination
+## and database restarted); `make test` runs its short version. OUTBOX_CHAOS_REPORT=FILE keeps the cell table.
+chaos:
+	OUTBOX_CHAOS=full $(GO) test -count=1 -v -timeout 40m -run 'TestChaos$$' ./integration/chaos/
 
 ## lint: go vet, gofmt and golangci-lint when installed.
 lint:

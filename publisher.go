@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -340,7 +339,7 @@ func (p *Publisher) finishRow(i int, r row, payload []byte, headers map[string]s
 		if k == "" {
 			return r, &ValidationError{Index: i, Field: "headers", Reason: "empty header name"}
 		}
-		if reason := checkHeader(k); reason != "" {
+		if reason := checkHeaderName(k); reason != "" {
 			return r, &ValidationError{Index: i, Field: "headers", Reason: fmt.Sprintf("name %q: %s", k, reason)}
 		}
 		if reason := checkHeader(v); reason != "" {
@@ -373,17 +372,6 @@ func (p *Publisher) finishRow(i int, r row, payload []byte, headers map[string]s
 		r.id = id
 	}
 	return r, nil
-}
-
-// checkHeader refuses what the JSONB headers column cannot hold exactly.
-func checkHeader(s string) string {
-	switch {
-	case !utf8.ValidString(s):
-		return "not valid UTF-8"
-	case strings.IndexByte(s, 0) >= 0:
-		return "contains a NUL character"
-	}
-	return ""
 }
 
 // insertSQL caches statements by shape.

@@ -456,6 +456,15 @@ func TestValidationBeforeSQL(t *testing.T) {
 		}},
 		{"invalid UTF-8 payload", "payload", func(p *outbox.Publisher) error { return p.Publish("t", outbox.NewMessage([]byte("\"\xff\xfe\""))) }},
 		{"empty header name", "headers", func(p *outbox.Publisher) error { return p.Publish("t", withMeta("", "v")) }},
+		{"CR in header value", "headers", func(p *outbox.Publisher) error { return p.Publish("t", withMeta("h", "a\rb")) }},
+		{"LF in header value", "headers", func(p *outbox.Publisher) error { return p.Publish("t", withMeta("h", "a\nX-Injected: 1")) }},
+		{"NUL in header value", "headers", func(p *outbox.Publisher) error { return p.Publish("t", withMeta("h", "a\x00b")) }},
+		{"LF in header name", "headers", func(p *outbox.Publisher) error { return p.Publish("t", withMeta("h\n", "v")) }},
+		{"Watermill's UUID header", "headers", func(p *outbox.Publisher) error { return p.Publish("t", withMeta("_watermill_message_uuid", "x")) }},
+		{"CR in header via Enqueue", "headers", func(p *outbox.Publisher) error {
+			_, err := p.Enqueue(ctx, outbox.EventInput{Topic: "t", Payload: 1, Headers: map[string]string{"h": "v\r"}})
+			return err
+		}},
 		{"non-UUID id", "uuid", func(p *outbox.Publisher) error { return p.Publish("t", message.NewMessage("not-a-uuid", []byte(`1`))) }},
 		{"relay-owned extra column", "extra_columns", func(p *outbox.Publisher) error {
 			return p.Publish("t", withExtra(map[string]any{"published_at": "2020-01-01T00:00:00Z"}))

@@ -117,9 +117,11 @@ type SubscriberConfig struct {
 	// UnavailableBackoff and UnavailableBackoffMax shape how an unavailable destination is
 	// probed (a delivery error matching ErrUnavailable, see UnavailableError): such an event
 	// is released with no attempt counted, the subscription stops claiming the topics whose
-	// events that destination refused, and it delivers one event of them after
-	// UnavailableBackoff, doubling the wait up to UnavailableBackoffMax while the destination
-	// stays unavailable (or after the error's RetryAfter, when longer). The first probe that
+	// events that destination refused, and it delivers one event of them (a probe) after
+	// UnavailableBackoff, then every 1/32 of the outage's age, at least UnavailableBackoff and
+	// at most UnavailableBackoffMax, while the destination stays unavailable (or after the
+	// error's RetryAfter, when longer): a destination back after 30 s is probed within about
+	// 1 s, one down for hours every UnavailableBackoffMax. The first probe that
 	// gets any other answer ends the outage: those topics are claimed at full rate again.
 	// The outage is logged once at WARN when it starts and once at INFO when it ends.
 	// Defaults 200ms and 30s; UnavailableBackoffMax must not be below UnavailableBackoff.

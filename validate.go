@@ -190,3 +190,33 @@ func checkNumeric(n []byte) string {
 	}
 	return ""
 }
+
+// checkHeader refuses a metadata name or value that the headers column or a transport cannot
+// carry faithfully: invalid UTF-8 (the JSON headers column cannot hold it), NUL (PostgreSQL text
+// cannot hold it), and CR or LF (an HTTP header cannot carry them, RFC 9110 §5.5, so a webhook
+// could never deliver the event; no other transport needs them either). The forwarder's
+// metadata codec per transport is documented in package forwarder.
+func checkHeader(s string) string {
+	switch {
+	case !utf8.ValidString(s):
+		return "not valid UTF-8"
+	case strings.IndexByte(s, 0) >= 0:
+		return "contains a NUL character"
+	case strings.ContainsAny(s, "\r\n"):
+		return "contains CR or LF, which an HTTP header cannot carry"
+	}
+	return ""
+}
+
+// watermillUUIDHeader is the metadata name Watermill's Kafka, Redis Streams and AMQP marshalers
+// use for the message UUID; the Kafka and Redis ones refuse a message whose metadata has it.
+const watermillUUIDHeader = "_watermill_message_uuid"
+
+// checkHeaderName is checkHeader for a metadata name, which also must not be the name
+// Watermill's marshalers reserve for the message UUID (the event id travels there).
+func checkHeaderName(s string) string {
+	if s == watermillUUIDHeader {
+		return "reserved by Watermill's marshalers for the message UUID (the event id)"
+	}
+	return checkHeader(s)
+}

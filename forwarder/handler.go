@@ -129,7 +129,9 @@ func TopicFromContext(ctx context.Context) (string, bool) {
 
 // Func is a destination that is a plain Go function: Publish calls it once per message, with
 // the message's context carrying the destination topic (TopicFromContext). A nil return means
-// delivered; an error fails the message (retry with backoff, then dead letter). The function
+// delivered; an error fails the message (retry with backoff, then dead letter), unless it is
+// outbox.Unavailable(err) (no attempt counted, the destination paused) or
+// outbox.Permanent(err) (dead letter at once). The function
 // must be safe for concurrent use: the Forwarder calls it for different ordering keys at once.
 type Func func(ctx context.Context, msg *message.Message) error
 

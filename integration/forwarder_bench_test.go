@@ -230,13 +230,21 @@ func fwdBenchKafkaCheck(b *testing.B, c *kfake.Cluster, topic string, n int, key
 func BenchmarkForwarderKafka(b *testing.B) {
 	n := fwdBenchEnv("OUTBOX_BENCH_EVENTS", 100000)
 	keys := fwdBenchEnv("OUTBOX_BENCH_KEYS", 1000)
-	for _, subs := range []int{1, 2} {
-		b.Run(fmt.Sprintf("outbox/subscriptions=%d", subs), func(b *testing.B) {
+	for _, v := range []struct {
+		subs    int
+		oneCall bool // kafka.Config.KeyRunsInOneCall: no per-key rounds
+	}{{1, false}, {2, false}, {1, true}, {2, true}} {
+		name := fmt.Sprintf("outbox/subscriptions=%d", v.subs)
+		if v.oneCall {
+			name += "/key-runs-in-one-call"
+		}
+		subs := v.subs
+		b.Run(name, func(b *testing.B) {
 			for range b.N {
 				b.StopTimer()
 				c := brokertest.Kafka(b, kfake.SeedTopics(8, "bench"))
 				schema := fwdBenchSeed(b, "bench", n, keys)
-				pub, err := kafka.NewPublisher(kafka.Config{Brokers: c.ListenAddrs()}, nil)
+				pub, err := kafka.NewPublisher(kafka.Config{Brokers: c.ListenAddrs(), KeyRunsInOneCall: v.oneCall}, nil)
 				if err != nil {
 					b.Fatal(err)
 				}

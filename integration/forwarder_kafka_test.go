@@ -102,8 +102,9 @@ func TestForwarderKafka(t *testing.T) {
 }
 
 // TestForwarderKafkaFailures: an event on a topic the broker does not have (auto-create off)
-// and an event above the broker's max.message.bytes are retried with backoff and
-// dead-lettered; the oversized event's later events stay pending behind it; every other event
+// is retried with backoff and dead-lettered at MaxAttempts; an event above the broker's
+// max.message.bytes is permanent and dead-lettered at its first attempt; the oversized event's
+// later events stay pending behind it; every other event
 // is delivered once without a failed attempt (other keys unaffected), and nothing is marked
 // published that Kafka did not acknowledge. With the topic's limit known (looked up, or
 // configured as Producer.MaxMessageBytes) the oversized event is refused before sending and
@@ -156,9 +157,15 @@ func TestForwarderKafkaFailures(t *testing.T) {
 			delivered, behind := fwdSplit(evs, func(ev *fwdEvent) bool { return ev.key != "key-03" || ev.pos < 3 })
 			e.waitSettled(60*time.Second, len(delivered), 4)
 			e.checkMarkedOnce(fwdIDs(delivered))
-			e.checkDeadLettered(append([]*fwdEvent{big}, lost...), 3, nil)
+			// Too large is permanent (dead letter at the first attempt); an unknown topic is an
+			// ordinary failure (MaxAttempts).
+			want := map[*fwdEvent]int{big: 1}
+			for _, ev := range lost {
+				want[ev] = 3
+			}
+			e.checkDeadAfter(want, tc.tooLargeIs)
 			e.mu.Lock()
-			if f := e.dead[big.id]; !errors.Is(f.Err, tc.tooLargeIs) {
+			if f := e.dead[big.id]; !errors.Is(f.Err, tc.tooLargeIs) || !errors.Is(f.Err, outbox.ErrPermanent) {
 				t.Errorf("oversized event dead-lettered with %v, want %v", f.Err, tc.tooLargeIs)
 			}
 			for _, ev := range lost {

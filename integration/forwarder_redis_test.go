@@ -3,6 +3,7 @@ package integration_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -90,34 +91,56 @@ func TestForwarderRedis(t *testing.T) {
 	}
 }
 
+// fwdCountingBatch counts the PublishBatch calls (and messages) a destination gets.
+type fwdCountingBatch struct {
+	forwarder.BatchPublisher
+	calls, msgs atomic.Int64
+}
+
+func (c *fwdCountingBatch) PublishBatch(ctx context.Context, batch []forwarder.Outgoing) []error {
+	c.calls.Add(1)
+	c.msgs.Add(int64(len(batch)))
+	return c.BatchPublisher.PublishBatch(ctx, batch)
+}
+
 // TestForwarderRedisUnreachable: a router sends one topic family to a Redis that is down (a
-// closed loopback port) and the rest to the real one: the unreachable events are retried with
-// backoff and dead-lettered, never marked published; the other keys are delivered in order.
+// closed loopback port: connection refused, an unavailable error named after its route) and the
+// rest to the real one. The other route's keys are delivered in order, once, while the down
+// route is tried again and again: its events are never marked published, never dead-lettered,
+// and no attempt is counted for them (the destination is down, not the events).
 func TestForwarderRedisUnreachable(t *testing.T) {
 	addr := brokertest.RequireRedis(t)
 	e := fwdNewEnv(t)
 	okStream := fwdName("fwd-redis-ok")
 	client := fwdRedisClient(t, addr, okStream)
-	down := fwdRedisPublisher(t, redisstream.Config{Options: &redis.Options{Addr: brokertest.ClosedPort(t), DialTimeout: time.Second}})
+	down := &fwdCountingBatch{BatchPublisher: fwdRedisPublisher(t, redisstream.Config{Options: &redis.Options{Addr: brokertest.ClosedPort(t), DialTimeout: time.Second}})}
 	up := fwdRedisPublisher(t, redisstream.Config{Options: &redis.Options{Addr: addr}, Stream: okStream})
 	rt, err := router.New(router.Config{Routes: []router.Route{
-		{Topic: "fwd.down.*", Publisher: down},
+		{Topic: "fwd.down.*", Name: "redis-down", Publisher: down},
 		{Topic: "fwd.ok.*", Publisher: up},
 	}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	okEvs := e.seed(200, 20, func(k int) string { return []string{"fwd.ok.a", "fwd.ok.b"}[k%2] })
-	lost := []*fwdEvent{e.add("fwd.down.x", "", nil), e.add("fwd.down.y", "", nil), e.add("fwd.down.x", "key-down", nil)}
-	e.add("fwd.down.x", "key-down", nil) // held behind its key's dead letter
+	downEvs := []*fwdEvent{e.add("fwd.down.x", "", nil), e.add("fwd.down.y", "", nil), e.add("fwd.down.x", "key-down", nil), e.add("fwd.down.x", "key-down", nil)}
 	e.run(e.subscriber(outbox.SubscriberConfig{}), rt, forwarder.Config{})
 
-	e.waitSettled(30*time.Second, len(okEvs), len(lost))
-	e.checkDeadLettered(lost, 3, syscall.ECONNREFUSED)
+	e.waitSettled(30*time.Second, len(okEvs), 0)
+	pgtest.Eventually(t, 30*time.Second, "the down destination tried 3 times", func() bool { return down.calls.Load() >= 3 })
 	e.checkMarkedOnce(fwdIDs(okEvs))
-	if n := e.count("ordering_key = 'key-down' AND published_at IS NULL AND dead_lettered_at IS NULL AND attempts = 0"); n != 1 {
-		t.Errorf("event behind the dead letter not pending untouched")
+	e.checkUntouched(downEvs)
+	if n := e.count("dead_lettered_at IS NOT NULL"); n != 0 {
+		t.Errorf("%d events dead-lettered while their destination was down", n)
 	}
+	e.mu.Lock()
+	for _, f := range e.failed {
+		var ue *outbox.UnavailableError
+		if !errors.As(f.Err, &ue) || ue.Destination != "redis-down" || !errors.Is(f.Err, syscall.ECONNREFUSED) {
+			t.Errorf("event %s failed with %v, want unavailable of redis-down (connection refused)", f.EventID, f.Err)
+		}
+	}
+	e.mu.Unlock()
 
 	// One fixed stream: read it raw in order and unmarshal with the stock unmarshaller.
 	entries, err := client.XRange(context.Background(), okStream, "-", "+").Result()

@@ -14,6 +14,11 @@
 //
 // The Publisher also implements forwarder.BatchPublisher: a batch is split by destination and
 // each part goes to its publisher in one PublishBatch call when that publisher takes batches.
+//
+// Outages: a destination's unavailable error (outbox.ErrUnavailable, see
+// outbox.UnavailableError) comes back named after its route (Route.Name, default the route's
+// Topic; "default" for Config.Default), so the outbox Subscriber pauses only the topics routed
+// to the destination that is down while the other routes keep flowing.
 package router
 
 import (
@@ -34,6 +39,9 @@ import (
 // is no default.
 var ErrNoRoute = errors.New("router: no route for topic")
 
+// DefaultRouteName is Config.DefaultName's default.
+const DefaultRouteName = "default"
+
 // ErrClosed is returned by Publish after Close.
 var ErrClosed = errors.New("router: closed")
 
@@ -50,6 +58,11 @@ func (e *NoRouteError) Is(target error) bool { return target == ErrNoRoute }
 
 // Route sends the messages of the topics that Topic selects to Publisher.
 type Route struct {
+	// Name names the destination in the unavailable errors of its publisher (see Publisher);
+	// default "" means Topic. Routes to one destination should share a Name, so that its
+	// outage pauses all of their topics together; routes with different Names pause
+	// independently.
+	Name string
 	// Topic is an exact topic ("orders.paid"), a prefix pattern ending in '*' ("orders.*"), or
 	// "*" for every topic (then later routes and the default are never reached). '*' elsewhere
 	// and '?' are configuration errors; other characters are ordinary.
@@ -67,6 +80,9 @@ type Config struct {
 	Routes []Route
 	// Default receives the topics no route takes; nil means such topics fail with ErrNoRoute.
 	Default message.Publisher
+	// DefaultName names Default in unavailable errors (see Route.Name); "" means
+	// DefaultRouteName.
+	DefaultName string
 	// CloseDestinations makes Close close every destination publisher (each once). Default
 	// false: the destinations belong to the caller.
 	CloseDestinations bool
@@ -162,6 +178,35 @@ func (p *Publisher) route(topic string) int {
 	return -1
 }
 
+// name returns the destination name of route i (len(cfg.Routes) for the default).
+func (p *Publisher) name(i int) string {
+	if i == len(p.cfg.Routes) {
+		if p.cfg.DefaultName != "" {
+			return p.cfg.DefaultName
+		}
+		return DefaultRouteName
+	}
+	if r := p.cfg.Routes[i]; r.Name != "" {
+		return r.Name
+	}
+	return p.cfg.Routes[i].Topic
+}
+
+// named returns err of route i's publisher with, when it matches outbox.ErrUnavailable, the
+// route's name as the destination: an *outbox.UnavailableError{Destination: name} wrapping
+// err, with err's RetryAfter. Other errors are returned unchanged.
+func (p *Publisher) named(i int, err error) error {
+	if err == nil || !errors.Is(err, outbox.ErrUnavailable) {
+		return err
+	}
+	ue := &outbox.UnavailableError{Destination: p.name(i), Err: err}
+	var inner *outbox.UnavailableError
+	if errors.As(err, &inner) {
+		ue.RetryAfter = inner.RetryAfter
+	}
+	return ue
+}
+
 func (p *Publisher) dest(i int) message.Publisher {
 	if i == len(p.cfg.Routes) {
 		return p.def
@@ -169,8 +214,11 @@ func (p *Publisher) dest(i int) message.Publisher {
 	return p.cfg.Routes[i].Publisher
 }
 
-// Publish sends msgs to the publisher of topic and returns its error unchanged. Errors: a
-// *NoRouteError (errors.Is(err, ErrNoRoute)) when no route takes topic, ErrClosed after Close.
+// Publish sends msgs to the publisher of topic and returns its error — unchanged, except that
+// an error matching outbox.ErrUnavailable is wrapped in an *outbox.UnavailableError whose
+// Destination is the route's name (Route.Name), so that the outbox Subscriber pauses only the
+// topics of the destination that is down. Errors: a *NoRouteError (errors.Is(err,
+// ErrNoRoute)) when no route takes topic, ErrClosed after Close.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
@@ -181,7 +229,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if i < 0 {
 		return &NoRouteError{Topic: topic}
 	}
-	return p.dest(i).Publish(topic, msgs...)
+	return p.named(i, p.dest(i).Publish(topic, msgs...))
 }
 
 // PublishBatch implements forwarder.BatchPublisher: it splits batch by route, keeping each
@@ -204,6 +252,7 @@ func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing
 		idx []int
 	}
 	var parts []*part
+	partRoute := map[*part]int{}
 	byRoute := map[int]*part{}
 	for i, o := range batch {
 		r := p.route(o.Topic)
@@ -215,6 +264,7 @@ func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing
 		if pt == nil {
 			pt = &part{pub: p.dest(r)}
 			byRoute[r] = pt
+			partRoute[pt] = r
 			parts = append(parts, pt)
 		}
 		pt.idx = append(pt.idx, i)
@@ -230,7 +280,7 @@ func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing
 			}
 			res := publishPart(ctx, pt.pub, sub)
 			for j, i := range pt.idx {
-				errs[i] = res[j]
+				errs[i] = p.named(partRoute[pt], res[j])
 			}
 		}()
 	}

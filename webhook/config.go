@@ -117,6 +117,15 @@ type Config struct {
 	// Durations are measured with the monotonic clock regardless.
 	Now func() time.Time
 
+	// PermanentStatuses lists the HTTP statuses that mean the receiver will never accept the
+	// message as it is (for example 400, 410, 413, 422 for a receiver that says so): such an
+	// answer makes DeliveryError.Permanent true and the relay dead-letters the event at its
+	// first attempt instead of retrying it. Default empty: every non-2xx answer other than
+	// 429, 502, 503 and 504 (unavailable, see DeliveryError.Unavailable) is an ordinary failure,
+	// retried with backoff up to MaxAttempts. Each status must be 300–599 and not one of
+	// 429, 502, 503, 504; otherwise it is a *ConfigError.
+	PermanentStatuses []int
+
 	// OnResult, when set, is called once per message attempt, successful or not, after the
 	// attempt ends and before Publish moves on. See Result for the context it gets. It must be
 	// safe for concurrent use and should be quick: it delays Publish.
@@ -165,6 +174,14 @@ func (c *Config) validate() (*url.URL, error) {
 	}
 	if c.MaxResponseBodyBytes < 0 {
 		return nil, &ConfigError{Field: "MaxResponseBodyBytes", Reason: "must not be negative (0 means 16 KiB)"}
+	}
+	for i, code := range c.PermanentStatuses {
+		switch {
+		case code < 300 || code > 599:
+			return nil, &ConfigError{Field: fmt.Sprintf("PermanentStatuses[%d]", i), Reason: fmt.Sprintf("%d is not a 3xx, 4xx or 5xx status", code)}
+		case unavailableStatus(code):
+			return nil, &ConfigError{Field: fmt.Sprintf("PermanentStatuses[%d]", i), Reason: fmt.Sprintf("%d means the receiver is unavailable, not that the message is refused", code)}
+		}
 	}
 	for i, p := range c.AllowedPrefixes {
 		if !p.IsValid() {

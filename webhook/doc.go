@@ -8,7 +8,14 @@
 // RFC 2104) or the Standard Webhooks scheme (webhook-id, webhook-timestamp, webhook-signature).
 // Only a 2xx answer counts as delivered; redirects are never followed; each attempt has a
 // timeout (default 10s). A failure is returned as a *DeliveryError, which the relay turns into
-// a Nack (retry with backoff, eventually a dead letter).
+// a Nack, classed for the outbox: a receiver that cannot be reached (refused, DNS, connect
+// timeout) or answers 429, 502, 503 or 504 is unavailable (*outbox.UnavailableError, with the
+// answer's Retry-After): the relay counts no attempt and pauses; a message that cannot be sent
+// as it is, or an answer whose status Config.PermanentStatuses lists, is permanent
+// (*outbox.PermanentError): dead-lettered at once; anything else is retried with backoff and
+// dead-lettered at MaxAttempts. The relay pauses by destination name ("webhook <host>") and
+// the topics whose events produced the error: with Config.Target spreading one topic over many
+// hosts, one host's outage pauses that topic for all of them.
 //
 // The publisher cannot be turned against the internal network: before every request the URL
 // is checked (CheckURL, and Config.URLGuard if set), and at connect time — after DNS

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Sentinel errors. Test for them with errors.Is; the typed errors below carry the details.
@@ -145,9 +146,22 @@ type DeliveryError struct {
 	// cleaned with TruncateForRecord.
 	Body string
 	// Permanent is true when retrying the same message with the same configuration cannot
-	// succeed: an invalid header, a missing event id, an invalid target, a secret conflict.
-	// The request was not sent. Receiver answers and transport errors are never permanent.
+	// succeed: an invalid header, a missing event id, an invalid target, a secret conflict (the
+	// request was not sent), or an answer whose status Config.PermanentStatuses lists. Publish
+	// then returns the error inside an *outbox.PermanentError: the relay dead-letters the event
+	// at once. Transport errors are never permanent.
 	Permanent bool
+	// Unavailable is true when the receiver could not be reached at all (connection refused,
+	// DNS failure, host unreachable, connect timeout — not a refusal by the address guard) or
+	// answered 429, 502, 503 or 504. Publish then returns the error inside an
+	// *outbox.UnavailableError (Destination "webhook <host>", RetryAfter below): the relay
+	// counts no attempt and pauses the destination's topics instead. Any other transport
+	// error (a reset or timeout after the request was sent: it may have been processed) or
+	// status is an ordinary failure.
+	Unavailable bool
+	// RetryAfter is the response's Retry-After (delay-seconds or HTTP-date, RFC 9110 §10.2.3)
+	// on an Unavailable answer; 0 when absent, malformed or in the past.
+	RetryAfter time.Duration
 	// Err is the cause: ErrUnexpectedStatus, a transport error (context.DeadlineExceeded for
 	// a timeout), a *HeaderError, a *ConfigError, a *DeniedAddressError, ErrURLDenied …
 	Err error

@@ -30,10 +30,11 @@ const drainLimit = 64 << 10
 // cancels requests in flight, waits for running Publish calls to return and closes idle
 // connections.
 type Publisher struct {
-	cfg      Config
-	fixedURL *url.URL
-	client   *http.Client
-	logger   watermill.LoggerAdapter
+	cfg       Config
+	permanent map[int]bool // Config.PermanentStatuses
+	fixedURL  *url.URL
+	client    *http.Client
+	logger    watermill.LoggerAdapter
 
 	mu       sync.RWMutex
 	closed   bool
@@ -84,20 +85,27 @@ func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error
 		},
 	}
 	closeCtx, cancel := context.WithCancel(context.Background())
+	permanent := make(map[int]bool, len(cfg.PermanentStatuses))
+	for _, code := range cfg.PermanentStatuses {
+		permanent[code] = true
+	}
 	return &Publisher{
-		cfg:      cfg,
-		fixedURL: fixed,
-		client:   client,
-		logger:   logger.With(watermill.LogFields{"component": "webhook"}),
-		closeCtx: closeCtx,
-		cancel:   cancel,
+		cfg:       cfg,
+		permanent: permanent,
+		fixedURL:  fixed,
+		client:    client,
+		logger:    logger.With(watermill.LogFields{"component": "webhook"}),
+		closeCtx:  closeCtx,
+		cancel:    cancel,
 	}, nil
 }
 
 // Publish POSTs msgs to their target one after another, in order, and returns nil when every
 // one was answered with a 2xx status. It stops at the first failure and returns a
-// *DeliveryError naming that message (Index, EventID); earlier messages were delivered, later
-// ones not attempted. Each request carries the payload bytes unchanged, Content-Type, the
+// *DeliveryError naming that message (Index, EventID) — inside an *outbox.PermanentError when
+// DeliveryError.Permanent, inside an *outbox.UnavailableError when DeliveryError.Unavailable
+// (errors.As finds the *DeliveryError either way); earlier messages were delivered, later ones
+// not attempted. Each request carries the payload bytes unchanged, Content-Type, the
 // metadata as headers, HeaderEventID (msg.UUID), HeaderTopic (topic) and the signature; each
 // attempt's context is msg.Context() bounded by Config.Timeout. After Close it returns
 // ErrPublisherClosed. Safe for concurrent use.
@@ -173,7 +181,7 @@ func (p *Publisher) publishOne(topic string, index int, msg *message.Message) er
 		rcancel()
 	}
 	if derr != nil {
-		return derr
+		return classified(derr)
 	}
 	return nil
 }
@@ -230,7 +238,7 @@ func (p *Publisher) attempt(ctx context.Context, topic string, msg *message.Mess
 	req.Header = h
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return &DeliveryError{Err: err}
+		return &DeliveryError{Unavailable: unreachable(err), Err: err}
 	}
 	defer resp.Body.Close()
 	res.StatusCode = resp.StatusCode
@@ -238,9 +246,13 @@ func (p *Publisher) attempt(ctx context.Context, topic string, msg *message.Mess
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
 	res.Body = TruncateForRecord(string(kept))
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		derr := &DeliveryError{Err: ErrUnexpectedStatus}
+		derr := &DeliveryError{Err: ErrUnexpectedStatus, Permanent: p.permanent[resp.StatusCode]}
 		if resp.StatusCode >= 300 && resp.StatusCode < 400 {
 			derr.Location = TruncateForRecord(resp.Header.Get("Location"))
+		}
+		if unavailableStatus(resp.StatusCode) {
+			derr.Unavailable = true
+			derr.RetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), p.cfg.Now())
 		}
 		return derr
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"net/url"
@@ -103,6 +104,9 @@ type destOptions struct {
 	exchange string
 	// timeout bounds one webhook request (0 = the webhook default, 10s).
 	timeout time.Duration
+	// permanent lists the webhook answers that dead-letter an event at once
+	// (webhook.Config.PermanentStatuses).
+	permanent []int
 }
 
 // openPublisher builds the Watermill publisher of d. The caller closes it.
@@ -139,7 +143,11 @@ func openPublisher(ctx context.Context, d destURL, opts destOptions, logger wate
 	case destAsynq:
 		return openAsynq(d, logger)
 	case destHTTP:
-		pub, err := webhook.NewPublisher(webhook.Config{URL: d.raw, Secret: opts.secret, AllowedPrefixes: opts.allow, Timeout: opts.timeout}, logger)
+		pub, err := webhook.NewPublisher(webhook.Config{URL: d.raw, Secret: opts.secret, AllowedPrefixes: opts.allow, Timeout: opts.timeout, PermanentStatuses: opts.permanent}, logger)
+		var ce *webhook.ConfigError
+		if errors.As(err, &ce) && strings.HasPrefix(ce.Field, "PermanentStatuses") {
+			return nil, fmt.Errorf("--webhook-permanent-status: %s", ce.Reason)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("webhook --to %s: %s (a private or loopback receiver needs --allow-prefix, e.g. --allow-prefix 127.0.0.0/8)", d.shown, oneLine(err.Error()))
 		}

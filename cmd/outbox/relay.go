@@ -183,6 +183,7 @@ func newRelayCmd() *cobra.Command {
 		secret       string
 		allow        []string
 		exchange     string
+		permanent    []int
 		destTopic    string
 		debug, trace bool
 		of           obsFlags
@@ -251,7 +252,7 @@ names one for all.`,
 			defer stats.close()
 			cfg.Hooks = stats.hooks()
 			logger := newSlogLogger(cmd.ErrOrStderr(), debug || trace, trace)
-			pub, err := openPublisher(ctx, dest, destOptions{secret: secret, allow: prefixes, exchange: exchange, timeout: cfg.DeliveryTimeout}, logger)
+			pub, err := openPublisher(ctx, dest, destOptions{secret: secret, allow: prefixes, exchange: exchange, timeout: cfg.DeliveryTimeout, permanent: permanent}, logger)
 			if err != nil {
 				return err
 			}
@@ -275,6 +276,7 @@ names one for all.`,
 	fl.StringVar(&secret, "secret", "", "webhook signing secret: requests carry Outbox-Signature: sha256=<hex HMAC-SHA256 of the body>; empty = unsigned")
 	fl.StringSliceVar(&allow, "allow-prefix", nil, "webhook: let the relay reach this private or loopback range (CIDR or address, e.g. 127.0.0.0/8); repeatable")
 	fl.StringVar(&exchange, "amqp-exchange", "", "RabbitMQ: existing exchange to publish through; empty = the default exchange")
+	fl.IntSliceVar(&permanent, "webhook-permanent-status", nil, "webhook: an answer with this HTTP status dead-letters the event at once instead of retrying it (e.g. 410, 422); repeatable")
 	fl.StringVar(&destTopic, "dest-topic", "", "fixed destination topic (Kafka topic, routing key, Redis stream) for every event; empty = the event's topic")
 	fl.BoolVar(&debug, "debug", false, "log at debug level")
 	fl.BoolVar(&trace, "trace", false, "log at trace level (every SQL statement and message)")

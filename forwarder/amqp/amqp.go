@@ -14,6 +14,14 @@
 // DefaultMarshaler: the event id is the message UUID (header _watermill_message_uuid), the
 // headers and outbox-* values are the metadata (AMQP headers), the payload is the body. The
 // AMQP message-id property is the event id too (it matches returns to messages).
+//
+// Failure classes (outbox.ErrUnavailable, outbox.ErrPermanent): a broker that cannot be
+// connected to, that closes the connection with 320 CONNECTION_FORCED (shutting down), or
+// whose connection drops while a new one cannot be opened, is unavailable (the relay pauses
+// and probes instead of counting attempts); a message that AMQP or the connection cannot carry
+// (see Publisher.PublishBatch) is refused before publishing as permanent; a nack, a return
+// (no queue bound) or a channel the broker closed for a reason (404 missing exchange) are
+// ordinary failures.
 package amqp
 
 import (
@@ -91,6 +99,12 @@ type Config struct {
 	// Channels is how many confirm-mode channels publish at once (each publish call uses one
 	// channel for its whole batch), 1..1024. Default 4.
 	Channels int
+	// MaxMessageBytes is the largest body sent; a larger one is refused before publishing
+	// (*UnsendableError inside an *outbox.PermanentError) instead of making the broker close
+	// the channel with every unconfirmed message on it. Default 0 means
+	// DefaultMaxMessageBytes (16 MiB, RabbitMQ 4's max_message_size); set it to your broker's
+	// max_message_size. Negative is a configuration error.
+	MaxMessageBytes int
 }
 
 func (c *Config) setDefaults() {
@@ -99,6 +113,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Marshaler == nil {
 		c.Marshaler = wmamqp.DefaultMarshaler{}
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
 	}
 }
 
@@ -116,6 +133,10 @@ func (c Config) Validate() error {
 		return bad("Connection", "give URL or Connection, not both")
 	case c.Channels < 1 || c.Channels > 1024:
 		return bad("Channels", fmt.Sprintf("%d outside 1..1024", c.Channels))
+	case c.MaxMessageBytes < 0:
+		return bad("MaxMessageBytes", "must not be negative")
+	case len(c.Exchange) > 255:
+		return bad("Exchange", fmt.Sprintf("%d bytes, AMQP short strings hold at most 255", len(c.Exchange)))
 	}
 	return nil
 }
@@ -124,6 +145,7 @@ func (c Config) Validate() error {
 // message.Publisher and forwarder.BatchPublisher and is safe for concurrent use.
 type Publisher struct {
 	cfg    Config
+	name   string // Destination of *outbox.UnavailableError
 	logger watermill.LoggerAdapter
 	sem    chan struct{}        // one slot per channel in use
 	idle   chan *confirmChannel // channels ready for reuse
@@ -147,7 +169,7 @@ func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error
 		logger = watermill.NopLogger{}
 	}
 	p := &Publisher{
-		cfg: cfg, logger: logger.With(watermill.LogFields{"exchange": cfg.Exchange}),
+		cfg: cfg, name: destinationName(cfg), logger: logger.With(watermill.LogFields{"exchange": cfg.Exchange}),
 		sem: make(chan struct{}, cfg.Channels), idle: make(chan *confirmChannel, cfg.Channels),
 		conn: cfg.Connection, own: cfg.Connection == nil, inUse: map[*confirmChannel]bool{},
 	}
@@ -186,11 +208,29 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 
 // PublishBatch implements forwarder.BatchPublisher: it publishes the batch in order on one
 // confirm-mode channel with mandatory set, then waits for all confirms. A message is a success
-// only when the broker acked it and did not return it. A message that cannot be marshaled
-// fails unsent and its ordering key's later messages are held back (forwarder.ErrHeldBack).
-// When ctx ends first, the unanswered messages fail with ctx's error and the channel is
-// discarded. (Spreading a batch over several channels measured no faster here: the broker's
-// persistence of one queue is the limit.)
+// only when the broker acked it and did not return it.
+//
+// Before publishing, each message is checked against what AMQP and the connection can carry
+// (pre-flight): the marshaler must succeed, every header value must have an AMQP field type
+// (amqp091.Table.Validate), header names and short-string properties (message id, routing
+// key, …) must fit 255 bytes, the content header frame (properties and headers) must fit the
+// connection's negotiated frame size, and the body Config.MaxMessageBytes. A message that
+// fails a check is not sent: it fails with an *outbox.PermanentError (wrapping an
+// *UnsendableError or the marshal error) and its ordering key's later messages of the batch
+// are held back (forwarder.ErrHeldBack), so one bad event fails alone instead of making the
+// broker close the connection under its neighbours.
+//
+// Once a message is published it cannot be taken back: a nack or a return arrives after the
+// key's later messages are already on the wire, so for those failures the key's later
+// messages of the batch do reach the broker ahead of the failed one's retry (the outbox does
+// not mark them published and delivers them again, in order, after it). When the channel
+// closes mid-batch, the publishes after it fail on the client and are held back per key.
+//
+// Errors are classified as described at classify: unavailable (the broker cannot be reached
+// or is shutting down), permanent (refused before publishing), otherwise ordinary. When ctx
+// ends first, the unanswered messages fail with ctx's error and the channel is discarded.
+// (Spreading a batch over several channels measured no faster here: the broker's persistence
+// of one queue is the limit.)
 func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing) []error {
 	errs := make([]error, len(batch))
 	fail := func(err error) []error {
@@ -203,7 +243,7 @@ func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing
 	}
 	cc, err := p.acquire(ctx)
 	if err != nil {
-		return fail(err)
+		return fail(p.classify(err, p.downCheck(ctx)))
 	}
 	discard := false
 	defer func() { p.release(cc, discard) }()
@@ -219,7 +259,7 @@ func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing
 		}
 		pub, err := p.cfg.Marshaler.Marshal(o.Message)
 		if err != nil {
-			errs[i] = fmt.Errorf("outbox amqp: marshal: %w", err)
+			errs[i] = outbox.Permanent(fmt.Errorf("outbox amqp: marshal: %w", err))
 			if key != "" {
 				held[key] = true
 			}
@@ -232,6 +272,13 @@ func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing
 		rk := o.Topic
 		if p.cfg.RoutingKey != nil {
 			rk = p.cfg.RoutingKey(o.Topic, o.Message)
+		}
+		if err := preflight(&pub, p.cfg.Exchange, rk, cc.frameMax, p.cfg.MaxMessageBytes); err != nil {
+			errs[i] = outbox.Permanent(err)
+			if key != "" {
+				held[key] = true
+			}
+			continue
 		}
 		dc, err := cc.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, rk, true, false, pub)
 		if err != nil {
@@ -271,6 +318,12 @@ func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing
 		}
 		if r, ok := returned[ids[i]]; ok {
 			errs[i] = &ReturnedError{ReplyCode: r.ReplyCode, ReplyText: r.ReplyText, Exchange: r.Exchange, RoutingKey: r.RoutingKey}
+		}
+	}
+	down := p.downCheck(ctx)
+	for i, err := range errs {
+		if err != nil && err != forwarder.ErrHeldBack {
+			errs[i] = p.classify(err, down)
 		}
 	}
 	return errs
@@ -390,7 +443,7 @@ func (p *Publisher) open() (*confirmChannel, error) {
 		_ = ch.Close()
 		return nil, fmt.Errorf("outbox amqp: confirm mode: %w", err)
 	}
-	cc := newConfirmChannel(ch)
+	cc := newConfirmChannel(ch, p.conn.Config.FrameSize)
 	p.inUse[cc] = true
 	return cc, nil
 }
@@ -398,6 +451,7 @@ func (p *Publisher) open() (*confirmChannel, error) {
 // confirmChannel is a confirm-mode channel with its returns collected by a goroutine.
 type confirmChannel struct {
 	ch       *amqp091.Channel
+	frameMax int // the connection's negotiated frame size; 0 = unlimited
 	closes   chan *amqp091.Error
 	barrier  chan chan []amqp091.Return
 	stop     chan struct{}
@@ -408,13 +462,14 @@ type confirmChannel struct {
 	closeErr *amqp091.Error
 }
 
-func newConfirmChannel(ch *amqp091.Channel) *confirmChannel {
+func newConfirmChannel(ch *amqp091.Channel, frameMax int) *confirmChannel {
 	cc := &confirmChannel{
-		ch:      ch,
-		closes:  ch.NotifyClose(make(chan *amqp091.Error, 1)),
-		barrier: make(chan chan []amqp091.Return),
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
+		ch:       ch,
+		frameMax: frameMax,
+		closes:   ch.NotifyClose(make(chan *amqp091.Error, 1)),
+		barrier:  make(chan chan []amqp091.Return),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
 	}
 	// amqp091 hands a basic.return to this (unbuffered) channel before it processes the
 	// broker's ack of the same message, so once a confirm is seen, its return (if any) has

@@ -2,6 +2,7 @@ package amqp
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
@@ -21,6 +22,8 @@ func TestConfigValidate(t *testing.T) {
 		{"both", Config{URL: "amqp://127.0.0.1", Connection: &amqp091.Connection{}}, "amqp.Config.Connection"},
 		{"negative channels", Config{URL: "amqp://127.0.0.1", Channels: -1}, "amqp.Config.Channels"},
 		{"too many channels", Config{URL: "amqp://127.0.0.1", Channels: 1025}, "amqp.Config.Channels"},
+		{"negative max message bytes", Config{URL: "amqp://127.0.0.1", MaxMessageBytes: -1}, "amqp.Config.MaxMessageBytes"},
+		{"exchange 256 bytes", Config{URL: "amqp://127.0.0.1", Exchange: strings.Repeat("x", 256)}, "amqp.Config.Exchange"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

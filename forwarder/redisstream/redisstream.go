@@ -9,6 +9,22 @@
 // approximate ("~"). XADD is never retried by the client (MaxRetries -1 on the client this
 // package builds): retries are the outbox's job, and a blind client retry of an XADD whose
 // reply was lost would append the entry twice.
+//
+// Per-key order on the wire: the entries of one ordering key in a batch are appended by one
+// Lua script that stops at the first failing XADD, so a key's later entries never reach a
+// stream ahead of an earlier one that failed (they fail with forwarder.ErrHeldBack and follow
+// it later). A script touches every stream its key's entries go to; on Redis Cluster keep the
+// streams of one ordering key in one hash slot (a hash tag in the topic or Config.Stream), or
+// the script fails with CROSSSLOT.
+//
+// Failure classes (outbox.ErrUnavailable, outbox.ErrPermanent, see outbox.UnavailableError):
+// a server that cannot be connected to (refused, DNS, dial timeout), that answers LOADING,
+// MASTERDOWN, CLUSTERDOWN, TRYAGAIN, BUSY, OOM, READONLY or NOREPLICAS, or whose connection
+// broke (EOF, reset, read timeout) while a PING does not get through either, is unavailable
+// (the relay pauses and probes instead of counting attempts); an entry the marshaller refuses
+// or one larger than Config.MaxEntryBytes is permanent (refused before sending); any other
+// error (WRONGTYPE, a broken connection to a server that answers a PING) is an ordinary
+// failure.
 package redisstream
 
 import (
@@ -56,8 +72,14 @@ type Config struct {
 	MaxLen int64
 	// Marshaller builds the entry's fields; nil means watermill-redisstream's
 	// DefaultMarshallerUnmarshaller. FieldTopic and FieldOrderingKey are added to what it
-	// returns.
+	// returns. A marshal error fails the message permanently (the same message always fails).
 	Marshaller wmredis.Marshaller
+	// MaxEntryBytes is the largest entry (field names and values, in bytes) sent; a larger
+	// one is refused before sending with ErrEntryTooLarge inside an *outbox.PermanentError.
+	// Default 0 means DefaultMaxEntryBytes (Redis's default proto-max-bulk-len, 512 MiB): set
+	// it to your server's proto-max-bulk-len if you lowered it. Negative is a configuration
+	// error.
+	MaxEntryBytes int
 }
 
 // Validate returns an *outbox.ConfigError (errors.Is(err, outbox.ErrConfig)) naming the first
@@ -73,6 +95,8 @@ func (c Config) Validate() error {
 		return bad("Client", "give Options or Client, not both")
 	case c.MaxLen < 0:
 		return bad("MaxLen", "must not be negative")
+	case c.MaxEntryBytes < 0:
+		return bad("MaxEntryBytes", "must not be negative")
 	}
 	return nil
 }
@@ -84,6 +108,8 @@ type Publisher struct {
 	own        bool
 	cfg        Config
 	marshaller wmredis.Marshaller
+	maxEntry   int
+	name       string // Destination of *outbox.UnavailableError
 	logger     watermill.LoggerAdapter
 
 	mu     sync.RWMutex
@@ -99,7 +125,10 @@ func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	p := &Publisher{cfg: cfg, marshaller: cfg.Marshaller, logger: logger}
+	p := &Publisher{cfg: cfg, marshaller: cfg.Marshaller, maxEntry: cfg.MaxEntryBytes, logger: logger}
+	if p.maxEntry == 0 {
+		p.maxEntry = DefaultMaxEntryBytes
+	}
 	if p.marshaller == nil {
 		p.marshaller = wmredis.DefaultMarshallerUnmarshaller{}
 	}
@@ -114,6 +143,7 @@ func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error
 				watermill.LogFields{"max_retries": c.Options().MaxRetries})
 		}
 	}
+	p.name = destinationName(p.client)
 	return p, nil
 }
 
@@ -124,10 +154,16 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	return forwarder.PublishViaBatch(p.PublishBatch, topic, msgs...)
 }
 
-// PublishBatch implements forwarder.BatchPublisher: one XADD per message, all in one pipeline,
-// in batch order; each message gets its own command's result (a connection failure fails them
-// all). A message that cannot be marshaled fails unsent and its ordering key's later messages
-// are held back (forwarder.ErrHeldBack).
+// PublishBatch implements forwarder.BatchPublisher, in one pipeline (one round trip): an
+// unordered message, or the only message of its ordering key in the batch, is one XADD; the
+// messages of an ordering key with more than one in the batch go out as one Lua script (EVAL)
+// that runs their XADDs in batch order and stops at the first that fails, so a failing entry
+// never has its key's later entries of the batch after it on the stream: those get
+// forwarder.ErrHeldBack. A message that cannot be marshaled or is larger than
+// Config.MaxEntryBytes fails unsent with an *outbox.PermanentError and its key's later
+// messages are held back. Errors are classified (see the package doc): outbox.ErrUnavailable
+// for an unreachable or failing-over server, outbox.ErrPermanent for refused messages,
+// otherwise an ordinary failure.
 func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing) []error {
 	errs := make([]error, len(batch))
 	p.mu.RLock()
@@ -138,43 +174,81 @@ func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing
 		}
 		return errs
 	}
+	// Pre-flight: marshal and size every message; group the keyed ones by ordering key.
+	type group struct {
+		key     string
+		entries []*entry
+	}
+	var order []*group // in batch order of each group's first message
+	byKey := map[string]*group{}
 	held := map[string]bool{}
-	cmds := make([]*redis.StringCmd, len(batch))
-	pipe := p.client.Pipeline()
 	for i, o := range batch {
 		key := o.Message.Metadata.Get(outbox.MetadataOrderingKey)
 		if key != "" && held[key] {
 			errs[i] = forwarder.ErrHeldBack
 			continue
 		}
-		values, err := p.marshaller.Marshal(o.Topic, o.Message)
+		en, err := p.entry(i, o)
 		if err != nil {
-			errs[i] = fmt.Errorf("outbox redisstream: marshal: %w", err)
+			errs[i] = outbox.Permanent(err)
 			if key != "" {
 				held[key] = true
 			}
 			continue
 		}
-		values[FieldTopic] = o.Topic
-		if key != "" {
-			values[FieldOrderingKey] = key
+		g := byKey[key]
+		if g == nil || key == "" {
+			g = &group{key: key}
+			order = append(order, g)
+			if key != "" {
+				byKey[key] = g
+			}
 		}
-		stream := p.cfg.Stream
-		if stream == "" {
-			stream = o.Topic
-		}
-		cmds[i] = pipe.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: values, MaxLen: p.cfg.MaxLen, Approx: p.cfg.MaxLen > 0})
+		g.entries = append(g.entries, en)
 	}
-	if pipe.Len() == 0 {
+	if len(order) == 0 {
 		return errs
 	}
-	_, _ = pipe.Exec(ctx) // every command carries its own error
-	for i, cmd := range cmds {
-		if cmd == nil {
+	pipe := p.client.Pipeline()
+	cmds := make([]redis.Cmder, len(order))
+	for j, g := range order {
+		if len(g.entries) == 1 {
+			cmds[j] = pipe.XAdd(ctx, g.entries[0].args(p.cfg.MaxLen))
 			continue
 		}
+		keys, argv := runArgs(g.entries, p.cfg.MaxLen)
+		cmds[j] = pipe.Eval(ctx, runScript, keys, argv...)
+	}
+	_, _ = pipe.Exec(ctx) // every command carries its own error
+	down := p.downCheck(ctx)
+	for j, g := range order {
+		cmd := cmds[j]
 		if err := cmd.Err(); err != nil {
-			errs[i] = fmt.Errorf("outbox redisstream: xadd: %w", err)
+			// The command's own failure: for a script, it may or may not have run.
+			for _, en := range g.entries {
+				errs[en.i] = p.classify(fmt.Errorf("outbox redisstream: xadd: %w", err), down)
+			}
+			continue
+		}
+		sc, ok := cmd.(*redis.Cmd)
+		if !ok {
+			continue // an XADD that succeeded
+		}
+		added, failure, err := runResult(sc)
+		if err != nil {
+			for _, en := range g.entries {
+				errs[en.i] = fmt.Errorf("outbox redisstream: %w", err)
+			}
+			continue
+		}
+		for k, en := range g.entries {
+			switch {
+			case k < added:
+			case k == added:
+				errs[en.i] = p.classify(fmt.Errorf("outbox redisstream: xadd: %w", &ServerError{Message: failure}), down)
+			default:
+				errs[en.i] = forwarder.ErrHeldBack
+			}
 		}
 	}
 	return errs

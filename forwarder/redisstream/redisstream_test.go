@@ -22,6 +22,7 @@ func TestConfigValidate(t *testing.T) {
 		{"neither", Config{}, "redisstream.Config.Options"},
 		{"both", Config{Options: &redis.Options{}, Client: client}, "redisstream.Config.Client"},
 		{"negative maxlen", Config{Client: client, MaxLen: -1}, "redisstream.Config.MaxLen"},
+		{"negative max entry bytes", Config{Client: client, MaxEntryBytes: -1}, "redisstream.Config.MaxEntryBytes"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

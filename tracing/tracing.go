@@ -6,7 +6,7 @@
 //     event's headers;
 //   - relay: forwarder.New(sub, tracing.Publisher(dest, tracing.Config{}), …) starts one
 //     consumer span per delivery whose parent is the writer's span, records topic, event id,
-//     attempt and outcome, and hands the destination the headers of the delivery span, so a
+//     attempt and outcome (the span status), and hands the destination the headers of the delivery span, so a
 //     downstream consumer (Kafka, RabbitMQ, Redis Streams headers, webhook HTTP headers)
 //     continues the same trace.
 //
@@ -121,13 +121,14 @@ func (p *tracedPublisher) start(ctx context.Context, topic string, msg *message.
 	return ctx, span
 }
 
+// end records the outcome as the span's status: Ok when the destination took the message,
+// Error with the error otherwise (the outbox then retries or dead-letters the event).
 func end(span trace.Span, err error) {
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
-		span.SetAttributes(attribute.String("outbox.outcome", "failed"))
 	} else {
-		span.SetAttributes(attribute.String("outbox.outcome", "delivered"))
+		span.SetStatus(codes.Ok, "")
 	}
 	span.End()
 }

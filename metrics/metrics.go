@@ -49,6 +49,9 @@ type Recorder interface {
 	BacklogFailed()
 	// DestinationUnavailable sets whether destination ("" when unnamed) is in an outage.
 	DestinationUnavailable(destination string, down bool)
+	// DestinationCall records one call to a destination (see Publisher): its duration and
+	// whether it succeeded.
+	DestinationCall(destination string, d time.Duration, ok bool)
 }
 
 // DefaultBacklogInterval is Config.BacklogInterval's default.

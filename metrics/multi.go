@@ -74,6 +74,12 @@ func (m multi) BacklogFailed() {
 	}
 }
 
+func (m multi) DestinationCall(destination string, d time.Duration, ok bool) {
+	for _, r := range m {
+		r.DestinationCall(destination, d, ok)
+	}
+}
+
 func (m multi) DestinationUnavailable(destination string, down bool) {
 	for _, r := range m {
 		r.DestinationUnavailable(destination, down)

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -42,6 +44,7 @@ type relayStats struct {
 	started                 time.Time
 	delivered, failed, dead atomic.Int64
 	obs                     *metrics.Observer // nil without --http-addr
+	rec                     *prom.Recorder
 	reg                     *prometheus.Registry
 	srv                     *http.Server
 	ln                      net.Listener
@@ -64,11 +67,11 @@ func newRelayStats(f obsFlags) (*relayStats, error) {
 	}
 	s.reg = prometheus.NewRegistry()
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	rec, err := prom.New(s.reg)
-	if err != nil {
+	var err error
+	if s.rec, err = prom.New(s.reg); err != nil {
 		return nil, err
 	}
-	if s.obs, err = metrics.New(rec, mcfg); err != nil {
+	if s.obs, err = metrics.New(s.rec, mcfg); err != nil {
 		return nil, err
 	}
 	if s.ln, err = net.Listen("tcp", f.httpAddr); err != nil {
@@ -88,6 +91,15 @@ func (s *relayStats) hooks() outbox.Hooks {
 		return own
 	}
 	return metrics.ComposeHooks(own, s.obs.Hooks())
+}
+
+// wrap returns the destination publisher, timed per call under the destination's kind
+// ("kafka", "rabbitmq", "redis-streams", "webhook", "asynq") when metrics are on.
+func (s *relayStats) wrap(pub message.Publisher, kind destKind) message.Publisher {
+	if s.rec == nil {
+		return pub
+	}
+	return metrics.Publisher(pub, strings.ReplaceAll(strings.ToLower(string(kind)), " ", "-"), s.rec)
 }
 
 // serve starts the backlog sampler and the HTTP endpoints (with --http-addr) until ctx ends.

@@ -84,7 +84,8 @@ func TestRelayObservability(t *testing.T) {
 		}
 		return true
 	})
-	for series, want := range map[string]float64{`outbox_failed_total{topic="bad"}`: 1, `outbox_unavailable_total{topic="bad"}`: -1, `outbox_mark_failures_total`: 0} {
+	for series, want := range map[string]float64{`outbox_failed_total{topic="bad"}`: 1, `outbox_unavailable_total{topic="bad"}`: -1, `outbox_mark_failures_total`: 0,
+		`outbox_destination_call_duration_seconds_count{destination="webhook",outcome="ok"}`: 3, `outbox_destination_call_duration_seconds_count{destination="webhook",outcome="error"}`: 2} {
 		if got := metric(body, series); got != want {
 			t.Errorf("%s = %v, want %v", series, got, want)
 		}

@@ -263,7 +263,7 @@ names one for all.`,
 			}
 			logger.Info("outbox relay starting", startFields(cmd, map[string]string{"db": d.url.shown, "to": dest.shown,
 				"delivery-timeout": effectiveDeliveryTimeout(cfg).String()}))
-			return runRelay(ctx, d, cfg, pub, fcfg, topics, logger, stats)
+			return runRelay(ctx, d, cfg, stats.wrap(pub, dest.kind), fcfg, topics, logger, stats)
 		},
 	}
 	f.register(cmd)

@@ -30,6 +30,7 @@ type Recorder struct {
 	pending, deadGauge, unavail          metric.Int64Gauge
 	oldest                               metric.Float64Gauge
 	destDown                             metric.Int64Gauge
+	destCall                             metric.Float64Histogram
 }
 
 var _ metrics.Recorder = (*Recorder)(nil)
@@ -68,6 +69,7 @@ func New(mp metric.MeterProvider) (*Recorder, error) {
 	hist(&r.delay, "outbox.delivery.delay", "Time from the event's commit (created_at) to its mark as published, database clock.", delayBounds)
 	hist(&r.claimDur, "outbox.claim.duration", "Duration of claim statements.", durationBounds)
 	hist(&r.markDur, "outbox.mark.duration", "Duration of mark statements.", durationBounds)
+	hist(&r.destCall, "outbox.destination.call.duration", "Duration of calls to the destination (one message, or one batch); attribute outcome ok or error.", durationBounds)
 	if err == nil {
 		r.claimSize, err = m.Int64Histogram("outbox.claim.events", metric.WithDescription("Events leased per claim statement."), ev,
 			metric.WithExplicitBucketBoundaries(0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000))
@@ -157,6 +159,15 @@ func (r *Recorder) Backlog(b outbox.Backlog) {
 
 // BacklogFailed implements metrics.Recorder.
 func (r *Recorder) BacklogFailed() { r.backlogErr.Add(ctx, 1) }
+
+// DestinationCall implements metrics.Recorder.
+func (r *Recorder) DestinationCall(destination string, d time.Duration, ok bool) {
+	outcome := "ok"
+	if !ok {
+		outcome = "error"
+	}
+	r.destCall.Record(ctx, d.Seconds(), metric.WithAttributes(attribute.String("destination", destination), attribute.String("outcome", outcome)))
+}
 
 // DestinationUnavailable implements metrics.Recorder.
 func (r *Recorder) DestinationUnavailable(destination string, down bool) {

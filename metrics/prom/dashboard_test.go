@@ -27,6 +27,7 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 	r.DeadLettered("t")
 	r.Unavailable("t")
 	r.DestinationUnavailable("d", true)
+	r.DestinationCall("d", time.Millisecond, true)
 	r.Backlog(outbox.Backlog{})
 	mfs, err := reg.Gather()
 	if err != nil {

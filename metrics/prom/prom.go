@@ -30,6 +30,7 @@ type Recorder struct {
 	claimDur, claimSize, markDur         prometheus.Histogram
 	pending, deadGauge, oldest, unavail  prometheus.Gauge
 	destDown                             *prometheus.GaugeVec
+	destCall                             *prometheus.HistogramVec
 
 	byTopic sync.Map // topic → *topicSeries
 }
@@ -75,9 +76,11 @@ func New(reg prometheus.Registerer) (*Recorder, error) {
 		oldest:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_oldest_pending_age_seconds", Help: "Age of the oldest pending event, database clock; 0 when nothing is pending (last Backlog sample)."}),
 		unavail:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_unavailable_events", Help: "Pending events last released because their destination was unavailable (last Backlog sample)."}),
 		destDown:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_destination_unavailable", Help: "1 while a subscription of this relay treats the destination as unavailable, else 0."}, []string{"destination"}),
+		destCall: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "outbox_destination_call_duration_seconds",
+			Help: "Duration of calls to the destination (one message, or one batch for batching destinations); outcome ok or error.", Buckets: DurationBuckets}, []string{"destination", "outcome"}),
 	}
 	for _, c := range []prometheus.Collector{r.delivered, r.failed, r.dead, r.unavailable, r.leaseLost, r.markFailures, r.backlogErr,
-		r.delay, r.claimDur, r.claimSize, r.markDur, r.pending, r.deadGauge, r.oldest, r.unavail, r.destDown} {
+		r.delay, r.claimDur, r.claimSize, r.markDur, r.pending, r.deadGauge, r.oldest, r.unavail, r.destDown, r.destCall} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -128,6 +131,15 @@ func (r *Recorder) Backlog(b outbox.Backlog) {
 
 // BacklogFailed implements metrics.Recorder.
 func (r *Recorder) BacklogFailed() { r.backlogErr.Inc() }
+
+// DestinationCall implements metrics.Recorder.
+func (r *Recorder) DestinationCall(destination string, d time.Duration, ok bool) {
+	outcome := "ok"
+	if !ok {
+		outcome = "error"
+	}
+	r.destCall.WithLabelValues(destination, outcome).Observe(d.Seconds())
+}
 
 // DestinationUnavailable implements metrics.Recorder.
 func (r *Recorder) DestinationUnavailable(destination string, down bool) {

@@ -68,7 +68,8 @@ func TestRelayMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	obs, err := metrics.New(metrics.Multi(pr, or), metrics.Config{TopicPatterns: []string{"orders.*", "payments.x"}})
+	obsRec := metrics.Multi(pr, or)
+	obs, err := metrics.New(obsRec, metrics.Config{TopicPatterns: []string{"orders.*", "payments.x"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +98,7 @@ func TestRelayMetrics(t *testing.T) {
 		}
 		return nil
 	})
-	fw, err := forwarder.New(sub, dest, forwarder.Config{}, nil)
+	fw, err := forwarder.New(sub, metrics.Publisher(dest, "sink", obsRec), forwarder.Config{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,6 +164,10 @@ func TestRelayMetrics(t *testing.T) {
 	}
 	if n := histCount(mfs, "outbox_claim_events", ""); n == 0 || histCount(mfs, "outbox_claim_duration_seconds", "") != n {
 		t.Errorf("claims: %d sizes, %d durations", n, histCount(mfs, "outbox_claim_duration_seconds", ""))
+	}
+	// Calls to the destination: 6 delivered, 2 failures of orders.bad, 1 refusal of orders.flaky.
+	if ok, bad := callCount(mfs, "ok"), callCount(mfs, "error"); ok != 6 || bad != 3 {
+		t.Errorf("outbox_destination_call_duration_seconds{destination=sink}: %d ok, %d error; want 6 and 3", ok, bad)
 	}
 	if n := histCount(mfs, "outbox_mark_duration_seconds", ""); n == 0 {
 		t.Error("no mark recorded")
@@ -233,6 +238,15 @@ func destValue(mfs map[string]*dto.MetricFamily, dest string) float64 {
 func histCount(mfs map[string]*dto.MetricFamily, name, topic string) uint64 {
 	for _, m := range mfs[name].GetMetric() {
 		if label(m, "topic") == topic {
+			return m.Histogram.GetSampleCount()
+		}
+	}
+	return 0
+}
+
+func callCount(mfs map[string]*dto.MetricFamily, outcome string) uint64 {
+	for _, m := range mfs["outbox_destination_call_duration_seconds"].GetMetric() {
+		if label(m, "destination") == "sink" && label(m, "outcome") == outcome {
 			return m.Histogram.GetSampleCount()
 		}
 	}

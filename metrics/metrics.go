@@ -10,6 +10,7 @@
 //	cfg.Hooks = metrics.ComposeHooks(cfg.Hooks, obs.Hooks())
 //	sub, _ := outbox.NewSubscriber(pool, cfg, logger)
 //	go obs.SampleBacklog(ctx, sub) // one Backlog query per Config.BacklogInterval
+//	dest = metrics.Publisher(dest, "kafka", rec) // per-call destination latency
 //
 // Labels are bounded: a topic is reported under the first of Config.TopicPatterns it matches
 // (the pattern itself is the label), never an ordering key or event id.

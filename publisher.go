@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -53,6 +54,12 @@ type PublisherConfig struct {
 	// throughput; package wakeup's after-commit notifier is the default for that reason.
 	// At most 63 bytes (a PostgreSQL identifier).
 	NotifyChannel string
+	// InjectHeaders, when set, is called for each event with the context of its write (the
+	// message's Context() for Publish and PublishEvents, ctx for Enqueue and EnqueueMany) and
+	// a set function that adds a header unless the event already has it; package tracing's
+	// InjectHeaders stores the caller's trace context (traceparent/tracestate) this way. The
+	// headers are validated like the others. It must be safe for concurrent use and fast.
+	InjectHeaders func(ctx context.Context, set func(key, value string))
 }
 
 // MaxNotifyTopicBytes is the longest topic sent as a NOTIFY payload (PostgreSQL's limit is
@@ -182,6 +189,7 @@ func (p *Publisher) Enqueue(ctx context.Context, in EventInput) (Event, error) {
 func (p *Publisher) EnqueueMany(ctx context.Context, ins []EventInput) ([]Event, error) {
 	rows := make([]row, len(ins))
 	for i, in := range ins {
+		in.Headers = p.injectHeaders(ctx, in.Headers)
 		r, err := p.rowFromInput(i, in)
 		if err != nil {
 			return nil, err
@@ -213,6 +221,28 @@ func (p *Publisher) EnqueueMany(ctx context.Context, ins []EventInput) ([]Event,
 // Close does nothing and returns nil: the Publisher owns no resources (the handle is the
 // caller's). It satisfies message.Publisher.
 func (p *Publisher) Close() error { return nil }
+
+// injectHeaders returns headers with those of PublisherConfig.InjectHeaders added (on a copy:
+// the caller's map is never written).
+func (p *Publisher) injectHeaders(ctx context.Context, headers map[string]string) map[string]string {
+	if p.cfg.InjectHeaders == nil {
+		return headers
+	}
+	copied := false
+	p.cfg.InjectHeaders(ctx, func(k, v string) {
+		if _, ok := headers[k]; ok {
+			return
+		}
+		if !copied {
+			headers, copied = maps.Clone(headers), true
+			if headers == nil {
+				headers = map[string]string{}
+			}
+		}
+		headers[k] = v
+	})
+	return headers
+}
 
 // row is one validated event ready for the INSERT.
 type row struct {
@@ -255,7 +285,7 @@ func (p *Publisher) rowFromMessage(i int, topic string, msg *message.Message) (r
 		}
 		headers[k] = v
 	}
-	return p.finishRow(i, r, msg.Payload, headers, okey, ikey, extraColumnsOf(msg))
+	return p.finishRow(i, r, msg.Payload, p.injectHeaders(msg.Context(), headers), okey, ikey, extraColumnsOf(msg))
 }
 
 func (p *Publisher) rowFromInput(i int, in EventInput) (row, error) {

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os/signal"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -104,9 +106,10 @@ func newStatusCmd() *cobra.Command {
 	var (
 		f      dbFlags
 		asJSON bool
+		watch  time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "status --db URL [--json]",
+		Use:   "status --db URL [--json | --watch INTERVAL]",
 		Short: "Show the backlog: pending events, oldest pending age, dead letters, per topic",
 		Long: `status shows the outbox backlog: how many events wait for delivery (pending), how old the
 oldest of them is, and how many were dead-lettered — in total and per topic (topics with nothing
@@ -114,7 +117,15 @@ pending and no dead letters are left out).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			if watch < 0 || watch > 0 && asJSON {
+				return &usageError{fmt.Errorf("--watch takes a positive interval and does not go with --json")}
+			}
 			return f.withSubscriber(ctx, func(d *database, sub *outbox.Subscriber) error {
+				if watch > 0 {
+					wctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+					defer stop()
+					return watchStatus(wctx, cmd.OutOrStdout(), watch, func(ctx context.Context) ([]topicBacklog, error) { return backlogByTopic(ctx, d, sub) })
+				}
 				topics, err := backlogByTopic(ctx, d, sub)
 				if err != nil {
 					return d.queryError("reading the backlog per topic", err)
@@ -125,6 +136,7 @@ pending and no dead letters are left out).`,
 	}
 	f.register(cmd)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	cmd.Flags().DurationVar(&watch, "watch", 0, "refresh the table every INTERVAL (e.g. 2s) until Ctrl-C, with each topic's pending change per second; 0 = print once")
 	return withEnv(cmd)
 }
 

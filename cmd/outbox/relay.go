@@ -18,6 +18,7 @@ import (
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/forwarder"
+	"github.com/watermill-outbox/outbox/health"
 )
 
 // relayFlags are the outbox.SubscriberConfig settings as flags.
@@ -185,6 +186,7 @@ func newRelayCmd() *cobra.Command {
 		permanent    []int
 		destTopic    string
 		debug, trace bool
+		of           obsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "relay --db URL --to URL [--topics PATTERN]… [--exclude PATTERN]…",
@@ -243,7 +245,13 @@ names one for all.`,
 			if err != nil {
 				return err
 			}
-			logger := watermill.NewStdLoggerWithOut(cmd.ErrOrStderr(), debug || trace, trace)
+			stats, err := newRelayStats(of)
+			if err != nil {
+				return err
+			}
+			defer stats.close()
+			cfg.Hooks = stats.hooks()
+			logger := newSlogLogger(cmd.ErrOrStderr(), debug || trace, trace)
 			pub, err := openPublisher(ctx, dest, destOptions{secret: secret, allow: prefixes, exchange: exchange, timeout: cfg.DeliveryTimeout, permanent: permanent}, logger)
 			if err != nil {
 				return err
@@ -255,11 +263,12 @@ names one for all.`,
 			}
 			logger.Info("outbox relay starting", startFields(cmd, map[string]string{"db": d.url.shown, "to": dest.shown,
 				"delivery-timeout": effectiveDeliveryTimeout(cfg).String()}))
-			return runRelay(ctx, d, cfg, pub, fcfg, topics, logger)
+			return runRelay(ctx, d, cfg, stats.wrap(pub, dest.kind), fcfg, topics, logger, stats)
 		},
 	}
 	f.register(cmd)
 	rf.register(cmd)
+	of.register(cmd)
 	fl := cmd.Flags()
 	fl.StringVar(&to, "to", "", "destination URL: "+destForms+" (required)")
 	fl.StringSliceVar(&topics, "topics", nil, "topic pattern to relay (exact, \"prefix*\" or \"*\"); repeatable or comma-separated; default \"*\" (all)")
@@ -276,8 +285,11 @@ names one for all.`,
 
 // runRelay runs one forwarder per topic pattern (each with its own Subscriber) until ctx ends,
 // then stops them gracefully.
-func runRelay(ctx context.Context, d *database, cfg outbox.SubscriberConfig, pub message.Publisher, fcfg forwarder.Config, topics []string, logger watermill.LoggerAdapter) error {
-	var fwds []*forwarder.Forwarder
+func runRelay(ctx context.Context, d *database, cfg outbox.SubscriberConfig, pub message.Publisher, fcfg forwarder.Config, topics []string, logger watermill.LoggerAdapter, stats *relayStats) error {
+	var (
+		fwds []*forwarder.Forwarder
+		subs []*outbox.Subscriber
+	)
 	closeAll := func() {
 		for _, fw := range fwds {
 			_ = fw.Close()
@@ -298,21 +310,27 @@ func runRelay(ctx context.Context, d *database, cfg outbox.SubscriberConfig, pub
 			return err
 		}
 		fwds = append(fwds, fw)
+		subs = append(subs, sub)
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errs := make(chan error, len(fwds))
 	var wg sync.WaitGroup
-	for _, fw := range fwds {
+	runners := make([]health.Runner, len(fwds))
+	for i, fw := range fwds {
 		wg.Add(1)
+		done := make(chan struct{})
+		runners[i] = health.Runner{Name: "forwarder " + topics[i], Running: fw.Running(), Done: done}
 		go func() {
 			defer wg.Done()
+			defer close(done)
 			if err := fw.Run(runCtx); err != nil {
 				errs <- err
 				cancel()
 			}
 		}()
 	}
+	stats.serve(runCtx, subs[0], d.handle(), cfg.Schema, runners, logger)
 	<-runCtx.Done()
 	logger.Info("outbox relay stopping", nil)
 	closeAll()
@@ -321,6 +339,6 @@ func runRelay(ctx context.Context, d *database, cfg outbox.SubscriberConfig, pub
 	if err := <-errs; err != nil {
 		return fmt.Errorf("relay: %s", oneLine(err.Error()))
 	}
-	logger.Info("outbox relay stopped", nil)
+	logger.Info("outbox relay stopped", stats.summary(context.WithoutCancel(ctx), subs[0]))
 	return nil
 }

@@ -1,0 +1,258 @@
+// Package metrics turns the relay's outbox.Hooks and its periodic Backlog into measurements,
+// behind one small interface, Recorder, so that the root package forces no metrics library on
+// a user. Package metrics/prom implements Recorder with Prometheus (client_golang), package
+// metrics/otel with OpenTelemetry metrics.
+//
+// Wiring, for a Subscriber of your own:
+//
+//	rec, _ := prom.New(prometheus.DefaultRegisterer)
+//	obs, _ := metrics.New(rec, metrics.Config{})
+//	cfg.Hooks = metrics.ComposeHooks(cfg.Hooks, obs.Hooks())
+//	sub, _ := outbox.NewSubscriber(pool, cfg, logger)
+//	go obs.SampleBacklog(ctx, sub) // one Backlog query per Config.BacklogInterval
+//	dest = metrics.Publisher(dest, "kafka", rec) // per-call destination latency
+//
+// Labels are bounded: a topic is reported under the first of Config.TopicPatterns it matches
+// (the pattern itself is the label), never an ordering key or event id.
+package metrics
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/watermill-outbox/outbox"
+)
+
+// Recorder receives the relay's measurements. topic is already the bounded label (see
+// Config.TopicPatterns). Implementations must be safe for concurrent use and fast: the
+// counting methods are called from the subscriptions' goroutines (see outbox.Hooks).
+type Recorder interface {
+	// Delivered counts one delivered event; delay is commit→delivered (database clock).
+	Delivered(topic string, delay time.Duration)
+	// Failed counts one failed delivery that will be retried.
+	Failed(topic string)
+	// DeadLettered counts one dead-lettered event.
+	DeadLettered(topic string)
+	// Unavailable counts one event released because its destination was unavailable (no
+	// attempt counted).
+	Unavailable(topic string)
+	// LeaseLost counts events whose lease another relay took over.
+	LeaseLost(events int)
+	// Claim records one claim statement: how many events it leased and how long it took.
+	Claim(events int, d time.Duration)
+	// Mark records one mark statement; failed is true when it returned an error.
+	Mark(d time.Duration, failed bool)
+	// Backlog sets the backlog gauges from one Subscriber.Backlog sample.
+	Backlog(b outbox.Backlog)
+	// BacklogFailed counts a Backlog sample that failed (the gauges keep their last value).
+	BacklogFailed()
+	// DestinationUnavailable sets whether destination ("" when unnamed) is in an outage.
+	DestinationUnavailable(destination string, down bool)
+	// DestinationCall records one call to a destination (see Publisher): its duration and
+	// whether it succeeded.
+	DestinationCall(destination string, d time.Duration, ok bool)
+}
+
+// DefaultBacklogInterval is Config.BacklogInterval's default.
+const DefaultBacklogInterval = 15 * time.Second
+
+// DefaultMaxTopics is Config.MaxTopics' default.
+const DefaultMaxTopics = 100
+
+// OtherTopic is the label of a topic that matches no Config.TopicPatterns, or that comes
+// after MaxTopics distinct topics when no patterns are given.
+const OtherTopic = "other"
+
+// Config configures an Observer. The zero value is valid.
+type Config struct {
+	// TopicPatterns bound the topic label: a topic is reported as the first pattern it
+	// matches (exact, "prefix*" or "*", as outbox.ParseTopicPattern takes them), else as
+	// OtherTopic. Empty (the default): each topic is its own label, up to MaxTopics distinct
+	// topics; later ones are OtherTopic.
+	TopicPatterns []string
+	// MaxTopics caps the distinct topic labels when TopicPatterns is empty. Default 100; at
+	// least 1.
+	MaxTopics int
+	// BacklogInterval is how often SampleBacklog queries the backlog. Default 15s; at least
+	// 100ms.
+	BacklogInterval time.Duration
+}
+
+// Validate returns an *outbox.ConfigError naming the first invalid field, or nil.
+func (c Config) Validate() error {
+	if c.MaxTopics < 0 {
+		return &outbox.ConfigError{Field: "metrics.Config.MaxTopics", Reason: "must not be negative"}
+	}
+	if c.BacklogInterval < 0 || (c.BacklogInterval > 0 && c.BacklogInterval < 100*time.Millisecond) {
+		return &outbox.ConfigError{Field: "metrics.Config.BacklogInterval", Reason: "must be at least 100ms"}
+	}
+	for i, p := range c.TopicPatterns {
+		if _, err := outbox.ParseTopicPattern(p); err != nil {
+			return &outbox.ConfigError{Field: fmt.Sprintf("metrics.Config.TopicPatterns[%d]", i), Reason: fmt.Sprintf("%q is not a topic pattern", p), Err: err}
+		}
+	}
+	return nil
+}
+
+// Observer feeds a Recorder from outbox.Hooks (Hooks) and from periodic Backlog samples
+// (SampleBacklog). Safe for concurrent use; one Observer may serve several Subscribers.
+type Observer struct {
+	rec      Recorder
+	cfg      Config
+	patterns []outbox.TopicPattern
+
+	labels sync.Map // topic → label (string), read without a lock on the hot path
+
+	mu      sync.Mutex
+	nLabels int            // entries in labels
+	topics  int            // distinct topics labelled as themselves
+	outages map[string]int // destination → subscriptions in an outage
+}
+
+// New returns an Observer writing to rec. Errors: an *outbox.ConfigError for a nil rec or an
+// invalid cfg.
+func New(rec Recorder, cfg Config) (*Observer, error) {
+	if rec == nil {
+		return nil, &outbox.ConfigError{Field: "rec", Reason: "nil Recorder"}
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.MaxTopics == 0 {
+		cfg.MaxTopics = DefaultMaxTopics
+	}
+	if cfg.BacklogInterval == 0 {
+		cfg.BacklogInterval = DefaultBacklogInterval
+	}
+	o := &Observer{rec: rec, cfg: cfg, outages: map[string]int{}}
+	for _, p := range cfg.TopicPatterns {
+		tp, _ := outbox.ParseTopicPattern(p)
+		o.patterns = append(o.patterns, tp)
+	}
+	return o, nil
+}
+
+// Label returns the bounded label of topic (see Config.TopicPatterns).
+func (o *Observer) Label(topic string) string {
+	if l, ok := o.labels.Load(topic); ok {
+		return l.(string)
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if l, ok := o.labels.Load(topic); ok {
+		return l.(string)
+	}
+	l := OtherTopic
+	switch {
+	case len(o.patterns) > 0:
+		for i, p := range o.patterns {
+			if p.Match(topic) {
+				l = o.cfg.TopicPatterns[i]
+				break
+			}
+		}
+	case o.topics < o.cfg.MaxTopics:
+		l = topic
+		o.topics++
+	}
+	if o.nLabels < 10*o.cfg.MaxTopics {
+		o.labels.Store(topic, l) // the cache is bounded too
+		o.nLabels++
+	}
+	return l
+}
+
+// Hooks returns the outbox.Hooks that feed the Recorder. Combine them with your own through
+// ComposeHooks.
+func (o *Observer) Hooks() outbox.Hooks {
+	return outbox.Hooks{
+		OnDelivered:    func(i outbox.DeliveredInfo) { o.rec.Delivered(o.Label(i.Topic), i.Delay) },
+		OnFailed:       func(i outbox.FailedInfo) { o.rec.Failed(o.Label(i.Topic)) },
+		OnDeadLettered: func(i outbox.FailedInfo) { o.rec.DeadLettered(o.Label(i.Topic)) },
+		OnUnavailable:  func(i outbox.FailedInfo) { o.rec.Unavailable(o.Label(i.Topic)) },
+		OnLeaseLost:    func(i outbox.LeaseLostInfo) { o.rec.LeaseLost(i.Events) },
+		OnClaim:        func(i outbox.ClaimInfo) { o.rec.Claim(i.Events, i.Duration) },
+		OnMark:         func(i outbox.MarkInfo) { o.rec.Mark(i.Duration, i.Err != nil) },
+		OnOutage:       o.outage,
+	}
+}
+
+// outage keeps a count of the subscriptions that see each destination down: the destination
+// is unavailable while any of them does.
+func (o *Observer) outage(i outbox.OutageInfo) {
+	o.mu.Lock()
+	n := o.outages[i.Destination]
+	if i.Ended.IsZero() {
+		n++
+	} else if n > 0 {
+		n--
+	}
+	o.outages[i.Destination] = n
+	o.mu.Unlock()
+	o.rec.DestinationUnavailable(i.Destination, n > 0)
+}
+
+// BacklogSource is what SampleBacklog reads; *outbox.Subscriber implements it.
+type BacklogSource interface {
+	Backlog(ctx context.Context) (outbox.Backlog, error)
+}
+
+// SampleBacklog sets the backlog gauges from src at once and then every
+// Config.BacklogInterval until ctx ends (one cheap query per sample; a failed sample counts
+// in BacklogFailed and leaves the gauges as they were). It returns when ctx ends.
+func (o *Observer) SampleBacklog(ctx context.Context, src BacklogSource) {
+	t := time.NewTicker(o.cfg.BacklogInterval)
+	defer t.Stop()
+	for {
+		o.SampleOnce(ctx, src)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// SampleOnce takes one Backlog sample from src and returns its error.
+func (o *Observer) SampleOnce(ctx context.Context, src BacklogSource) error {
+	qctx, cancel := context.WithTimeout(ctx, max(o.cfg.BacklogInterval, time.Second))
+	defer cancel()
+	b, err := src.Backlog(qctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			o.rec.BacklogFailed()
+		}
+		return err
+	}
+	o.rec.Backlog(b)
+	return nil
+}
+
+// ComposeHooks returns Hooks that call each of hs's non-nil functions in order (for example a
+// user's own hooks and an Observer's).
+func ComposeHooks(hs ...outbox.Hooks) outbox.Hooks {
+	var out outbox.Hooks
+	for _, h := range hs {
+		out.OnDelivered = chain(out.OnDelivered, h.OnDelivered)
+		out.OnFailed = chain(out.OnFailed, h.OnFailed)
+		out.OnDeadLettered = chain(out.OnDeadLettered, h.OnDeadLettered)
+		out.OnUnavailable = chain(out.OnUnavailable, h.OnUnavailable)
+		out.OnOutage = chain(out.OnOutage, h.OnOutage)
+		out.OnLeaseLost = chain(out.OnLeaseLost, h.OnLeaseLost)
+		out.OnClaim = chain(out.OnClaim, h.OnClaim)
+		out.OnMark = chain(out.OnMark, h.OnMark)
+	}
+	return out
+}
+
+func chain[T any](a, b func(T)) func(T) {
+	switch {
+	case a == nil:
+		return b
+	case b == nil:
+		return a
+	}
+	return func(v T) { a(v); b(v) }
+}

@@ -1,0 +1,151 @@
+// Package prom implements metrics.Recorder with Prometheus (github.com/prometheus/client_golang).
+// Metric names and meanings are listed in the README's "Operating the relay" section; every
+// name starts with "outbox_".
+package prom
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/metrics"
+)
+
+// DelayBuckets are the buckets (seconds) of outbox_delivery_delay_seconds: 5ms to about 1h.
+var DelayBuckets = prometheus.ExponentialBuckets(0.005, 3, 13)
+
+// DurationBuckets are the buckets (seconds) of the claim and mark durations: 0.5ms to about 8s.
+var DurationBuckets = prometheus.ExponentialBuckets(0.0005, 2.5, 11)
+
+// SizeBuckets are the buckets (events) of outbox_claim_events.
+var SizeBuckets = []float64{0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000}
+
+// Recorder is a metrics.Recorder that updates Prometheus collectors. Safe for concurrent use.
+type Recorder struct {
+	delivered, failed, dead, unavailable *prometheus.CounterVec
+	leaseLost, markFailures, backlogErr  prometheus.Counter
+	delay                                *prometheus.HistogramVec
+	claimDur, claimSize, markDur         prometheus.Histogram
+	pending, deadGauge, oldest, unavail  prometheus.Gauge
+	destDown                             *prometheus.GaugeVec
+	destCall                             *prometheus.HistogramVec
+
+	byTopic sync.Map // topic → *topicSeries
+}
+
+// topicSeries are the children of one topic label, looked up once.
+type topicSeries struct {
+	delivered prometheus.Counter
+	delay     prometheus.Observer
+}
+
+func (r *Recorder) series(topic string) *topicSeries {
+	if s, ok := r.byTopic.Load(topic); ok {
+		return s.(*topicSeries)
+	}
+	s, _ := r.byTopic.LoadOrStore(topic, &topicSeries{delivered: r.delivered.WithLabelValues(topic), delay: r.delay.WithLabelValues(topic)})
+	return s.(*topicSeries)
+}
+
+var _ metrics.Recorder = (*Recorder)(nil)
+
+// New returns a Recorder whose collectors are registered with reg (nil means
+// prometheus.DefaultRegisterer). Errors: the registry's error, for example an
+// AlreadyRegisteredError when reg already holds outbox metrics.
+func New(reg prometheus.Registerer) (*Recorder, error) {
+	if reg == nil {
+		reg = prometheus.DefaultRegisterer
+	}
+	topic := []string{"topic"}
+	r := &Recorder{
+		delivered:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_delivered_total", Help: "Events delivered and marked published."}, topic),
+		failed:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_failed_total", Help: "Failed deliveries that will be retried."}, topic),
+		dead:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_dead_lettered_total", Help: "Events dead-lettered."}, topic),
+		unavailable:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_unavailable_total", Help: "Events released because their destination was unavailable (no attempt counted)."}, topic),
+		leaseLost:    prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_lease_lost_events_total", Help: "Events whose lease another relay took over while this one held them."}),
+		markFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_mark_failures_total", Help: "Mark statements that failed."}),
+		backlogErr:   prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_backlog_sample_failures_total", Help: "Backlog samples that failed (the backlog gauges keep their last value)."}),
+		delay:        prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "outbox_delivery_delay_seconds", Help: "Time from the event's commit (created_at) to its mark as published, database clock.", Buckets: DelayBuckets}, topic),
+		claimDur:     prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outbox_claim_duration_seconds", Help: "Duration of claim statements.", Buckets: DurationBuckets}),
+		claimSize:    prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outbox_claim_events", Help: "Events leased per claim statement (0 for an empty claim).", Buckets: SizeBuckets}),
+		markDur:      prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outbox_mark_duration_seconds", Help: "Duration of mark statements.", Buckets: DurationBuckets}),
+		pending:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_pending_events", Help: "Events neither published nor dead-lettered (last Backlog sample)."}),
+		deadGauge:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_dead_lettered_events", Help: "Dead-lettered events in the table (last Backlog sample)."}),
+		oldest:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_oldest_pending_age_seconds", Help: "Age of the oldest pending event, database clock; 0 when nothing is pending (last Backlog sample)."}),
+		unavail:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_unavailable_events", Help: "Pending events last released because their destination was unavailable (last Backlog sample)."}),
+		destDown:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_destination_unavailable", Help: "1 while a subscription of this relay treats the destination as unavailable, else 0."}, []string{"destination"}),
+		destCall: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "outbox_destination_call_duration_seconds",
+			Help: "Duration of calls to the destination (one message, or one batch for batching destinations); outcome ok or error.", Buckets: DurationBuckets}, []string{"destination", "outcome"}),
+	}
+	for _, c := range []prometheus.Collector{r.delivered, r.failed, r.dead, r.unavailable, r.leaseLost, r.markFailures, r.backlogErr,
+		r.delay, r.claimDur, r.claimSize, r.markDur, r.pending, r.deadGauge, r.oldest, r.unavail, r.destDown, r.destCall} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// Delivered implements metrics.Recorder.
+func (r *Recorder) Delivered(topic string, delay time.Duration) {
+	s := r.series(topic)
+	s.delivered.Inc()
+	s.delay.Observe(delay.Seconds())
+}
+
+// Failed implements metrics.Recorder.
+func (r *Recorder) Failed(topic string) { r.failed.WithLabelValues(topic).Inc() }
+
+// DeadLettered implements metrics.Recorder.
+func (r *Recorder) DeadLettered(topic string) { r.dead.WithLabelValues(topic).Inc() }
+
+// Unavailable implements metrics.Recorder.
+func (r *Recorder) Unavailable(topic string) { r.unavailable.WithLabelValues(topic).Inc() }
+
+// LeaseLost implements metrics.Recorder.
+func (r *Recorder) LeaseLost(events int) { r.leaseLost.Add(float64(events)) }
+
+// Claim implements metrics.Recorder.
+func (r *Recorder) Claim(events int, d time.Duration) {
+	r.claimDur.Observe(d.Seconds())
+	r.claimSize.Observe(float64(events))
+}
+
+// Mark implements metrics.Recorder.
+func (r *Recorder) Mark(d time.Duration, failed bool) {
+	r.markDur.Observe(d.Seconds())
+	if failed {
+		r.markFailures.Inc()
+	}
+}
+
+// Backlog implements metrics.Recorder.
+func (r *Recorder) Backlog(b outbox.Backlog) {
+	r.pending.Set(float64(b.Pending))
+	r.deadGauge.Set(float64(b.DeadLettered))
+	r.oldest.Set(b.OldestPendingAge.Seconds())
+	r.unavail.Set(float64(b.Unavailable))
+}
+
+// BacklogFailed implements metrics.Recorder.
+func (r *Recorder) BacklogFailed() { r.backlogErr.Inc() }
+
+// DestinationCall implements metrics.Recorder.
+func (r *Recorder) DestinationCall(destination string, d time.Duration, ok bool) {
+	outcome := "ok"
+	if !ok {
+		outcome = "error"
+	}
+	r.destCall.WithLabelValues(destination, outcome).Observe(d.Seconds())
+}
+
+// DestinationUnavailable implements metrics.Recorder.
+func (r *Recorder) DestinationUnavailable(destination string, down bool) {
+	v := 0.0
+	if down {
+		v = 1
+	}
+	r.destDown.WithLabelValues(destination).Set(v)
+}

@@ -77,7 +77,7 @@ func (sub *subscription) publishOutages() {
 
 // pausedTopics returns the topics the next claim must leave out: those of every outage that
 // has not passed UnavailableDeadLetterAfter (after it, its events are claimed at full rate and
-// dead-lettered when refused). Never nil.
+// dead-lettered when refused); empty when nothing is paused.
 func (sub *subscription) pausedTopics(now time.Time) []string {
 	out := []string{}
 	for _, o := range sub.outages {

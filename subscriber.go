@@ -228,8 +228,9 @@ type subscription struct {
 
 	// probeSQL is claimSQL for one event of the topics of an outage (see outage.go); outages
 	// are the destinations found unavailable, by UnavailableError.Destination.
-	probeSQL string
-	outages  map[string]*outage
+	probeSQL  string
+	pausedSQL string
+	outages   map[string]*outage
 	// retryDue is the earliest time (relay clock, UnixNano; 0 = none) at which an event this
 	// relay failed is due again, so the relay polls then instead of after PollInterval.
 	retryDue atomic.Int64
@@ -250,17 +251,21 @@ func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscr
 	}
 	sub := &subscription{s: s, sel: sel, oldest: s.cfg.BatchSize, walked: -1}
 	args := []any{nil, nil, nil}
-	// Paused topics (outages) are one more parameter: $3 on SQLite (a JSON array), the last
-	// one on PostgreSQL (a text array, after the claim's other parameters).
+	// Paused topics (outages) are one more parameter of pausedSQL and probeSQL: $3 on SQLite
+	// (a JSON array), the last one on PostgreSQL (a text array, after the claim's other
+	// parameters). claimSQL, used while nothing is paused, has no such test: on SQLite it is
+	// a json_each per row examined, run while the claim holds the database's write lock.
 	if s.s.sqlite {
 		filter := sel.sql(`"topic"`, &args, true)
-		sub.claimSQL = s.buildSQLiteClaimSQL(filter+` AND "topic" NOT IN (SELECT value FROM json_each($3))`, s.cfg.BatchSize)
+		sub.claimSQL = s.buildSQLiteClaimSQL(filter, s.cfg.BatchSize)
+		sub.pausedSQL = s.buildSQLiteClaimSQL(filter+` AND "topic" NOT IN (SELECT value FROM json_each($3))`, s.cfg.BatchSize)
 		sub.probeSQL = s.buildSQLiteClaimSQL(filter+` AND "topic" IN (SELECT value FROM json_each($3))`, 1)
 		sub.leaseSQL = s.buildSQLiteLeaseSQL()
 	} else {
 		filter := sel.sql(`"topic"`, &args, false)
 		paused := len(args) + 10
-		sub.claimSQL = s.buildClaimSQL(filter+fmt.Sprintf(` AND NOT ("topic" = ANY($%d::text[]))`, paused), len(args)+1, s.cfg.BatchSize)
+		sub.claimSQL = s.buildClaimSQL(filter, len(args)+1, s.cfg.BatchSize)
+		sub.pausedSQL = s.buildClaimSQL(filter+fmt.Sprintf(` AND NOT ("topic" = ANY($%d::text[]))`, paused), len(args)+1, s.cfg.BatchSize)
 		sub.probeSQL = s.buildClaimSQL(filter+fmt.Sprintf(` AND "topic" = ANY($%d::text[])`, paused), len(args)+1, 1)
 	}
 	sub.args = args[3:]
@@ -890,15 +895,20 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		cursor  *string
 		scanned *int64
 	)
-	paused := sub.pausedTopics(began)
+	q, paused := sub.claimSQL, sub.pausedTopics(began)
+	if len(paused) > 0 {
+		q = sub.pausedSQL
+	} else {
+		paused = nil // claimSQL has no paused-topics parameter
+	}
 	if s.s.sqlite {
-		items, cursor, scanned, err = sub.sqliteClaim(token, sub.claimSQL, paused)
+		items, cursor, scanned, err = sub.sqliteClaim(token, q, paused)
 	} else {
 		limit := s.cfg.BatchSize
 		if sub.splitFor > 0 {
 			limit = sub.splitLimit
 		}
-		items, cursor, scanned, err = sub.pgClaim(sub.claimSQL, token, sub.cursor, sub.oldest, limit, sub.lowUnordered, sub.lowKeyed,
+		items, cursor, scanned, err = sub.pgClaim(q, token, sub.cursor, sub.oldest, limit, sub.lowUnordered, sub.lowKeyed,
 			sub.contKeys, sub.contAfter, sub.contToken, sub.contFrom, paused)
 	}
 	if err != nil {
@@ -969,7 +979,10 @@ func (sub *subscription) pgClaim(q, token, cursor string, oldest, limit int, low
 	contKeys []string, contAfter []int64, contToken string, contFrom []int64, paused []string) ([]*item, *string, *int64, error) {
 	s := sub.s
 	args := append([]any{cursor, s.cfg.LeaseDuration.Microseconds(), token}, sub.args...)
-	args = append(args, oldest, limit, lowUnordered, lowKeyed, contKeys, contAfter, contToken, (s.cfg.LeaseDuration / 3).Microseconds(), contFrom, paused)
+	args = append(args, oldest, limit, lowUnordered, lowKeyed, contKeys, contAfter, contToken, (s.cfg.LeaseDuration / 3).Microseconds(), contFrom)
+	if paused != nil { // pausedSQL and probeSQL only
+		args = append(args, paused)
+	}
 	rs, err := s.db.query(sub.ctx, q, s.db.oneShot(args)...)
 	if err != nil {
 		return nil, nil, nil, err

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/eapache/go-resiliency/breaker"
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/forwarder"
@@ -34,10 +36,11 @@ const probeTimeout = 2 * time.Second
 
 // classify maps a message's send error to the outbox's failure classes: too large for the
 // producer or the broker (MESSAGE_TOO_LARGE, also when refused before sending) is permanent;
-// unreachable brokers, an unavailableErrors answer, or a connection that broke while the
-// cluster does not answer a metadata request either (down is called at most once per batch)
-// is unavailable; anything else (an unknown topic, an open circuit breaker, an authorization
-// error) stays an ordinary failure.
+// unreachable brokers, an unavailableErrors answer, or a lost contact with the cluster (a
+// connection that broke, a broker not connected, Sarama's circuit breaker open after failed
+// metadata requests) while the cluster does not answer a metadata request either (down is
+// called at most once per batch) is unavailable; anything else (an unknown topic, an open
+// circuit breaker while the cluster answers, an authorization error) stays an ordinary failure.
 func (p *Publisher) classify(err error, down func() bool) error {
 	switch {
 	case err == nil, errors.Is(err, forwarder.ErrHeldBack), errors.Is(err, ErrClosed),
@@ -46,7 +49,7 @@ func (p *Publisher) classify(err error, down func() bool) error {
 		return err
 	case errors.Is(err, sarama.ErrMessageSizeTooLarge):
 		return outbox.Permanent(err)
-	case netfail.Unreachable(err), isUnavailable(err), netfail.Dropped(err) && down():
+	case netfail.Unreachable(err), isUnavailable(err), lostContact(err) && down():
 		return &outbox.UnavailableError{Destination: p.name, Err: err}
 	}
 	return err
@@ -81,4 +84,95 @@ func (p *Publisher) downCheck() func() bool {
 		})
 		return down
 	}
+}
+
+// lostContact reports whether err says the producer lost contact with the cluster rather than
+// that the broker refused the message: a dropped connection (netfail.Dropped), a broker
+// Sarama is not connected to (ErrNotConnected), or Sarama's circuit breaker, which opens for
+// 10 s after three failed metadata requests for a topic or partition (ErrBreakerOpen; nothing
+// was sent). Unavailable only when the cluster does not answer either.
+func lostContact(err error) bool {
+	return netfail.Dropped(err) || errors.Is(err, sarama.ErrNotConnected) || errors.Is(err, breaker.ErrBreakerOpen)
+}
+
+// staleBreaker returns the indexes of the messages of one SendMessages call that Sarama's
+// circuit breaker refused (nothing was sent) and that can be sent again in order: no later
+// message with the same Kafka key in the call was acknowledged.
+func staleBreaker(pms []*sarama.ProducerMessage, res []error) []int {
+	var out []int
+	for i, err := range res {
+		if !errors.Is(err, breaker.ErrBreakerOpen) {
+			continue
+		}
+		ok := true
+		for j := i + 1; j < len(pms) && ok; j++ {
+			ok = res[j] != nil || !sameKey(pms[i], pms[j])
+		}
+		if ok {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// sameKey reports whether a and b have the same Kafka key (both without one counts as the same).
+func sameKey(a, b *sarama.ProducerMessage) bool {
+	enc := func(m *sarama.ProducerMessage) ([]byte, bool) {
+		if m.Key == nil {
+			return nil, true
+		}
+		k, err := m.Key.Encode()
+		return k, err == nil
+	}
+	ka, okA := enc(a)
+	kb, okB := enc(b)
+	return !okA || !okB || string(ka) == string(kb)
+}
+
+// renewProducer replaces the producer old with a new one on the same client when old's
+// circuit breaker is an echo of an outage that has ended: the cluster answers a metadata
+// request for topic within probeTimeout and the topic has partitions. Sarama keeps a breaker
+// open for 10 s after its last failed metadata request and offers no way to reset it, so
+// without this the first sends after a broker comes back would fail for up to 10 s. Reports
+// whether the messages can be sent again (also when another call renewed it meanwhile).
+// Waits for the sends in flight on old to finish.
+func (p *Publisher) renewProducer(old sarama.SyncProducer, topic string) bool {
+	done := make(chan bool, 1)
+	go func() {
+		if p.client.RefreshMetadata(topic) != nil {
+			done <- false
+			return
+		}
+		ps, err := p.client.Partitions(topic)
+		done <- err == nil && len(ps) > 0
+	}()
+	t := time.NewTimer(probeTimeout)
+	defer t.Stop()
+	select {
+	case ok := <-done:
+		if !ok {
+			return false
+		}
+	case <-t.C:
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.closed:
+		return false
+	case p.producer != old:
+		return true
+	}
+	prod, err := sarama.NewSyncProducerFromClient(p.client)
+	if err != nil {
+		p.logger.Debug("outbox kafka: producer not renewed", watermill.LogFields{"error": err.Error()})
+		return false
+	}
+	if err := old.Close(); err != nil {
+		p.logger.Debug("outbox kafka: closing the replaced producer", watermill.LogFields{"error": err.Error()})
+	}
+	p.producer = prod
+	p.logger.Info("outbox kafka: producer renewed (its circuit breaker was still open after the cluster answered again)", watermill.LogFields{"topic": topic})
+	return true
 }

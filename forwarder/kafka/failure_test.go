@@ -43,7 +43,10 @@ func TestClassify(t *testing.T) {
 		{"eof, cluster answers", fmt.Errorf("read: %w", net.ErrClosed), up, nil},
 		{"eof, cluster down", fmt.Errorf("read: %w", net.ErrClosed), down, outbox.ErrUnavailable},
 		{"unknown topic", sarama.ErrUnknownTopicOrPartition, down, nil},
-		{"breaker open", breaker.ErrBreakerOpen, down, nil},
+		{"breaker open, cluster answers", breaker.ErrBreakerOpen, up, nil},
+		{"breaker open, cluster down", breaker.ErrBreakerOpen, down, outbox.ErrUnavailable},
+		{"not connected, cluster answers", sarama.ErrNotConnected, up, nil},
+		{"not connected, cluster down", sarama.ErrNotConnected, down, outbox.ErrUnavailable},
 		{"held back", forwarder.ErrHeldBack, down, nil},
 		{"context", context.DeadlineExceeded, down, nil},
 	}

@@ -452,14 +452,33 @@ func (p *Publisher) marshal(o forwarder.Outgoing, limit int) (*sarama.ProducerMe
 	return pm, size, nil
 }
 
-// send runs one SendMessages call and returns a result per message.
+// send runs one SendMessages call and returns a result per message. The messages that
+// Sarama's circuit breaker refused after an outage that has ended are sent once more on a
+// renewed producer (see renewProducer).
 func (p *Publisher) send(ctx context.Context, pms []*sarama.ProducerMessage) []error {
+	res, prod := p.sendOnce(ctx, pms)
+	if again := staleBreaker(pms, res); len(again) > 0 && prod != nil && p.renewProducer(prod, pms[again[0]].Topic) {
+		resent := make([]*sarama.ProducerMessage, len(again))
+		for j, i := range again {
+			resent[j] = pms[i]
+		}
+		res2, _ := p.sendOnce(ctx, resent)
+		for j, err := range res2 {
+			res[again[j]] = err
+		}
+	}
+	return res
+}
+
+// sendOnce runs one SendMessages call and returns a result per message and the producer that
+// sent them (nil when none did).
+func (p *Publisher) sendOnce(ctx context.Context, pms []*sarama.ProducerMessage) ([]error, sarama.SyncProducer) {
 	res := make([]error, len(pms))
 	if err := ctx.Err(); err != nil {
 		for i := range res {
 			res[i] = err
 		}
-		return res
+		return res, nil
 	}
 	done := make(chan struct{})
 	var perrs sarama.ProducerErrors
@@ -470,12 +489,13 @@ func (p *Publisher) send(ctx context.Context, pms []*sarama.ProducerMessage) []e
 		for i := range res {
 			res[i] = ErrClosed
 		}
-		return res
+		return res, nil
 	}
+	prod := p.producer
 	go func() {
 		defer close(done)
 		defer p.mu.RUnlock()
-		err := p.producer.SendMessages(pms)
+		err := prod.SendMessages(pms)
 		if !errors.As(err, &perrs) {
 			sendErr = err
 		}
@@ -486,16 +506,16 @@ func (p *Publisher) send(ctx context.Context, pms []*sarama.ProducerMessage) []e
 		for i := range res {
 			res[i] = ctx.Err()
 		}
-		return res
+		return res, nil
 	}
 	if sendErr != nil {
 		for i := range res {
 			res[i] = sendErr
 		}
-		return res
+		return res, prod
 	}
 	if len(perrs) == 0 {
-		return res
+		return res, nil
 	}
 	pos := make(map[*sarama.ProducerMessage]int, len(pms))
 	for i, pm := range pms {
@@ -506,7 +526,7 @@ func (p *Publisher) send(ctx context.Context, pms []*sarama.ProducerMessage) []e
 			res[i] = pe.Err
 		}
 	}
-	return res
+	return res, prod
 }
 
 // Close closes the producer after the sends in flight have finished. Idempotent; later

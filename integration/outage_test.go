@@ -66,7 +66,7 @@ func (l *outageLog) add(level, msg string, err error, fields watermill.LogFields
 func (l *outageLog) Error(msg string, err error, f watermill.LogFields) { l.add("ERROR", msg, err, f) }
 func (l *outageLog) Warn(msg string, err error, f watermill.LogFields)  { l.add("WARN", msg, err, f) }
 func (l *outageLog) Info(msg string, f watermill.LogFields)             { l.add("INFO", msg, nil, f) }
-func (l *outageLog) Debug(string, watermill.LogFields)                  {}
+func (l *outageLog) Debug(msg string, f watermill.LogFields)            { l.add("DEBUG", msg, nil, f) }
 func (l *outageLog) Trace(string, watermill.LogFields)                  {}
 func (l *outageLog) With(watermill.LogFields) watermill.LoggerAdapter   { return l }
 
@@ -238,8 +238,24 @@ func TestKafkaOutage(t *testing.T) {
 		c2       *kfake.Cluster
 		produced []time.Time // produce requests the restarted cluster got
 	)
+	plog := &outageLog{}
+	pub, err := kafka.NewPublisher(kafka.Config{Brokers: []string{addr}}, plog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	t.Cleanup(func() {
+		// Sarama keeps a partition's circuit breaker open for 10 s after failed metadata
+		// requests; the publisher renews its producer when the breaker outlives the outage.
+		renewed, _ := plog.matching("INFO outbox kafka: producer renewed")
+		t.Logf("kafka producer renewed %d times", len(renewed))
+		all, _ := plog.matching("")
+		for _, l := range all {
+			t.Logf("kafka: %.300s", l)
+		}
+	})
 	dest := outageDest{
-		pub: fwdKafkaPublisher(t, c1, kafka.DefaultSaramaConfig()),
+		pub: pub,
 		cut: c1.Close,
 		restore: func() {
 			c, err := kfake.NewCluster(kfake.Ports(port), kfake.DataDir(dir))

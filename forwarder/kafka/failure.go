@@ -64,9 +64,17 @@ func isUnavailable(err error) bool {
 	return false
 }
 
-// downCheck returns a function that reports, once per batch, whether the cluster fails to
-// answer a metadata request within probeTimeout.
-func (p *Publisher) downCheck() func() bool {
+// downCheck returns a function that reports, once per batch, whether the cluster was down:
+// another message of the batch (errs) found no broker reachable (a refused dial, Sarama out
+// of brokers), or the cluster fails to answer a metadata request within probeTimeout. The
+// first covers a batch whose sends failed during an outage shorter than Sarama's retries,
+// classified after the cluster is back.
+func (p *Publisher) downCheck(errs []error) func() bool {
+	for _, err := range errs {
+		if err != nil && (netfail.Unreachable(err) || errors.Is(err, sarama.ErrOutOfBrokers)) {
+			return func() bool { return true }
+		}
+	}
 	var once sync.Once
 	var down bool
 	return func() bool {
@@ -129,33 +137,91 @@ func sameKey(a, b *sarama.ProducerMessage) bool {
 	return !okA || !okB || string(ka) == string(kb)
 }
 
-// renewProducer replaces the producer old with a new one on the same client when old's
-// circuit breaker is an echo of an outage that has ended: the cluster answers a metadata
-// request for topic within probeTimeout and the topic has partitions. Sarama keeps a breaker
-// open for 10 s after its last failed metadata request and offers no way to reset it, so
-// without this the first sends after a broker comes back would fail for up to 10 s. Reports
-// whether the messages can be sent again (also when another call renewed it meanwhile).
-// Waits for the sends in flight on old to finish.
-func (p *Publisher) renewProducer(old sarama.SyncProducer, topic string) bool {
-	done := make(chan bool, 1)
+// metadataState is what a metadata request for a topic found.
+type metadataState int
+
+const (
+	clusterDown  metadataState = iota // no answer within probeTimeout, or the request failed
+	topicUnknown                      // the cluster answered; the topic has no partitions
+	topicKnown                        // the cluster answered with the topic's partitions
+)
+
+// topicState asks the cluster for topic's metadata, waiting at most probeTimeout.
+func (p *Publisher) topicState(topic string) metadataState {
+	done := make(chan metadataState, 1)
 	go func() {
 		if p.client.RefreshMetadata(topic) != nil {
-			done <- false
+			done <- clusterDown
 			return
 		}
-		ps, err := p.client.Partitions(topic)
-		done <- err == nil && len(ps) > 0
+		if ps, err := p.client.Partitions(topic); err != nil || len(ps) == 0 {
+			done <- topicUnknown
+			return
+		}
+		done <- topicKnown
 	}()
 	t := time.NewTimer(probeTimeout)
 	defer t.Stop()
 	select {
-	case ok := <-done:
-		if !ok {
-			return false
-		}
+	case st := <-done:
+		return st
 	case <-t.C:
-		return false
+		return clusterDown
 	}
+}
+
+// breakerOpen handles the messages at idx of one SendMessages call on prod that Sarama's
+// circuit breaker refused (nothing was sent; see staleBreaker). Sarama opens a topic's or a
+// partition's breaker for 10 s after three failed metadata requests, offers no way to reset
+// it, and keeps it open after the cluster is back. So, per topic: when the cluster does not
+// answer a metadata request, the messages are unavailable; when it answers and knows the
+// topic, the breaker is an echo of an outage that has ended: the producer is renewed (see
+// renewProducer) and the messages are sent once more on the new one (still refused by a
+// breaker, or not renewed: unavailable); when the topic is unknown, the error stays as it is
+// (an ordinary failure). res is updated in place.
+func (p *Publisher) breakerOpen(ctx context.Context, prod sarama.SyncProducer, pms []*sarama.ProducerMessage, res []error, idx []int) {
+	states := map[string]metadataState{}
+	var resend []int
+	for _, i := range idx {
+		t := pms[i].Topic
+		st, ok := states[t]
+		if !ok {
+			st = p.topicState(t)
+			states[t] = st
+		}
+		switch st {
+		case clusterDown:
+			res[i] = &outbox.UnavailableError{Destination: p.name, Err: res[i]}
+		case topicKnown:
+			resend = append(resend, i)
+		}
+	}
+	if len(resend) == 0 {
+		return
+	}
+	if !p.renewProducer(prod) {
+		for _, i := range resend {
+			res[i] = &outbox.UnavailableError{Destination: p.name, Err: res[i]}
+		}
+		return
+	}
+	again := make([]*sarama.ProducerMessage, len(resend))
+	for j, i := range resend {
+		again[j] = pms[i]
+	}
+	out, _ := p.sendOnce(ctx, again)
+	for j, err := range out {
+		if errors.Is(err, breaker.ErrBreakerOpen) {
+			err = &outbox.UnavailableError{Destination: p.name, Err: err}
+		}
+		res[resend[j]] = err
+	}
+}
+
+// renewProducer replaces the producer old with a new one on the same client (its breakers
+// closed), unless another call did so meanwhile or the Publisher is closed. Reports whether
+// messages can be sent on a producer that is not old. Waits for the sends in flight on old.
+func (p *Publisher) renewProducer(old sarama.SyncProducer) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
@@ -173,6 +239,6 @@ func (p *Publisher) renewProducer(old sarama.SyncProducer, topic string) bool {
 		p.logger.Debug("outbox kafka: closing the replaced producer", watermill.LogFields{"error": err.Error()})
 	}
 	p.producer = prod
-	p.logger.Info("outbox kafka: producer renewed (its circuit breaker was still open after the cluster answered again)", watermill.LogFields{"topic": topic})
+	p.logger.Info("outbox kafka: producer renewed (its circuit breaker was still open after the cluster answered again)", nil)
 	return true
 }

@@ -198,3 +198,22 @@ func TestPermanentRealBroker(t *testing.T) {
 		})
 	}
 }
+
+// TestStaleBreaker: a message refused by the circuit breaker is sent again unless a later
+// message of its key in the same call was acknowledged.
+func TestStaleBreaker(t *testing.T) {
+	pm := func(key string) *sarama.ProducerMessage {
+		m := &sarama.ProducerMessage{Topic: "t"}
+		if key != "" {
+			m.Key = sarama.StringEncoder(key)
+		}
+		return m
+	}
+	open := breaker.ErrBreakerOpen
+	pms := []*sarama.ProducerMessage{pm("a"), pm("b"), pm("a"), pm("c"), pm(""), pm("c"), pm("")}
+	res := []error{open, open, nil, open, open, open, nil}
+	// 0: a later "a" acknowledged; 4: a later unkeyed one acknowledged.
+	if got := staleBreaker(pms, res); fmt.Sprint(got) != "[1 3 5]" {
+		t.Fatalf("staleBreaker = %v, want [1 3 5]", got)
+	}
+}

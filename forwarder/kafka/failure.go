@@ -141,7 +141,7 @@ func sameKey(a, b *sarama.ProducerMessage) bool {
 type metadataState int
 
 const (
-	clusterDown  metadataState = iota // no answer within probeTimeout, or the request failed
+	clusterDown  metadataState = iota // no answer within probeTimeout, or the request failed (but for an unknown topic)
 	topicUnknown                      // the cluster answered; the topic has no partitions
 	topicKnown                        // the cluster answered with the topic's partitions
 )
@@ -150,7 +150,7 @@ const (
 func (p *Publisher) topicState(topic string) metadataState {
 	done := make(chan metadataState, 1)
 	go func() {
-		if p.client.RefreshMetadata(topic) != nil {
+		if err := p.client.RefreshMetadata(topic); err != nil && !errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
 			done <- clusterDown
 			return
 		}

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -47,6 +48,10 @@ type fwdEnv struct {
 	delivered map[string]int // event id → OnDelivered calls
 	failed    []outbox.FailedInfo
 	dead      map[string]outbox.FailedInfo
+	released  int                 // OnUnavailable calls (events released, no attempt counted)
+	outages   []outbox.OutageInfo // OnOutage calls
+
+	logger watermill.LoggerAdapter // the subscriber's logger (nil: none)
 }
 
 func fwdNewEnv(t *testing.T) *fwdEnv {
@@ -187,8 +192,18 @@ func (e *fwdEnv) subscriber(cfg outbox.SubscriberConfig) *outbox.Subscriber {
 			e.failed = append(e.failed, f)
 			e.mu.Unlock()
 		},
+		OnUnavailable: func(outbox.FailedInfo) {
+			e.mu.Lock()
+			e.released++
+			e.mu.Unlock()
+		},
+		OnOutage: func(o outbox.OutageInfo) {
+			e.mu.Lock()
+			e.outages = append(e.outages, o)
+			e.mu.Unlock()
+		},
 	}
-	sub, err := outbox.NewSubscriber(e.pool, cfg, nil)
+	sub, err := outbox.NewSubscriber(e.pool, cfg, e.logger)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -43,7 +43,10 @@ func TestClassify(t *testing.T) {
 		{"eof, cluster answers", fmt.Errorf("read: %w", net.ErrClosed), up, nil},
 		{"eof, cluster down", fmt.Errorf("read: %w", net.ErrClosed), down, outbox.ErrUnavailable},
 		{"unknown topic", sarama.ErrUnknownTopicOrPartition, down, nil},
-		{"breaker open", breaker.ErrBreakerOpen, down, nil},
+		{"breaker open, cluster answers", breaker.ErrBreakerOpen, up, nil},
+		{"breaker open, cluster down", breaker.ErrBreakerOpen, down, outbox.ErrUnavailable},
+		{"not connected, cluster answers", sarama.ErrNotConnected, up, nil},
+		{"not connected, cluster down", sarama.ErrNotConnected, down, outbox.ErrUnavailable},
 		{"held back", forwarder.ErrHeldBack, down, nil},
 		{"context", context.DeadlineExceeded, down, nil},
 	}
@@ -193,5 +196,24 @@ func TestPermanentRealBroker(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestStaleBreaker: a message refused by the circuit breaker is sent again unless a later
+// message of its key in the same call was acknowledged.
+func TestStaleBreaker(t *testing.T) {
+	pm := func(key string) *sarama.ProducerMessage {
+		m := &sarama.ProducerMessage{Topic: "t"}
+		if key != "" {
+			m.Key = sarama.StringEncoder(key)
+		}
+		return m
+	}
+	open := breaker.ErrBreakerOpen
+	pms := []*sarama.ProducerMessage{pm("a"), pm("b"), pm("a"), pm("c"), pm(""), pm("c"), pm("")}
+	res := []error{open, open, nil, open, open, open, nil}
+	// 0: a later "a" acknowledged; 4: a later unkeyed one acknowledged.
+	if got := staleBreaker(pms, res); fmt.Sprint(got) != "[1 3 5]" {
+		t.Fatalf("staleBreaker = %v, want [1 3 5]", got)
 	}
 }

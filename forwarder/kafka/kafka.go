@@ -33,12 +33,16 @@
 // Failure classes (outbox.ErrUnavailable, outbox.ErrPermanent): unreachable brokers (refused,
 // DNS, out of brokers), a leader not available, not enough replicas, a request timeout, a
 // broker network or storage error, the idempotent producer's stale epoch or sequence right
-// after such a failure, or a connection that broke while the cluster does not answer a
-// metadata request either, are unavailable (the relay pauses and probes instead of
-// counting attempts); a message above the producer's or the topic's limit (refused before
-// sending, or MESSAGE_TOO_LARGE from the broker for that message alone) or one the marshaler
-// refuses is permanent; anything else (an unknown topic, Sarama's open circuit breaker, an
-// authorization error) is an ordinary failure.
+// after such a failure, or a connection that broke or a broker not connected while the
+// cluster does not answer a metadata request either (or another message of the batch found
+// no broker reachable), are unavailable (the relay pauses and probes instead of counting
+// attempts). Sarama's circuit breaker, which stays open for 10 s after failed metadata
+// requests, is unavailable while the cluster does not answer; once it answers and knows the
+// topic, the Publisher renews its producer and sends the refused messages again at once, so
+// delivery resumes as soon as the cluster is back. A message above the producer's or the
+// topic's limit (refused before sending, or MESSAGE_TOO_LARGE from the broker for that message
+// alone) or one the marshaler refuses is permanent; anything else (an unknown topic, also
+// behind an open circuit breaker, an authorization error) is an ordinary failure.
 package kafka
 
 import (
@@ -346,7 +350,7 @@ func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing
 		}
 	}
 	p.logger.Trace("outbox kafka: batch sent", watermill.LogFields{"messages": len(batch), "calls": len(chunks), "too_large": tooLarge})
-	down := p.downCheck()
+	down := p.downCheck(errs)
 	for i, err := range errs {
 		errs[i] = p.classify(err, down)
 	}
@@ -452,14 +456,25 @@ func (p *Publisher) marshal(o forwarder.Outgoing, limit int) (*sarama.ProducerMe
 	return pm, size, nil
 }
 
-// send runs one SendMessages call and returns a result per message.
+// send runs one SendMessages call and returns a result per message. The messages that
+// Sarama's circuit breaker refused are handled by breakerOpen.
 func (p *Publisher) send(ctx context.Context, pms []*sarama.ProducerMessage) []error {
+	res, prod := p.sendOnce(ctx, pms)
+	if again := staleBreaker(pms, res); len(again) > 0 && prod != nil {
+		p.breakerOpen(ctx, prod, pms, res, again)
+	}
+	return res
+}
+
+// sendOnce runs one SendMessages call and returns a result per message and the producer that
+// sent them (nil when none did).
+func (p *Publisher) sendOnce(ctx context.Context, pms []*sarama.ProducerMessage) ([]error, sarama.SyncProducer) {
 	res := make([]error, len(pms))
 	if err := ctx.Err(); err != nil {
 		for i := range res {
 			res[i] = err
 		}
-		return res
+		return res, nil
 	}
 	done := make(chan struct{})
 	var perrs sarama.ProducerErrors
@@ -470,12 +485,13 @@ func (p *Publisher) send(ctx context.Context, pms []*sarama.ProducerMessage) []e
 		for i := range res {
 			res[i] = ErrClosed
 		}
-		return res
+		return res, nil
 	}
+	prod := p.producer
 	go func() {
 		defer close(done)
 		defer p.mu.RUnlock()
-		err := p.producer.SendMessages(pms)
+		err := prod.SendMessages(pms)
 		if !errors.As(err, &perrs) {
 			sendErr = err
 		}
@@ -486,16 +502,16 @@ func (p *Publisher) send(ctx context.Context, pms []*sarama.ProducerMessage) []e
 		for i := range res {
 			res[i] = ctx.Err()
 		}
-		return res
+		return res, nil
 	}
 	if sendErr != nil {
 		for i := range res {
 			res[i] = sendErr
 		}
-		return res
+		return res, prod
 	}
 	if len(perrs) == 0 {
-		return res
+		return res, nil
 	}
 	pos := make(map[*sarama.ProducerMessage]int, len(pms))
 	for i, pm := range pms {
@@ -506,7 +522,7 @@ func (p *Publisher) send(ctx context.Context, pms []*sarama.ProducerMessage) []e
 			res[i] = pe.Err
 		}
 	}
-	return res
+	return res, prod
 }
 
 // Close closes the producer after the sends in flight have finished. Idempotent; later

@@ -205,9 +205,13 @@ func (p *Publisher) breakerOpen(ctx context.Context, prod sarama.SyncProducer, p
 		}
 		return
 	}
+	// Fresh messages: the old producer's goroutines may still read the refused ones after
+	// returning them (Sarama's partitionProducer reads msg.retries after returnError), and the
+	// new producer writes their internal state, so sending the same values again is a data race.
 	again := make([]*sarama.ProducerMessage, len(resend))
 	for j, i := range resend {
-		again[j] = pms[i]
+		m := pms[i]
+		again[j] = &sarama.ProducerMessage{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: m.Headers, Metadata: m.Metadata, Partition: m.Partition, Timestamp: m.Timestamp}
 	}
 	out, _ := p.sendOnce(ctx, again)
 	for j, err := range out {

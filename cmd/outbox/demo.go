@@ -104,7 +104,7 @@ drops them at the end unless --keep is given.`,
 	fl.IntVar(&f.keys, "keys", 50, "customers (ordering keys), spread over the writers")
 	fl.Float64Var(&f.rate, "rate", 0, "transactions per second, all writers together; 0 = as fast as the database takes them (latency then includes the relay's backlog)")
 	fl.Float64Var(&f.rollbackRate, "rollback-rate", 0.1, "fraction of transactions rolled back on purpose after publishing, 0..1")
-	fl.Float64Var(&f.failRate, "fail-rate", 0.02, "fraction of requests the built-in receiver refuses with 503 on purpose (they are retried), 0..0.5")
+	fl.Float64Var(&f.failRate, "fail-rate", 0.02, "fraction of requests the built-in receiver refuses with 500 on purpose (they are retried with backoff), 0..0.5")
 	fl.DurationVar(&f.deadline, "deadline", 30*time.Second, "how long to wait for delivery after the last commit, a Go duration")
 	fl.BoolVar(&f.quiet, "quiet", false, "no progress bar (it is also off when stderr is not a terminal)")
 	fl.BoolVar(&f.keep, "keep", false, "keep the tables (and the temporary SQLite file) after the demo, and print where")
@@ -307,7 +307,7 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 
 // signaturesLine is the report's line on the built-in receiver's checks.
 func signaturesLine(verified, rejected, refused int64) string {
-	return fmt.Sprintf("signatures          %d verified, %d rejected; %s on purpose (503) and retried",
+	return fmt.Sprintf("signatures          %d verified, %d rejected; %s on purpose (500) and retried",
 		verified, rejected, plural(refused, "request refused", "requests refused"))
 }
 

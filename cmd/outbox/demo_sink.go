@@ -80,7 +80,7 @@ func (s *demoSink) close() {
 
 // startReceiver starts the built-in HTTP receiver on a loopback port: it verifies each
 // request's Outbox-Signature with webhook.VerifyMiddleware (401 when it does not verify),
-// refuses a fraction failRate with 503 on purpose, and records the rest.
+// refuses a fraction failRate with 500 on purpose (an ordinary failure: a 503 would be an unavailable receiver, which pauses the topic instead), and records the rest.
 func startReceiver(tr *tracker, failRate float64) (*demoSink, error) {
 	secret := randomHex(32)
 	s := &demoSink{receiver: true}
@@ -88,7 +88,7 @@ func startReceiver(tr *tracker, failRate float64) (*demoSink, error) {
 		tr.verified.Add(1)
 		if failRate > 0 && rand.Float64() < failRate {
 			tr.refused.Add(1)
-			http.Error(w, "refused on purpose by the outbox demo", http.StatusServiceUnavailable)
+			http.Error(w, "refused on purpose by the outbox demo", http.StatusInternalServerError)
 			return
 		}
 		body, err := io.ReadAll(r.Body)

@@ -103,10 +103,10 @@ func TestPlurals(t *testing.T) {
 			t.Errorf("plural(%d) = %q, want %q", tc.n, got, tc.want)
 		}
 	}
-	if got, want := signaturesLine(5, 0, 1), "signatures          5 verified, 0 rejected; 1 request refused on purpose (503) and retried"; got != want {
+	if got, want := signaturesLine(5, 0, 1), "signatures          5 verified, 0 rejected; 1 request refused on purpose (500) and retried"; got != want {
 		t.Errorf("signaturesLine = %q, want %q", got, want)
 	}
-	if got, want := signaturesLine(5, 1, 2), "signatures          5 verified, 1 rejected; 2 requests refused on purpose (503) and retried"; got != want {
+	if got, want := signaturesLine(5, 1, 2), "signatures          5 verified, 1 rejected; 2 requests refused on purpose (500) and retried"; got != want {
 		t.Errorf("signaturesLine = %q, want %q", got, want)
 	}
 }

@@ -471,12 +471,7 @@ func (sub *subscription) poll() (again bool, err error) {
 	if err != nil || len(items) == 0 {
 		return more, err
 	}
-	deliver, release := splitRuns(items)
-	for _, it := range release {
-		it.state = stateReleased
-	}
-	deliver = sub.dropPoison(deliver)
-	sub.deliver(token, items, deliver)
+	deliver := sub.deliverClaimed(token, items)
 	sub.noteOutcomes(items, nil)
 	sub.waitMarks()
 	sub.confirm(items)
@@ -492,6 +487,18 @@ func (sub *subscription) poll() (again bool, err error) {
 		}
 	}()
 	return true, nil
+}
+
+// deliverClaimed delivers a claimed batch: each key's gap-free run from its head, without
+// poison events (dropPoison); the rest is released. It returns the items it emitted.
+func (sub *subscription) deliverClaimed(token string, items []*item) []*item {
+	deliver, release := splitRuns(items)
+	for _, it := range release {
+		it.state = stateReleased
+	}
+	deliver = sub.dropPoison(deliver)
+	sub.deliver(token, items, deliver)
+	return deliver
 }
 
 // deliver emits a claimed batch's deliverable events while renewing the batch's lease and
@@ -520,12 +527,7 @@ func (sub *subscription) probe(token string, o *outage) (again bool, err error) 
 		o.nextProbe = time.Now().Add(sub.probeWait(o, time.Now()))
 		return false, err
 	}
-	deliver, release := splitRuns(items)
-	for _, it := range release {
-		it.state = stateReleased
-	}
-	deliver = sub.dropPoison(deliver)
-	sub.deliver(token, items, deliver)
+	sub.deliverClaimed(token, items)
 	sub.noteOutcomes(items, o)
 	if _, err := sub.mark(token, items); err != nil {
 		sub.s.logger.Error("outbox: writing marks failed; the events are delivered again after their lease", err, watermill.LogFields{"token": token})

@@ -209,6 +209,10 @@ type subscription struct {
 	// batch that was not full, and after lowClaims full batches in a row (lowAge).
 	lowUnordered, lowKeyed int64
 	lowAge                 int
+	// woken is set when the subscription's last wait ended with a wakeup signal (events were
+	// just committed): SQLite claims and marks then retry for the write lock eagerly
+	// (withSQLiteRelayTx). Atomic: marks may run beside the subscription's goroutine.
+	woken atomic.Bool
 	// contKeys, contFrom, contAfter and contToken are the next claim's continuations
 	// (PostgreSQL): the keys whose run in the last batch (claimed under contToken) held
 	// MaxRunPerKey events and was acked whole, with the run's first and last sequence. The
@@ -355,10 +359,12 @@ func (sub *subscription) run() {
 			wait = max(at.Sub(now), 0)
 		}
 		timer := time.NewTimer(wait)
+		sub.woken.Store(false)
 		select {
 		case <-sub.ctx.Done():
 		case <-timer.C:
 		case <-wake:
+			sub.woken.Store(true)
 		}
 		timer.Stop()
 		if due := sub.retryDue.Load(); due != 0 && time.Now().UnixNano() >= due {

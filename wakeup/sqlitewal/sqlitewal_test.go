@@ -217,4 +217,23 @@ func TestRelayInAnotherProcess(t *testing.T) {
 	if err := wait(); err != nil {
 		t.Fatalf("writer: %v", err)
 	}
+	// A woken relay takes the write lock with busy_timeout 0 on its connection and restores it:
+	// every pooled connection still has SQLiteDSN's 10 s.
+	var conns []*sql.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range 4 {
+		c, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		var ms int
+		if err := c.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&ms); err != nil || ms != 10000 {
+			t.Fatalf("pooled connection %d: busy_timeout %d (%v), want 10000", len(conns), ms, err)
+		}
+	}
 }

@@ -15,8 +15,12 @@ test-short:
 ## test-race: alias of test (every run uses -race).
 test-race: test
 
-## bench: the benchmarks (write path, drain) against the local PostgreSQL.
+## bench: `outbox bench` on the local PostgreSQL and on an SQLite file (the table a user gets on
+## their own database), then the go test benchmarks (write path, drain, destinations).
+BENCH_DSN ?= $(or $(OUTBOX_TEST_POSTGRES_DSN),postgres://postgres@127.0.0.1:5432/test?sslmode=disable)
 bench:
+	$(GO) run ./cmd/outbox bench --db '$(BENCH_DSN)'
+	$(GO) run ./cmd/outbox bench --db "sqlite://$$(mktemp -d)/bench.db"
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m $(PKGS)
 
 ## chaos: the full chaos suite (private PostgreSQL and Redis, relay processes killed, destination

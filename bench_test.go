@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -150,14 +151,21 @@ func seedRows(b *testing.B, pool *pgxpool.Pool, table string, n, keys int, publi
 	pool.Exec(ctx, `CHECKPOINT`)
 }
 
-// drain runs relays Subscribers on db (BatchSize 1000, MaxRunPerKey 100, Concurrency 100, 10 ms
-// poll) with a handler that acks at once until n events are delivered and marked published
-// (Hooks.OnDelivered runs once the mark statement returned), and reports events/s. Then,
-// untimed, pending() must report 0: counting unpublished rows scans the whole table, about
-// 0.4 s per count with 5M rows of history, which polling it inside the timed part added to
-// the drain. The caller has stopped the timer.
+// drain runs drainRate and reports its events/s. The caller has stopped the timer.
 func drain(b *testing.B, db any, schema outbox.SchemaConfig, n, relays int, pending func() int) {
 	b.StartTimer()
+	rate := drainRate(b, db, schema, n, relays, pending)
+	b.StopTimer()
+	b.ReportMetric(rate, "events/s")
+}
+
+// drainRate runs relays Subscribers on db (BatchSize 1000, MaxRunPerKey 100, Concurrency 100, 10 ms
+// poll) with a handler that acks at once until n events are delivered and marked published
+// (Hooks.OnDelivered runs once the mark statement returned), and returns events/s. Then,
+// untimed, pending() must report 0: counting unpublished rows scans the whole table, about
+// 0.4 s per count with 5M rows of history, which polling it inside the timed part added to
+// the drain.
+func drainRate(b *testing.B, db any, schema outbox.SchemaConfig, n, relays int, pending func() int) float64 {
 	start := time.Now()
 	var marked atomic.Int64
 	done := make(chan struct{})
@@ -194,138 +202,223 @@ func drain(b *testing.B, db any, schema outbox.SchemaConfig, n, relays int, pend
 	case <-time.After(10 * time.Minute):
 		b.Fatalf("%d of %d events marked within 10 minutes", marked.Load(), n)
 	}
-	b.ReportMetric(float64(n)/time.Since(start).Seconds(), "events/s")
-	b.StopTimer()
+	rate := float64(n) / time.Since(start).Seconds()
 	for _, s := range subs {
 		s.Close()
 	}
 	if left := pending(); left != 0 {
 		b.Fatalf("%d events left unpublished after %d were marked delivered", left, n)
 	}
+	return rate
 }
 
 // BenchmarkDrain drains a backlog into an in-memory handler that acks at once: ours at
-// BatchSize 1000 for several backlog shapes with one and two relays, beside a raw pgx
-// lease-1000/mark loop and watermill-sql v4's subscriber (batch 1000, 10 ms poll) on the same
-// database. Reports events/s. OUTBOX_BENCH_EVENTS sets the backlog (default 100000);
-// OUTBOX_BENCH_HISTORY adds that many published rows first (e.g. 5000000);
-// OUTBOX_BENCH_SHAPE runs one shape only (unordered, 1000keys, distinctkeys, 10hotkeys);
-// OUTBOX_BENCH_KEYSCAN sets SubscriberConfig.KeyScan (default: the config's default);
-// OUTBOX_BENCH_SYNC_COMMIT=1 sets SubscriberConfig.SyncCommit; OUTBOX_BENCH_TRACE=1 prints
-// every claim (time, token, events, duration) to stderr.
+// BatchSize 1000 for several backlog shapes with one and two relays, beside two comparators on
+// the same database — a raw pgx lease-1000/mark loop (order-blind) with one and two relays,
+// and watermill-sql v4's subscriber (batch 1000, 10 ms poll).
+//
+// The machine's speed drifts by ±25 % within minutes, so the variants are interleaved: each
+// of OUTBOX_BENCH_ROUNDS rounds (default 3) drains a fresh backlog (seeded, then VACUUM
+// ANALYZE and CHECKPOINT) with every variant, in reverse order every other round, and the
+// benchmark reports each variant's median events/s and the ratios of the medians (ours ÷ raw
+// at 1 and 2 relays, ours ÷ watermill-sql, 2 relays ÷ 1, each keyed shape ÷ unordered), also
+// printed as a table.
+//
+// OUTBOX_BENCH_EVENTS sets the backlog (default 100000); OUTBOX_BENCH_HISTORY adds that many
+// published rows first (e.g. 5000000); OUTBOX_BENCH_SHAPE runs one shape only (unordered,
+// 1000keys, distinctkeys, 10hotkeys) besides the comparators; OUTBOX_BENCH_KEYSCAN sets
+// SubscriberConfig.KeyScan; OUTBOX_BENCH_SYNC_COMMIT=1 sets SubscriberConfig.SyncCommit;
+// OUTBOX_BENCH_TRACE=1 prints every claim (time, token, events, duration) to stderr.
+//
+//	go test -run '^$' -bench 'BenchmarkDrain$' -benchtime 1x -timeout 60m .
 func BenchmarkDrain(b *testing.B) {
 	pool := pgtest.Require(b)
 	n := envInt("OUTBOX_BENCH_EVENTS", 100000)
 	history := envInt("OUTBOX_BENCH_HISTORY", 0)
+	rounds := envInt("OUTBOX_BENCH_ROUNDS", 3)
 	shapes := []drainShape{{"unordered", 0}, {"1000keys", 1000}, {"distinctkeys", n}, {"10hotkeys", 10}}
 	if only := os.Getenv("OUTBOX_BENCH_SHAPE"); only != "" {
 		shapes = slices.DeleteFunc(shapes, func(s drainShape) bool { return s.name != only })
 	}
+	fresh := func(keys int) outbox.SchemaConfig {
+		schema := outbox.SchemaConfig{Table: pgtest.Table(b), FillFactor: envInt("OUTBOX_BENCH_FILLFACTOR", 0)}
+		if err := outbox.Migrate(ctx, pool, schema); err != nil {
+			b.Fatal(err)
+		}
+		if history > 0 {
+			seedRows(b, pool, schema.Table, history, 0, "now()")
+		}
+		seedBacklog(b, pool, schema.Table, n, keys)
+		return schema
+	}
+	drop := func(table string) { pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %q`, table)) }
+	type variant struct {
+		name string
+		run  func() float64 // one drain of a fresh backlog, events/s
+	}
+	var variants []variant
 	for _, sh := range shapes {
 		for _, relays := range []int{1, 2} {
-			b.Run(fmt.Sprintf("outbox/%s/relays=%d", sh.name, relays), func(b *testing.B) {
-				for range b.N {
-					b.StopTimer()
-					schema := outbox.SchemaConfig{Table: pgtest.Table(b), FillFactor: envInt("OUTBOX_BENCH_FILLFACTOR", 0)}
-					outbox.Migrate(ctx, pool, schema)
-					if history > 0 {
-						seedRows(b, pool, schema.Table, history, 0, "now()")
-					}
-					seedBacklog(b, pool, schema.Table, n, sh.keys)
-					drain(b, pool, schema, n, relays, func() int {
-						var left int
-						pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NULL`, schema.Table)).Scan(&left)
-						return left
-					})
-				}
-			})
+			variants = append(variants, variant{fmt.Sprintf("outbox/%s/relays=%d", sh.name, relays), func() float64 {
+				schema := fresh(sh.keys)
+				defer drop(schema.Table)
+				return drainRate(b, pool, schema, n, relays, func() int {
+					var left int
+					pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NULL`, schema.Table)).Scan(&left)
+					return left
+				})
+			}})
 		}
 	}
 	for _, relays := range []int{1, 2} {
-		b.Run(fmt.Sprintf("rawpgx/unordered/relays=%d", relays), func(b *testing.B) {
-			for range b.N {
-				b.StopTimer()
-				schema := outbox.SchemaConfig{Table: pgtest.Table(b), FillFactor: envInt("OUTBOX_BENCH_FILLFACTOR", 0)}
-				outbox.Migrate(ctx, pool, schema)
-				seedBacklog(b, pool, schema.Table, n, 0)
-				b.StartTimer()
-				start := time.Now()
-				claim := fmt.Sprintf(`UPDATE %[1]q SET lease_until = now() + interval '60 seconds', leased_by = $1 WHERE sequence IN (
-					SELECT sequence FROM %[1]q WHERE published_at IS NULL AND dead_lettered_at IS NULL AND (lease_until IS NULL OR lease_until < now())
-					ORDER BY sequence LIMIT 1000 FOR UPDATE SKIP LOCKED) RETURNING sequence, id, topic, payload, headers`, schema.Table)
-				mark := fmt.Sprintf(`UPDATE %q SET published_at = now(), lease_until = NULL, leased_by = NULL WHERE sequence = ANY($1)`, schema.Table)
-				var wg sync.WaitGroup
-				for r := range relays {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for {
-							rows, err := pool.Query(ctx, claim, pgx.QueryExecModeExec, strconv.Itoa(r))
-							if err != nil {
-								b.Error(err)
-								return
-							}
-							var seqs []int64
-							for rows.Next() {
-								var seq int64
-								var id, topic string
-								var payload, headers []byte
-								rows.Scan(&seq, &id, &topic, &payload, &headers)
-								seqs = append(seqs, seq)
-							}
-							rows.Close()
-							if len(seqs) == 0 {
-								return
-							}
-							if _, err := pool.Exec(ctx, mark, pgx.QueryExecModeExec, seqs); err != nil {
-								b.Error(err)
-								return
-							}
-						}
-					}()
-				}
-				wg.Wait()
-				b.ReportMetric(float64(n)/time.Since(start).Seconds(), "events/s")
-			}
-		})
+		variants = append(variants, variant{fmt.Sprintf("rawpgx/unordered/relays=%d", relays), func() float64 {
+			schema := fresh(0)
+			defer drop(schema.Table)
+			return rawDrain(b, pool, schema.Table, n, relays)
+		}})
 	}
-	b.Run("watermill-sql/unordered/relays=1", func(b *testing.B) {
-		for range b.N {
-			b.StopTimer()
-			topic := fmt.Sprintf("wmdrain_%d_%d", os.Getpid(), time.Now().UnixNano())
-			b.Cleanup(func() {
-				pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS "watermill_%s"; DROP TABLE IF EXISTS "watermill_offsets_%s"`, topic, topic))
-			})
-			schemaAdapter := wmsql.DefaultPostgreSQLSchema{SubscribeBatchSize: 1000}
-			pub, _ := wmsql.NewPublisher(wmsql.BeginnerFromPgx(pool), wmsql.PublisherConfig{SchemaAdapter: schemaAdapter, AutoInitializeSchema: true}, nil)
-			for start := 0; start < n; start += 1000 {
-				msgs := make([]*message.Message, 0, 1000)
-				for range min(1000, n-start) {
-					msgs = append(msgs, message.NewMessage(watermill.NewUUID(), []byte(`{"n":1}`)))
-				}
-				if err := pub.Publish(topic, msgs...); err != nil {
-					b.Fatal(err)
-				}
+	variants = append(variants, variant{"watermill-sql/unordered/relays=1", func() float64 { return watermillSQLDrain(b, pool, n) }})
+
+	results := map[string][]float64{}
+	for range b.N {
+		for r := range rounds {
+			order := slices.Clone(variants)
+			if r%2 == 1 {
+				slices.Reverse(order)
 			}
-			sub, err := wmsql.NewSubscriber(wmsql.BeginnerFromPgx(pool), wmsql.SubscriberConfig{
-				SchemaAdapter: schemaAdapter, OffsetsAdapter: wmsql.DefaultPostgreSQLOffsetsAdapter{},
-				InitializeSchema: true, PollInterval: 10 * time.Millisecond,
-			}, nil)
-			if err != nil {
-				b.Fatal(err)
+			for _, v := range order {
+				rate := v.run()
+				results[v.name] = append(results[v.name], rate)
+				b.Logf("round %d %-34s %8.0f events/s", r+1, v.name, rate)
 			}
-			b.StartTimer()
-			start := time.Now()
-			ch, err := sub.Subscribe(context.Background(), topic)
-			if err != nil {
-				b.Fatal(err)
-			}
-			for range n {
-				msg := <-ch
-				msg.Ack()
-			}
-			b.ReportMetric(float64(n)/time.Since(start).Seconds(), "events/s")
-			sub.Close()
 		}
-	})
+	}
+	med := func(name string) float64 {
+		xs := slices.Clone(results[name])
+		if len(xs) == 0 {
+			return 0
+		}
+		slices.Sort(xs)
+		return xs[len(xs)/2]
+	}
+	var table strings.Builder
+	fmt.Fprintf(&table, "\nmedians of %d interleaved rounds, %d events each:\n", rounds, n)
+	fmt.Fprintf(&table, "%-34s %10s\n", "variant", "events/s")
+	for _, v := range variants {
+		fmt.Fprintf(&table, "%-34s %10.0f\n", v.name, med(v.name))
+		b.ReportMetric(med(v.name), strings.NewReplacer("/", "-", "relays=", "r").Replace(v.name)+"-ev/s")
+	}
+	raw1, raw2, wm := med("rawpgx/unordered/relays=1"), med("rawpgx/unordered/relays=2"), med("watermill-sql/unordered/relays=1")
+	unordered1, unordered2 := med("outbox/unordered/relays=1"), med("outbox/unordered/relays=2")
+	for _, sh := range shapes {
+		o1, o2 := med(fmt.Sprintf("outbox/%s/relays=1", sh.name)), med(fmt.Sprintf("outbox/%s/relays=2", sh.name))
+		ratios := []struct {
+			name string
+			v    float64
+		}{{"÷raw-r1", o1 / raw1}, {"÷raw-r2", o2 / raw2}, {"÷watermill-sql", o1 / wm}, {"r2÷r1", o2 / o1}}
+		if sh.keys > 0 && unordered1 > 0 {
+			ratios = append(ratios, struct {
+				name string
+				v    float64
+			}{"÷unordered-r1", o1 / unordered1}, struct {
+				name string
+				v    float64
+			}{"÷unordered-r2", o2 / unordered2})
+		}
+		fmt.Fprintf(&table, "%-14s", sh.name)
+		for _, r := range ratios {
+			fmt.Fprintf(&table, "  %s %.2f", r.name, r.v)
+			b.ReportMetric(r.v, sh.name+r.name)
+		}
+		table.WriteString("\n")
+	}
+	b.Log(table.String())
+}
+
+// rawDrain drains table with relays goroutines running the order-blind comparator: lease the
+// oldest 1,000 claimable rows with FOR UPDATE SKIP LOCKED, then mark them in one UPDATE.
+// Returns events/s.
+func rawDrain(b *testing.B, pool *pgxpool.Pool, table string, n, relays int) float64 {
+	start := time.Now()
+	claim := fmt.Sprintf(`UPDATE %[1]q SET lease_until = now() + interval '60 seconds', leased_by = $1 WHERE sequence IN (
+		SELECT sequence FROM %[1]q WHERE published_at IS NULL AND dead_lettered_at IS NULL AND (lease_until IS NULL OR lease_until < now())
+		ORDER BY sequence LIMIT 1000 FOR UPDATE SKIP LOCKED) RETURNING sequence, id, topic, payload, headers`, table)
+	mark := fmt.Sprintf(`UPDATE %q SET published_at = now(), lease_until = NULL, leased_by = NULL WHERE sequence = ANY($1)`, table)
+	var wg sync.WaitGroup
+	var done atomic.Int64
+	for r := range relays {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				rows, err := pool.Query(ctx, claim, pgx.QueryExecModeExec, strconv.Itoa(r))
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				var seqs []int64
+				for rows.Next() {
+					var seq int64
+					var id, topic string
+					var payload, headers []byte
+					rows.Scan(&seq, &id, &topic, &payload, &headers)
+					seqs = append(seqs, seq)
+				}
+				rows.Close()
+				if len(seqs) == 0 {
+					return
+				}
+				if _, err := pool.Exec(ctx, mark, pgx.QueryExecModeExec, seqs); err != nil {
+					b.Error(err)
+					return
+				}
+				done.Add(int64(len(seqs)))
+			}
+		}()
+	}
+	wg.Wait()
+	rate := float64(n) / time.Since(start).Seconds()
+	if got := done.Load(); got != int64(n) {
+		b.Fatalf("raw loop marked %d events, want %d", got, n)
+	}
+	return rate
+}
+
+// watermillSQLDrain publishes n messages with watermill-sql v4's publisher (untimed; then
+// VACUUM ANALYZE and CHECKPOINT), then times its subscriber (batch 1000, 10 ms poll) receiving
+// and acking all of them. Returns events/s.
+func watermillSQLDrain(b *testing.B, pool *pgxpool.Pool, n int) float64 {
+	topic := fmt.Sprintf("wmdrain_%d_%d", os.Getpid(), time.Now().UnixNano())
+	defer pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS "watermill_%s"; DROP TABLE IF EXISTS "watermill_offsets_%s"`, topic, topic))
+	schemaAdapter := wmsql.DefaultPostgreSQLSchema{SubscribeBatchSize: 1000}
+	pub, _ := wmsql.NewPublisher(wmsql.BeginnerFromPgx(pool), wmsql.PublisherConfig{SchemaAdapter: schemaAdapter, AutoInitializeSchema: true}, nil)
+	for start := 0; start < n; start += 1000 {
+		msgs := make([]*message.Message, 0, 1000)
+		for range min(1000, n-start) {
+			msgs = append(msgs, message.NewMessage(watermill.NewUUID(), []byte(`{"n":1}`)))
+		}
+		if err := pub.Publish(topic, msgs...); err != nil {
+			b.Fatal(err)
+		}
+	}
+	pool.Exec(ctx, fmt.Sprintf(`VACUUM ANALYZE "watermill_%s"`, topic))
+	pool.Exec(ctx, `CHECKPOINT`)
+	sub, err := wmsql.NewSubscriber(wmsql.BeginnerFromPgx(pool), wmsql.SubscriberConfig{
+		SchemaAdapter: schemaAdapter, OffsetsAdapter: wmsql.DefaultPostgreSQLOffsetsAdapter{},
+		InitializeSchema: true, PollInterval: 10 * time.Millisecond,
+	}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sub.Close()
+	start := time.Now()
+	ch, err := sub.Subscribe(context.Background(), topic)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for range n {
+		msg := <-ch
+		msg.Ack()
+	}
+	return float64(n) / time.Since(start).Seconds()
 }

@@ -416,7 +416,7 @@ RETURNING 0, "sequence", "id", "topic", "payload", "headers", "ordering_key", "c
 // RETURNING that leases it, in one IMMEDIATE transaction so no other writer comes between.
 func (sub *subscription) sqliteClaim(token, q string, paused []string) (items []*item, cursor *string, scanned *int64, err error) {
 	s := sub.s
-	err = withSQLiteTx(sub.ctx, s.db, func(ex execer) error {
+	err = withSQLiteRelayTx(sub.ctx, s.db, sub.woken.Load(), func(ex execer) error {
 		// The clock is read once the write lock is held: BEGIN IMMEDIATE may wait up to the
 		// busy timeout, and a lease computed before that wait could already have expired.
 		now := time.Now()
@@ -460,7 +460,7 @@ func (sub *subscription) sqliteMark(ctx context.Context, token string, m markSet
 	s := sub.s
 	acked, released, failed, errs, jitters := m.acked, m.released, m.failed, m.errs, m.jitters
 	var out []markResult
-	err := withSQLiteTx(ctx, s.db, func(ex execer) error {
+	err := withSQLiteRelayTx(ctx, s.db, sub.woken.Load(), func(ex execer) error {
 		now := time.Now() // once the write lock is held (see sqliteClaim)
 		nowUS := micros(now)
 		collect := func(q string, args ...any) error {

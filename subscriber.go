@@ -209,6 +209,10 @@ type subscription struct {
 	// batch that was not full, and after lowClaims full batches in a row (lowAge).
 	lowUnordered, lowKeyed int64
 	lowAge                 int
+	// woken is set when the subscription's last wait ended with a wakeup signal (events were
+	// just committed): SQLite claims and marks then retry for the write lock eagerly
+	// (withSQLiteRelayTx). Atomic: marks may run beside the subscription's goroutine.
+	woken atomic.Bool
 	// contKeys, contFrom, contAfter and contToken are the next claim's continuations
 	// (PostgreSQL): the keys whose run in the last batch (claimed under contToken) held
 	// MaxRunPerKey events and was acked whole, with the run's first and last sequence. The
@@ -355,10 +359,12 @@ func (sub *subscription) run() {
 			wait = max(at.Sub(now), 0)
 		}
 		timer := time.NewTimer(wait)
+		sub.woken.Store(false)
 		select {
 		case <-sub.ctx.Done():
 		case <-timer.C:
 		case <-wake:
+			sub.woken.Store(true)
 		}
 		timer.Stop()
 		if due := sub.retryDue.Load(); due != 0 && time.Now().UnixNano() >= due {
@@ -781,7 +787,14 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam, batch int) string
 	//     claimable head sits behind blocked keys' events (dead-lettered or backing off) that
 	//     fill the walk. Its heads are checked by one primary-key lookup each (LIMIT 1 keeps it
 	//     a per-row lookup: as a join it was planned as a sequential scan on a table without
-	//     statistics).
+	//     statistics). It runs only when the walk was full or started above sequence 0
+	//     (a one-time filter: otherwise the recursive scan is never executed): a walk that
+	//     ended before its LIMIT saw every claimable keyed event not locked by another claim,
+	//     so every claimable head is among its rows. The skip scan starts each key at the
+	//     key's first index entry, which under a long-open snapshot means every entry of the
+	//     key's events published since that snapshot (no VACUUM or kill_prior_tuple can
+	//     remove them): in a claim of 77 events with a snapshot held for a minute at 1,000
+	//     events/s over 100 keys it read 19,082 of the claim's 50,013 buffers.
 	// runs reads the continued keys' and the claimable walked keys' runs in head order, then
 	// the scanned keys' runs, and stops at $runLimit rows (BatchSize, or
 	// subscription.splitLimit during a split): the nested loops run lazily under that LIMIT,
@@ -816,11 +829,13 @@ func (s *Subscriber) buildClaimSQL(filter string, oldestParam, batch int) string
 	(SELECT "ordering_key", "sequence" FROM %[1]s WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL AND "ordering_key" > $1 ORDER BY "ordering_key", "sequence" LIMIT 1)
 	UNION ALL
 	SELECT n."ordering_key", n."sequence" FROM skip s CROSS JOIN LATERAL (SELECT "ordering_key", "sequence" FROM %[1]s WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL AND "ordering_key" > s.k ORDER BY "ordering_key", "sequence" LIMIT 1) n
-), scanned AS MATERIALIZED (
-	SELECT k, seq FROM skip LIMIT %[6]d
+), walked AS MATERIALIZED (
+	SELECT "ordering_key", "sequence" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NOT NULL AND %[3]s AND %[4]s
+		AND "sequence" >= $%[17]d ORDER BY "sequence" LIMIT $%[12]d FOR UPDATE SKIP LOCKED
 ), walk AS MATERIALIZED (
-	SELECT "ordering_key" AS k, min("sequence") AS s FROM (SELECT "ordering_key", "sequence" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NOT NULL AND %[3]s AND %[4]s
-		AND "sequence" >= $%[17]d ORDER BY "sequence" LIMIT $%[12]d FOR UPDATE SKIP LOCKED) o GROUP BY 1
+	SELECT "ordering_key" AS k, min("sequence") AS s FROM walked GROUP BY 1
+), scanned AS MATERIALIZED (
+	SELECT k, seq FROM skip WHERE (SELECT count(*) FROM walked) >= $%[12]d OR $%[17]d > 0 LIMIT %[6]d
 ), cont AS MATERIALIZED (
 	SELECT c.k, n."sequence" AS s FROM unnest($%[18]d::text[], $%[19]d::bigint[], $%[22]d::bigint[]) AS c(k, a, f) CROSS JOIN LATERAL (
 		SELECT h."sequence", h."leased_by", h."lease_until" FROM %[1]s h WHERE h."published_at" IS NULL AND h."ordering_key" IS NOT NULL

@@ -122,6 +122,7 @@ OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environme
 		newStatusCmd(),
 		newDeadCmd(),
 		newCleanupCmd(),
+		newBenchCmd(),
 		newInboxCmd(),
 		newCaptureCmd(),
 	)

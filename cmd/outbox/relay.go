@@ -19,6 +19,7 @@ import (
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/forwarder"
 	"github.com/watermill-outbox/outbox/health"
+	"github.com/watermill-outbox/outbox/wakeup/sqlitewal"
 )
 
 // relayFlags are the outbox.SubscriberConfig settings as flags.
@@ -290,6 +291,17 @@ func runRelay(ctx context.Context, d *database, cfg outbox.SubscriberConfig, pub
 		fwds []*forwarder.Forwarder
 		subs []*outbox.Subscriber
 	)
+	if d.url.kind == kindSQLite && cfg.Wakeup == nil {
+		// Writers of an SQLite file run in other processes: wake on each write of its log
+		// instead of waiting for --poll-interval.
+		w, err := sqlitewal.New(d.url.path, logger)
+		if err != nil {
+			logger.Info("SQLite wakeup unavailable, the relay polls every --poll-interval", watermill.LogFields{"err": err})
+		} else {
+			defer w.Close()
+			cfg.Wakeup = w
+		}
+	}
 	closeAll := func() {
 		for _, fw := range fwds {
 			_ = fw.Close()

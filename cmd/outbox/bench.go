@@ -1,0 +1,649 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/spf13/cobra"
+
+	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/wakeup"
+)
+
+// benchFlags are the settings of `outbox bench`.
+type benchFlags struct {
+	db       string
+	events   int
+	rounds   int
+	writers  int
+	tx       int
+	rate     float64
+	duration time.Duration
+	held     bool
+	keep     bool
+}
+
+func newBenchCmd() *cobra.Command {
+	var f benchFlags
+	cmd := &cobra.Command{
+		Use:   "bench --db URL",
+		Short: "Measure what the outbox sustains on this database, beside a raw loop",
+		Long: `bench measures the outbox on the database given, in tables of its own (created, then
+dropped), and prints one table:
+
+  write path   transactions/s of --writers writers, each transaction a business INSERT plus one
+               keyed event, beside the same INSERT plus one row into a plain events table;
+  drain        events/s of one relay (BatchSize 1000) draining --events events, unordered,
+               over 1,000 keys and over 10 hot keys, beside a raw loop that leases the oldest
+               1,000 pending rows and marks them (order-blind, no retries, no dead letters);
+  latency      commit → handler delay (p50, p99, and the worst p99 of any 10 s window) at --rate
+               events/s for --duration, relay woken in-process; with --held-snapshot, again with
+               one idle transaction holding a snapshot taken before the run (a report query, a
+               forgotten BEGIN, pg_dump: it keeps the row versions that leases and marks leave);
+  memory       the process's peak resident memory after the drains.
+
+Write path and drain alternate ours and the raw loop for --rounds rounds (the second round in
+reverse order) on fresh tables and print medians and their ratio: one run's figures are only
+comparable with each other. Run it on a database like production's, on a quiet machine.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			for name, v := range map[string]int{"events": f.events, "rounds": f.rounds, "writers": f.writers, "tx": f.tx} {
+				if v <= 0 {
+					return &usageError{fmt.Errorf("--%s must be positive", name)}
+				}
+			}
+			if f.rate <= 0 || f.duration <= 0 {
+				return &usageError{errors.New("--rate and --duration must be positive")}
+			}
+			u, err := parseDBURL(f.db)
+			if err != nil {
+				return err
+			}
+			table := "outbox_bench_" + randomHex(4)
+			d, err := openDB(cmd.Context(), u, table, openOptions{create: true})
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			return runBench(cmd.Context(), cmd.OutOrStdout(), d, f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.db, "db", "", "database URL: postgres://user:password@host:5432/dbname, sqlite://PATH or a path ending in .db (required)")
+	fl.IntVar(&f.events, "events", 100000, "backlog of each drain")
+	fl.IntVar(&f.rounds, "rounds", 3, "rounds of the write path and drains; medians are printed")
+	fl.IntVar(&f.writers, "writers", 8, "concurrent writers of the write path and the latency run")
+	fl.IntVar(&f.tx, "tx", 4000, "transactions of each write-path round")
+	fl.Float64Var(&f.rate, "rate", 1000, "events per second of the latency run")
+	fl.DurationVar(&f.duration, "duration", 30*time.Second, "length of each latency run")
+	fl.BoolVar(&f.held, "held-snapshot", true, "run the latency test a second time with a snapshot held open")
+	fl.BoolVar(&f.keep, "keep", false, "keep the bench tables")
+	return withEnv(cmd)
+}
+
+// benchRun is one measurement: a name and its figure per round.
+type benchRun struct {
+	name   string
+	unit   string
+	ours   []float64
+	theirs []float64
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	xs = slices.Clone(xs)
+	slices.Sort(xs)
+	return xs[len(xs)/2]
+}
+
+// bench holds what the measurements share.
+type bench struct {
+	ctx    context.Context
+	d      *database
+	f      benchFlags
+	base   string // table name prefix
+	tables []string
+	seq    int
+}
+
+// table returns a fresh table name (dropped at the end unless --keep).
+func (b *bench) table() string {
+	b.seq++
+	t := fmt.Sprintf("%s_%d", b.base, b.seq)
+	b.tables = append(b.tables, t)
+	return t
+}
+
+func (b *bench) schema(table string) outbox.SchemaConfig {
+	return schemaFor(b.d.url.kind, table)
+}
+
+func (b *bench) migrate(table string) (outbox.SchemaConfig, error) {
+	s := b.schema(table)
+	return s, outbox.Migrate(b.ctx, b.d.handle(), s)
+}
+
+// settle flushes the seed's pages and statistics so that the timed part starts alike.
+func (b *bench) settle(table string) {
+	if b.d.url.kind == kindSQLite {
+		_ = b.d.exec(b.ctx, `PRAGMA wal_checkpoint(TRUNCATE)`)
+		return
+	}
+	_ = b.d.exec(b.ctx, "VACUUM ANALYZE "+quoteIdent(table))
+	_ = b.d.exec(b.ctx, "CHECKPOINT")
+}
+
+func runBench(ctx context.Context, out io.Writer, d *database, f benchFlags) error {
+	b := &bench{ctx: ctx, d: d, f: f, base: d.tableName()}
+	defer func() {
+		if f.keep {
+			return
+		}
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		for _, t := range b.tables {
+			_ = d.exec(cctx, "DROP TABLE IF EXISTS "+quoteIdent(t))
+		}
+	}()
+	fmt.Fprintf(out, "outbox bench: %s, tables %s_*, %d rounds (medians), %d events per drain\n", d.where(), b.base, f.rounds, f.events)
+
+	var runs []*benchRun
+	shapes := []struct {
+		name string
+		keys int
+	}{{"unordered", 0}, {"1,000 keys", 1000}, {"10 hot keys", 10}}
+	for _, sh := range shapes {
+		r := &benchRun{name: "drain " + sh.name, unit: "events/s"}
+		for round := range f.rounds {
+			steps := []func() error{
+				func() error { v, err := b.drainOurs(sh.keys); r.ours = append(r.ours, v); return err },
+				func() error { v, err := b.drainRaw(sh.keys); r.theirs = append(r.theirs, v); return err },
+			}
+			if round%2 == 1 {
+				slices.Reverse(steps)
+			}
+			for _, step := range steps {
+				if err := step(); err != nil {
+					return d.queryError("bench "+r.name, err)
+				}
+			}
+		}
+		runs = append(runs, r)
+		fmt.Fprintf(out, "  %-34s done\n", r.name)
+	}
+	peak := peakRSS()
+
+	w := &benchRun{name: fmt.Sprintf("write path, %d writers", f.writers), unit: "tx/s"}
+	for round := range f.rounds {
+		steps := []func() error{
+			func() error { v, err := b.writeOurs(); w.ours = append(w.ours, v); return err },
+			func() error { v, err := b.writeRaw(); w.theirs = append(w.theirs, v); return err },
+		}
+		if round%2 == 1 {
+			slices.Reverse(steps)
+		}
+		for _, step := range steps {
+			if err := step(); err != nil {
+				return d.queryError("bench write path", err)
+			}
+		}
+	}
+	runs = append([]*benchRun{w}, runs...)
+	fmt.Fprintf(out, "  %-34s done\n", w.name)
+
+	lat, err := b.latency(false)
+	if err != nil {
+		return d.queryError("bench latency", err)
+	}
+	var held latencyResult
+	if f.held {
+		if held, err = b.latency(true); err != nil {
+			return d.queryError("bench latency with a held snapshot", err)
+		}
+	}
+
+	fmt.Fprintf(out, "\n%-36s %12s %12s %7s\n", "measure", "outbox", "raw loop", "ratio")
+	for _, r := range runs {
+		o, t := median(r.ours), median(r.theirs)
+		fmt.Fprintf(out, "%-36s %12.0f %12.0f %7.2f\n", r.name+" ("+r.unit+")", o, t, o/t)
+	}
+	fmt.Fprintf(out, "%-36s %12s\n", fmt.Sprintf("latency at %.0f/s, p50/p99/worst (ms)", f.rate), lat)
+	if f.held {
+		fmt.Fprintf(out, "%-36s %12s %12s %7.2f\n", "  with a held snapshot (ms)", held, "p99 ratio", held.p99/lat.p99)
+	}
+	fmt.Fprintf(out, "%-36s %12.0f\n", "peak RSS after the drains (MiB)", peak)
+	return nil
+}
+
+// seed writes n events (keys = 0: unordered; else over that many keys) with EnqueueMany, 1,000
+// per transaction, then settles the table.
+func (b *bench) seed(schema outbox.SchemaConfig, n, keys int) error {
+	for start := 0; start < n; start += 1000 {
+		ins := make([]outbox.EventInput, 0, 1000)
+		for i := start; i < min(n, start+1000); i++ {
+			in := outbox.EventInput{Topic: "bench", Payload: []byte(`{"n":` + strconv.Itoa(i) + `}`)}
+			if keys > 0 {
+				in.OrderingKey = "k" + strconv.Itoa(i%keys)
+			}
+			ins = append(ins, in)
+		}
+		err := b.d.inTx(b.ctx, func(tx any, _ txExec) error {
+			pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Schema: schema}, nil)
+			if err != nil {
+				return err
+			}
+			_, err = pub.EnqueueMany(b.ctx, ins)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+	}
+	b.settle(schema.Table)
+	return nil
+}
+
+// drainOurs drains a fresh backlog with one relay and returns events/s.
+func (b *bench) drainOurs(keys int) (float64, error) {
+	schema, err := b.migrate(b.table())
+	if err != nil {
+		return 0, err
+	}
+	if err := b.seed(schema, b.f.events, keys); err != nil {
+		return 0, err
+	}
+	var marked atomic.Int64
+	done := make(chan struct{})
+	n := int64(b.f.events)
+	sub, err := outbox.NewSubscriber(b.d.handle(), outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, MaxRunPerKey: 100, Concurrency: 100,
+		PollInterval: 10 * time.Millisecond, Hooks: outbox.Hooks{OnDelivered: func(outbox.DeliveredInfo) {
+			if marked.Add(1) == n {
+				close(done)
+			}
+		}}}, watermill.NopLogger{})
+	if err != nil {
+		return 0, err
+	}
+	defer sub.Close()
+	start := time.Now()
+	ch, err := sub.Subscribe(b.ctx, "bench")
+	if err != nil {
+		return 0, err
+	}
+	go func() {
+		for m := range ch {
+			m.Ack()
+		}
+	}()
+	select {
+	case <-done:
+	case <-b.ctx.Done():
+		return 0, b.ctx.Err()
+	case <-time.After(30 * time.Minute):
+		return 0, fmt.Errorf("%d of %d events delivered in 30 minutes", marked.Load(), n)
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}
+
+// drainRaw drains a fresh backlog with the order-blind loop (lease the oldest 1,000 claimable
+// rows, mark them published) and returns events/s.
+func (b *bench) drainRaw(keys int) (float64, error) {
+	schema, err := b.migrate(b.table())
+	if err != nil {
+		return 0, err
+	}
+	if err := b.seed(schema, b.f.events, keys); err != nil {
+		return 0, err
+	}
+	t := quoteIdent(schema.Table)
+	start := time.Now()
+	total := 0
+	for {
+		var n int
+		var err error
+		if b.d.url.kind == kindSQLite {
+			n, err = b.rawSQLiteRound(t)
+		} else {
+			n, err = b.rawPostgresRound(t)
+		}
+		if err != nil {
+			return 0, err
+		}
+		if n == 0 {
+			break
+		}
+		total += n
+	}
+	if total != b.f.events {
+		return 0, fmt.Errorf("raw loop marked %d events, want %d", total, b.f.events)
+	}
+	return float64(total) / time.Since(start).Seconds(), nil
+}
+
+// leasedSeqs reads the raw loop's leased rows (sequence, id, topic, payload, headers, as a
+// relay would) and returns their sequences. pgx.Rows and *sql.Rows both qualify.
+func leasedSeqs(rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}) ([]int64, error) {
+	var seqs []int64
+	for rows.Next() {
+		var seq int64
+		var id, topic, payload, headers string
+		if err := rows.Scan(&seq, &id, &topic, &payload, &headers); err != nil {
+			return nil, err
+		}
+		seqs = append(seqs, seq)
+	}
+	return seqs, rows.Err()
+}
+
+func (b *bench) rawPostgresRound(t string) (int, error) {
+	rows, err := b.d.pool.Query(b.ctx, `UPDATE `+t+` SET lease_until = now() + interval '60 seconds', leased_by = 'raw' WHERE sequence IN (
+		SELECT sequence FROM `+t+` WHERE published_at IS NULL AND dead_lettered_at IS NULL AND (lease_until IS NULL OR lease_until < now())
+		ORDER BY sequence LIMIT 1000 FOR UPDATE SKIP LOCKED) RETURNING sequence, id::text, topic, payload::text, headers::text`)
+	if err != nil {
+		return 0, err
+	}
+	seqs, err := leasedSeqs(rows)
+	rows.Close()
+	if err != nil || len(seqs) == 0 {
+		return 0, err
+	}
+	_, err = b.d.pool.Exec(b.ctx, `UPDATE `+t+` SET published_at = now(), lease_until = NULL, leased_by = NULL WHERE sequence = ANY($1)`, seqs)
+	return len(seqs), err
+}
+
+func (b *bench) rawSQLiteRound(t string) (int, error) {
+	now := time.Now().UnixMicro()
+	rows, err := b.d.sqlDB.QueryContext(b.ctx, `UPDATE `+t+` SET lease_until = $1, leased_by = 'raw' WHERE sequence IN (
+		SELECT sequence FROM `+t+` WHERE published_at IS NULL AND dead_lettered_at IS NULL AND (lease_until IS NULL OR lease_until < $2)
+		ORDER BY sequence LIMIT 1000) RETURNING sequence, id, topic, payload, headers`, now+60e6, now)
+	if err != nil {
+		return 0, err
+	}
+	seqs, err := leasedSeqs(rows)
+	_ = rows.Close()
+	if err != nil || len(seqs) == 0 {
+		return 0, err
+	}
+	list := make([]string, len(seqs))
+	for i, s := range seqs {
+		list[i] = strconv.FormatInt(s, 10)
+	}
+	_, err = b.d.sqlDB.ExecContext(b.ctx, `UPDATE `+t+` SET published_at = $1, lease_until = NULL, leased_by = NULL WHERE sequence IN (SELECT value FROM json_each($2))`,
+		time.Now().UnixMicro(), "["+strings.Join(list, ",")+"]")
+	return len(seqs), err
+}
+
+// writeLoop runs --tx transactions over --writers writers, each a business INSERT then event
+// (which writes what is compared), and returns transactions/s.
+func (b *bench) writeLoop(event func(tx any, exec txExec, i int) error) (float64, error) {
+	biz := b.table()
+	if err := b.d.exec(b.ctx, `CREATE TABLE `+quoteIdent(biz)+` (id TEXT PRIMARY KEY, v INTEGER NOT NULL)`); err != nil {
+		return 0, err
+	}
+	insert := `INSERT INTO ` + quoteIdent(biz) + ` (id, v) VALUES ($1, $2)`
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var once sync.Once
+	var ferr error
+	start := time.Now()
+	for range b.f.writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1))
+				if i > b.f.tx {
+					return
+				}
+				err := b.d.inTx(b.ctx, func(tx any, exec txExec) error {
+					if err := exec(insert, watermill.NewUUID(), i); err != nil {
+						return err
+					}
+					return event(tx, exec, i)
+				})
+				if err != nil {
+					once.Do(func() { ferr = err; next.Store(int64(b.f.tx)) })
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(b.f.tx) / time.Since(start).Seconds(), ferr
+}
+
+func (b *bench) writeOurs() (float64, error) {
+	schema, err := b.migrate(b.table())
+	if err != nil {
+		return 0, err
+	}
+	return b.writeLoop(func(tx any, _ txExec, i int) error {
+		pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Schema: schema}, nil)
+		if err != nil {
+			return err
+		}
+		m := outbox.NewMessage([]byte(`{"order":` + strconv.Itoa(i) + `}`))
+		outbox.SetOrderingKey(m, "customer-"+strconv.Itoa(i%1000))
+		return pub.Publish("orders", m)
+	})
+}
+
+// writeRaw is the comparator: one row into a plain events table (identity, id, topic, payload,
+// creation time; one index), as a hand-written outbox or watermill-sql's would be.
+func (b *bench) writeRaw() (float64, error) {
+	t := b.table()
+	ddl := `CREATE TABLE ` + quoteIdent(t) + ` (seq BIGSERIAL PRIMARY KEY, id UUID NOT NULL, topic TEXT NOT NULL, payload JSON NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())`
+	if b.d.url.kind == kindSQLite {
+		ddl = `CREATE TABLE ` + quoteIdent(t) + ` (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL, topic TEXT NOT NULL, payload TEXT NOT NULL, created_at INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000000 AS INTEGER)))`
+	}
+	if err := b.d.exec(b.ctx, ddl); err != nil {
+		return 0, err
+	}
+	insert := `INSERT INTO ` + quoteIdent(t) + ` (id, topic, payload) VALUES ($1, 'orders', $2)`
+	return b.writeLoop(func(_ any, exec txExec, i int) error {
+		return exec(insert, watermill.NewUUID(), `{"order":`+strconv.Itoa(i)+`}`)
+	})
+}
+
+// latencyResult is a latency run's commit → handler delays, in milliseconds.
+type latencyResult struct{ p50, p99, worst float64 }
+
+func (l latencyResult) String() string {
+	return fmt.Sprintf("%.1f/%.1f/%.1f", l.p50, l.p99, l.worst)
+}
+
+// latency writes --rate keyed events/s (100 keys, one event per transaction) for --duration
+// while one relay, woken in-process after each commit, delivers them; held keeps a snapshot
+// open from before the first write to the end.
+func (b *bench) latency(held bool) (latencyResult, error) {
+	schema, err := b.migrate(b.table())
+	if err != nil {
+		return latencyResult{}, err
+	}
+	if held {
+		release, err := b.holdSnapshot(schema.Table)
+		if err != nil {
+			return latencyResult{}, fmt.Errorf("holding a snapshot: %w", err)
+		}
+		defer release()
+	}
+	w := wakeup.NewInProcess()
+	defer w.Close()
+	sub, err := outbox.NewSubscriber(b.d.handle(), outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, PollInterval: 10 * time.Millisecond, Wakeup: w}, watermill.NopLogger{})
+	if err != nil {
+		return latencyResult{}, err
+	}
+	defer sub.Close()
+	ctx, cancel := context.WithCancel(b.ctx)
+	defer cancel()
+	ch, err := sub.Subscribe(ctx, "latency")
+	if err != nil {
+		return latencyResult{}, err
+	}
+	total := int(b.f.rate * b.f.duration.Seconds())
+	type sample struct {
+		at  time.Time
+		lag time.Duration
+	}
+	samples := make([]sample, 0, total)
+	committed := sync.Map{} // event id → commit time
+	got := make(chan error, 1)
+	go func() {
+		for len(samples) < total {
+			select {
+			case m, ok := <-ch:
+				if !ok {
+					got <- errors.New("subscription closed")
+					return
+				}
+				now := time.Now()
+				if at, ok := committed.Load(m.UUID); ok {
+					samples = append(samples, sample{now, now.Sub(at.(time.Time))})
+				}
+				m.Ack()
+			case <-ctx.Done():
+				got <- ctx.Err()
+				return
+			}
+		}
+		got <- nil
+	}()
+	first := time.Now()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var werr error
+	var once sync.Once
+	for range b.f.writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(total) {
+					return
+				}
+				time.Sleep(time.Until(first.Add(time.Duration(float64(i) / b.f.rate * float64(time.Second)))))
+				coll := wakeup.NewCollector(w)
+				m := outbox.NewMessage([]byte(`{"n":` + strconv.FormatInt(i, 10) + `}`))
+				outbox.SetOrderingKey(m, "k"+strconv.FormatInt(i%100, 10))
+				err := b.d.inTx(ctx, func(tx any, _ txExec) error {
+					pub, err := outbox.NewPublisher(tx, coll.PublisherConfig(outbox.PublisherConfig{Schema: schema}), nil)
+					if err != nil {
+						return err
+					}
+					committed.Store(m.UUID, time.Now()) // just before COMMIT: the delay includes the commit
+					return pub.Publish("latency", m)
+				})
+				if err != nil {
+					coll.Discard()
+					once.Do(func() { werr = err; cancel() })
+					return
+				}
+				coll.Committed()
+			}
+		}()
+	}
+	wg.Wait()
+	if werr != nil {
+		return latencyResult{}, werr
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			return latencyResult{}, err
+		}
+	case <-time.After(b.f.duration + 5*time.Minute):
+		cancel()
+		return latencyResult{}, fmt.Errorf("%d of %d events delivered", len(samples), total)
+	}
+	pct := func(ss []sample, q float64) float64 {
+		lags := make([]float64, len(ss))
+		for i, s := range ss {
+			lags[i] = float64(s.lag) / float64(time.Millisecond)
+		}
+		slices.Sort(lags)
+		return lags[int(q*float64(len(lags)-1))]
+	}
+	res := latencyResult{p50: pct(samples, 0.5), p99: pct(samples, 0.99)}
+	for from := first; from.Before(first.Add(b.f.duration)); from = from.Add(10 * time.Second) {
+		var win []sample
+		for _, s := range samples {
+			if !s.at.Before(from) && s.at.Before(from.Add(10*time.Second)) {
+				win = append(win, s)
+			}
+		}
+		if len(win) > 0 {
+			res.worst = max(res.worst, pct(win, 0.99))
+		}
+	}
+	return res, nil
+}
+
+// holdSnapshot opens a transaction that takes a snapshot (reads the table once) and then
+// stays idle until release: PostgreSQL REPEATABLE READ (the oldest xmin stops VACUUM and HOT
+// pruning), SQLite a read transaction (it stops checkpoints from resetting the log).
+func (b *bench) holdSnapshot(table string) (release func(), err error) {
+	q := `SELECT count(*) FROM ` + quoteIdent(table)
+	if b.d.url.kind == kindSQLite {
+		conn, err := b.d.sqlDB.Conn(b.ctx)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := conn.ExecContext(b.ctx, `BEGIN DEFERRED`); err != nil {
+			_ = conn.Close()
+			return nil, err
+		}
+		var n int
+		if err := conn.QueryRowContext(b.ctx, q).Scan(&n); err != nil {
+			_ = conn.Close()
+			return nil, err
+		}
+		return func() { _, _ = conn.ExecContext(context.Background(), `ROLLBACK`); _ = conn.Close() }, nil
+	}
+	conn, err := b.d.pool.Acquire(b.ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := conn.Exec(b.ctx, `BEGIN ISOLATION LEVEL REPEATABLE READ`); err != nil {
+		conn.Release()
+		return nil, err
+	}
+	var n int
+	if err := conn.QueryRow(b.ctx, q).Scan(&n); err != nil {
+		conn.Release()
+		return nil, err
+	}
+	return func() { _, _ = conn.Exec(context.Background(), `ROLLBACK`); conn.Release() }, nil
+}
+
+// peakRSS is the process's peak resident set size in MiB (VmHWM of /proc/self/status; 0 where
+// that file does not exist).
+func peakRSS() float64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}

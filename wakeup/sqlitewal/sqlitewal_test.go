@@ -1,0 +1,239 @@
+package sqlitewal_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	_ "modernc.org/sqlite"
+
+	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/wakeup/sqlitewal"
+)
+
+var schema = outbox.SchemaConfig{Dialect: outbox.DialectSQLite}
+
+// The writer child: the test binary run again with these variables set publishes events into
+// the database at a rate, from its own process, then exits (see TestMain).
+const (
+	envDB     = "SQLITEWAL_CHILD_DB"
+	envEvents = "SQLITEWAL_CHILD_EVENTS"
+	envRate   = "SQLITEWAL_CHILD_RATE"
+	envFirst  = "SQLITEWAL_CHILD_FIRST"
+)
+
+func TestMain(m *testing.M) {
+	if path := os.Getenv(envDB); path != "" {
+		if err := childWrite(path); err != nil {
+			fmt.Fprintln(os.Stderr, "writer child:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// childWrite publishes SQLITEWAL_CHILD_EVENTS events, one transaction each, paced at
+// SQLITEWAL_CHILD_RATE per second; event i carries "<first+i> <unix nanoseconds before COMMIT>".
+func childWrite(path string) error {
+	n, _ := strconv.Atoi(os.Getenv(envEvents))
+	rate, _ := strconv.Atoi(os.Getenv(envRate))
+	first, _ := strconv.Atoi(os.Getenv(envFirst))
+	db, err := sql.Open("sqlite", outbox.SQLiteDSN(path))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	ctx := context.Background()
+	start := time.Now()
+	for i := range n {
+		if rate > 0 {
+			time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
+		}
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Schema: schema}, nil)
+		if err != nil {
+			return err
+		}
+		msg := outbox.NewMessage([]byte(fmt.Sprintf(`[%d, %d]`, first+i, time.Now().UnixNano())))
+		if err := pub.Publish("walwake", msg); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		if err := tx.Commit(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startWriter runs the writer child on path and returns a function waiting for its exit.
+func startWriter(t testing.TB, path string, first, events, rate int) func() error {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envDB+"="+path, envEvents+"="+strconv.Itoa(events),
+		envRate+"="+strconv.Itoa(rate), envFirst+"="+strconv.Itoa(first))
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd.Wait
+}
+
+func openDB(t testing.TB) (string, *sql.DB) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "outbox.db")
+	db, err := sql.Open("sqlite", outbox.SQLiteDSN(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if err := outbox.Migrate(context.Background(), db, schema); err != nil {
+		t.Fatal(err)
+	}
+	return path, db
+}
+
+// TestListenWakesOnCommit: a listener gets its first value at once, then one after a commit of
+// another connection, and its channel closes when its context ends.
+func TestListenWakesOnCommit(t *testing.T) {
+	path, db := openDB(t)
+	w, err := sqlitewal.New(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := w.Listen(ctx, func(string) bool { return false }) // accept is not consulted
+	recv := func(what string) {
+		t.Helper()
+		select {
+		case _, ok := <-ch:
+			if !ok {
+				t.Fatalf("%s: channel closed", what)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: no wake-up within 10s", what)
+		}
+	}
+	recv("first value")
+	// Drain anything the migration's own writes left pending, then commit once more.
+	drain := time.After(200 * time.Millisecond)
+	for done := false; !done; {
+		select {
+		case <-ch:
+		case <-drain:
+			done = true
+		}
+	}
+	if _, err := db.Exec(`CREATE TABLE IF NOT EXISTS marker (x INTEGER)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`INSERT INTO marker VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	recv("after a commit")
+	cancel()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case _, ok := <-ch:
+			if !ok {
+				if err := w.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if err := w.Close(); err != nil { // idempotent
+					t.Fatal(err)
+				}
+				return
+			}
+		case <-deadline:
+			t.Fatal("channel not closed after its context ended")
+		}
+	}
+}
+
+func TestNewErrors(t *testing.T) {
+	if _, err := sqlitewal.New("", nil); err == nil {
+		t.Fatal("empty path accepted")
+	}
+	if _, err := sqlitewal.New(filepath.Join(t.TempDir(), "missing", "outbox.db"), nil); err == nil {
+		t.Fatal("a path in a missing directory accepted")
+	}
+}
+
+// TestRelayInAnotherProcess: a relay that polls once an hour delivers, in order, the events a
+// writer in another process commits, each within seconds: only the file notification can have
+// woken it.
+func TestRelayInAnotherProcess(t *testing.T) {
+	path, db := openDB(t)
+	w, err := sqlitewal.New(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	sub, err := outbox.NewSubscriber(db, outbox.SubscriberConfig{Schema: schema, PollInterval: time.Hour, Wakeup: w}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	msgs, err := sub.Subscribe(ctx, "walwake")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The subscription has polled once (empty table) and now waits for a wake-up.
+	const events = 20
+	wait := startWriter(t, path, 0, events, 20)
+	for i := range events {
+		select {
+		case m := <-msgs:
+			var seq, sent int64
+			if _, err := fmt.Sscanf(string(m.Payload), "[%d, %d]", &seq, &sent); err != nil {
+				t.Fatalf("payload %q: %v", m.Payload, err)
+			}
+			if seq != int64(i) {
+				t.Fatalf("got event %d, want %d", seq, i)
+			}
+			if lag := time.Since(time.Unix(0, sent)); lag > 30*time.Second {
+				t.Fatalf("event %d delivered %v after its commit", i, lag)
+			}
+			m.Ack()
+		case <-time.After(30 * time.Second):
+			t.Fatalf("event %d not delivered within 30s (relay polls once an hour)", i)
+		}
+	}
+	if err := wait(); err != nil {
+		t.Fatalf("writer: %v", err)
+	}
+	// A woken relay takes the write lock with busy_timeout 0 on its connection and restores it:
+	// every pooled connection still has SQLiteDSN's 10 s.
+	var conns []*sql.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range 4 {
+		c, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		var ms int
+		if err := c.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&ms); err != nil || ms != 10000 {
+			t.Fatalf("pooled connection %d: busy_timeout %d (%v), want 10000", len(conns), ms, err)
+		}
+	}
+}

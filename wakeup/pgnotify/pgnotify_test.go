@@ -3,6 +3,7 @@ package pgnotify_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/internal/pgtest"
+	"github.com/watermill-outbox/outbox/internal/privatepgbouncer"
 	"github.com/watermill-outbox/outbox/wakeup"
 	"github.com/watermill-outbox/outbox/wakeup/internal/wakeuptest"
 	"github.com/watermill-outbox/outbox/wakeup/pgnotify"
@@ -102,6 +104,7 @@ func TestConfigValidate(t *testing.T) {
 		{"mode", pgnotify.Config{Mode: 7}, "pgnotify.Config.Mode"},
 		{"window", pgnotify.Config{Window: -1}, "pgnotify.Config.Window"},
 		{"ping", pgnotify.Config{PingInterval: -1}, "pgnotify.Config.PingInterval"},
+		{"probe", pgnotify.Config{ProbeTimeout: -1}, "pgnotify.Config.ProbeTimeout"},
 		{"backoff", pgnotify.Config{Reconnect: wakeup.Reconnect{InitialBackoff: -1}}, "pgnotify.Config.Reconnect.InitialBackoff"},
 		{"max below initial", pgnotify.Config{Reconnect: wakeup.Reconnect{InitialBackoff: time.Second, MaxBackoff: time.Millisecond}}, "pgnotify.Config.Reconnect.MaxBackoff"},
 	} {
@@ -155,5 +158,38 @@ func TestUnsupportedServer(t *testing.T) {
 	var pgErr *pgconn.PgError
 	if !errors.Is(err, pgnotify.ErrNotifyUnsupported) || !errors.Is(err, outbox.ErrConfig) || !errors.As(err, &pgErr) || pgErr.Code != "42501" {
 		t.Fatalf("New on a server refusing pg_notify = %v, want a ConfigError wrapping ErrNotifyUnsupported and the server error", err)
+	}
+}
+
+// TestSelfProbeBehindTransactionPooler runs New with a connection config through PgBouncer in
+// transaction mode, where LISTEN does not keep its session: New fails with ErrProbeFailed and
+// a message naming the fix, and succeeds with the direct DSN.
+func TestSelfProbeBehindTransactionPooler(t *testing.T) {
+	pgtest.Require(t)
+	b := privatepgbouncer.Start(t, pgtest.DSN())
+	for _, mode := range []pgnotify.Mode{pgnotify.AfterCommit, pgnotify.InTransaction} {
+		cc, err := pgx.ParseConfig(b.DSN(""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := wakeuptest.UniqueName(t, "probe")
+		start := time.Now()
+		w, err := pgnotify.New(context.Background(), cc, pgnotify.Config{Channel: name, Mode: mode, ProbeTimeout: 300 * time.Millisecond}, nil)
+		if err == nil {
+			w.Close()
+			t.Fatalf("%s: New through PgBouncer (transaction mode) succeeded", mode)
+		}
+		if !errors.Is(err, pgnotify.ErrProbeFailed) || !errors.Is(err, outbox.ErrConfig) ||
+			!strings.Contains(err.Error(), "transaction-mode pooler") || !strings.Contains(err.Error(), "separate DSN that connects directly to PostgreSQL") {
+			t.Fatalf("%s: New through PgBouncer = %v, want a ConfigError wrapping ErrProbeFailed naming the fix", mode, err)
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			t.Fatalf("%s: New took %s to fail, want about ProbeTimeout", mode, took)
+		}
+		w, err = pgnotify.New(context.Background(), connConfig(t), pgnotify.Config{Channel: name, Mode: mode, ProbeTimeout: 5 * time.Second}, nil)
+		if err != nil {
+			t.Fatalf("%s: New with the direct DSN: %v", mode, err)
+		}
+		w.Close()
 	}
 }

@@ -2,7 +2,8 @@
 // temporary directory, on a free loopback port, pool_mode=transaction (a server connection is
 // lent to a client for one transaction only, as in most production deployments), trust
 // authentication, in front of a PostgreSQL server given by its DSN. It runs as the postgres OS
-// user when the test runs as root (PgBouncer refuses to run as root).
+// user when the test runs as root (PgBouncer refuses to run as root), and is killed with the
+// test process.
 package privatepgbouncer
 
 import (
@@ -87,8 +88,10 @@ logfile =
 	}
 	write("pgbouncer.ini", ini)
 	write("users.txt", fmt.Sprintf("%q \"\"\n", up.User))
-	args := []string{filepath.Join(dir, "pgbouncer.ini")}
-	b.cmd = exec.Command(Binary, args...)
+	b.cmd = exec.Command(Binary, filepath.Join(dir, "pgbouncer.ini"))
+	// Its own process group (cleanup signals the group), killed if the test process dies
+	// before its cleanup (a test timeout).
+	b.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
@@ -101,15 +104,13 @@ logfile =
 				tb.Fatal(err)
 			}
 		}
-		b.cmd = exec.Command("runuser", append([]string{"-u", "postgres", "--", Binary}, args...)...)
+		b.cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 	}
 	logf, err := os.Create(filepath.Join(dir, "out.log"))
 	if err != nil {
 		tb.Fatal(err)
 	}
 	defer logf.Close()
-	// Its own process group: runuser does not pass signals on, so cleanup signals the group.
-	b.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	b.cmd.Stdout, b.cmd.Stderr = logf, logf
 	if err := b.cmd.Start(); err != nil {
 		tb.Fatalf("start pgbouncer: %v", err)

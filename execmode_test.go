@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -314,4 +315,39 @@ func pgCount(t *testing.T, db *sql.DB, q string, args ...any) int {
 		t.Fatalf("%s: %v", q, err)
 	}
 	return n
+}
+
+// TestPayloadJSON: a PayloadJSON table stores and delivers the bytes written (spacing, key
+// order, repeated keys) on both dialects, and refuses invalid JSON before any SQL.
+func TestPayloadJSON(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t, func(c *outbox.SchemaConfig) { c.PayloadType = outbox.PayloadJSON })
+		pub := b.publisher(t, outbox.PublisherConfig{Schema: schema})
+		var ve *outbox.ValidationError
+		if err := pub.Publish("orders", outbox.NewMessage([]byte(`{"broken"`))); !errors.As(err, &ve) || ve.Field != "payload" {
+			t.Fatalf("invalid JSON: %v, want a ValidationError on payload", err)
+		}
+		const body = `{ "z" : 1,"a":[1e3, "\u00e9"], "z":2 }`
+		msg := outbox.NewMessage([]byte(body))
+		if err := pub.Publish("orders", msg); err != nil {
+			t.Fatal(err)
+		}
+		sub := b.newSub(t, fastCfg(schema))
+		ch, err := sub.Subscribe(ctx, "orders")
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case m := <-ch:
+			if m.UUID != msg.UUID || string(m.Payload) != body {
+				t.Fatalf("delivered %s %q, want %s %q", m.UUID, m.Payload, msg.UUID, body)
+			}
+			m.Ack()
+		case <-time.After(30 * time.Second):
+			t.Fatal("nothing delivered within 30 s")
+		}
+		if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q`, schema.Table)); n != 1 {
+			t.Fatalf("%d rows, want 1 (the invalid payload never reached SQL)", n)
+		}
+	})
 }

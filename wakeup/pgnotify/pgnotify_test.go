@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/internal/pgtest"
@@ -191,5 +192,74 @@ func TestSelfProbeBehindTransactionPooler(t *testing.T) {
 			t.Fatalf("%s: New with the direct DSN: %v", mode, err)
 		}
 		w.Close()
+	}
+}
+
+// TestWakeupWithPoolThroughPgBouncer is the documented set-up: the pool, the writer and the
+// relay go through PgBouncer in transaction mode (exec mode), the Wakeup has the direct DSN.
+// With a one-minute poll interval, an event written after the relay went idle is delivered
+// within seconds: the notification woke it.
+func TestWakeupWithPoolThroughPgBouncer(t *testing.T) {
+	pgtest.Require(t)
+	ctx := context.Background()
+	b := privatepgbouncer.Start(t, pgtest.DSN())
+	pool, err := pgxpool.New(ctx, b.DSN("default_query_exec_mode=exec"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for _, mode := range []pgnotify.Mode{pgnotify.AfterCommit, pgnotify.InTransaction} {
+		t.Run(mode.String(), func(t *testing.T) {
+			w, err := pgnotify.New(ctx, connConfig(t), pgnotify.Config{Channel: wakeuptest.UniqueName(t, "bouncer"), Mode: mode}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer w.Close()
+			schema := outbox.SchemaConfig{Table: pgtest.Table(t)}
+			if err := outbox.Migrate(ctx, pool, schema); err != nil {
+				t.Fatal(err)
+			}
+			sub, err := outbox.NewSubscriber(pool, outbox.SubscriberConfig{Schema: schema, PollInterval: time.Minute, Wakeup: w}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sub.Close()
+			ch, err := sub.Subscribe(ctx, "orders")
+			if err != nil {
+				t.Fatal(err)
+			}
+			write := func(body string) string {
+				var id string
+				err := wakeup.RunInTx(ctx, pool, w, outbox.PublisherConfig{Schema: schema}, func(_ pgx.Tx, pub *outbox.Publisher) error {
+					m := outbox.NewMessage([]byte(body))
+					id = m.UUID
+					return pub.Publish("orders", m)
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return id
+			}
+			receive := func(id string, within time.Duration) {
+				select {
+				case m := <-ch:
+					if m.UUID != id {
+						t.Fatalf("received %s, want %s", m.UUID, id)
+					}
+					m.Ack()
+				case <-time.After(within):
+					t.Fatalf("event %s not delivered within %s", id, within)
+				}
+			}
+			receive(write(`1`), 10*time.Second)
+			pgtest.Eventually(t, 10*time.Second, "first event marked published", func() bool {
+				var n int
+				_ = pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema.Table}.Sanitize()+` WHERE "published_at" IS NOT NULL`).Scan(&n)
+				return n == 1
+			})
+			start := time.Now()
+			receive(write(`2`), 10*time.Second)
+			t.Logf("woken after %s (poll interval 1 minute)", time.Since(start))
+		})
 	}
 }

@@ -267,7 +267,7 @@ func (p *Publisher) sqliteInsert(ctx context.Context, rows []row, extraNames []s
 					b.WriteString(", ")
 				}
 				var payload any = r.payload
-				if p.s.cfg.PayloadType == PayloadJSONB {
+				if p.s.cfg.PayloadType.isJSON() {
 					payload = string(r.payload) // TEXT: json_valid reads a BLOB as JSONB
 				}
 				b.WriteString("(" + param(&args, r.id.String()) + ", " + param(&args, r.topic) + ", " + param(&args, payload) + ", " +

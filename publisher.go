@@ -324,7 +324,7 @@ func (p *Publisher) finishRow(i int, r row, payload []byte, headers map[string]s
 		}
 		r.ikey = &ikey
 	}
-	if p.s.cfg.PayloadType == PayloadJSONB {
+	if p.s.cfg.PayloadType.isJSON() {
 		if reason := ValidatePayload(payload); reason != "" {
 			return r, &ValidationError{Index: i, Field: "payload", Reason: reason}
 		}
@@ -378,21 +378,24 @@ func (p *Publisher) finishRow(i int, r row, payload []byte, headers map[string]s
 var insertSQL sync.Map // insertShape -> string
 
 type insertShape struct {
-	table  string
-	keys   bool // any ordering key: take the per-key locks
-	idem   bool // any idempotency key: ON CONFLICT + read of stored events
-	bytea  bool
-	extras string // comma-joined extra column names, sorted
-	seed   int64
-	single bool   // one event: scalar parameters instead of arrays
-	notify string // NOTIFY channel folded into the statement, "" for none
+	table   string
+	keys    bool // any ordering key: take the per-key locks
+	idem    bool // any idempotency key: ON CONFLICT + read of stored events
+	payload PayloadType
+	extras  string // comma-joined extra column names, sorted
+	seed    int64
+	single  bool   // one event: scalar parameters instead of arrays
+	notify  string // NOTIFY channel folded into the statement, "" for none
 }
 
 func (sh insertShape) build() string {
 	var b strings.Builder
 	payloadType, payloadExpr := "text", "i.payload::jsonb"
-	if sh.bytea {
+	switch sh.payload {
+	case PayloadBytea:
 		payloadType, payloadExpr = "bytea", "i.payload"
+	case PayloadJSON:
+		payloadType, payloadExpr = "text", "i.payload::json"
 	}
 	if sh.single {
 		// One event (the common Publish): scalar parameters, no array encoding.
@@ -458,6 +461,42 @@ func (sh insertShape) build() string {
 	return b.String()
 }
 
+// payloadArgs holds the payload parameters of one insert in the Go type of the column's input
+// type: []byte for BYTEA, string for JSON and JSONB.
+type payloadArgs struct {
+	bytea []([]byte)
+	text  []string
+}
+
+func newPayloads(t PayloadType, n int) payloadArgs {
+	if t == PayloadBytea {
+		return payloadArgs{bytea: make([][]byte, n)}
+	}
+	return payloadArgs{text: make([]string, n)}
+}
+
+func (p payloadArgs) set(i int, b []byte) {
+	if p.bytea != nil {
+		p.bytea[i] = b
+	} else {
+		p.text[i] = string(b)
+	}
+}
+
+func (p payloadArgs) all() any {
+	if p.bytea != nil {
+		return p.bytea
+	}
+	return p.text
+}
+
+func (p payloadArgs) at(i int) any {
+	if p.bytea != nil {
+		return p.bytea[i]
+	}
+	return p.text[i]
+}
+
 // quoteLiteral renders s as a PostgreSQL string literal (standard_conforming_strings on).
 func quoteLiteral(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
@@ -467,11 +506,15 @@ func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	sh := insertShape{table: p.s.table, bytea: p.s.cfg.PayloadType == PayloadBytea, seed: p.s.lockSeed, notify: p.cfg.NotifyChannel}
+	sh := insertShape{table: p.s.table, payload: p.s.cfg.PayloadType, seed: p.s.lockSeed, notify: p.cfg.NotifyChannel}
 	n := len(rows)
 	ids := make([]string, n)
 	topics := make([]string, n)
-	payloads := make([][]byte, n)
+	// Every parameter has the Go type of its SQL type, so that each pgx.QueryExecMode encodes
+	// it alike: JSON payloads are strings (text), BYTEA payloads []byte. A []byte sent for a
+	// text parameter is bytea text ("\x7b…") in the exec and simple protocol modes, which
+	// send parameters untyped.
+	payloads := newPayloads(p.s.cfg.PayloadType, n)
 	headers := make([]string, n)
 	okeys := make([]*string, n)
 	ikeys := make([]*string, n)
@@ -483,7 +526,8 @@ func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
 			return nil, &ValidationError{Index: i, Field: "uuid", Reason: fmt.Sprintf("same id as event #%d of this call", j)}
 		}
 		seenID[r.id] = i
-		ids[i], topics[i], payloads[i], headers[i] = r.id.String(), r.topic, r.payload, string(r.headers)
+		ids[i], topics[i], headers[i] = r.id.String(), r.topic, string(r.headers)
+		payloads.set(i, r.payload)
 		okeys[i], ikeys[i] = r.okey, r.ikey
 		if r.okey != nil {
 			sh.keys = true
@@ -501,10 +545,10 @@ func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
 			}
 		}
 	}
-	args := []any{ids, topics, payloads, headers, okeys, ikeys}
+	args := []any{ids, topics, payloads.all(), headers, okeys, ikeys}
 	if n == 1 && len(extraNames) == 0 {
 		sh.single = true
-		args = []any{ids[0], topics[0], payloads[0], headers[0], okeys[0], ikeys[0]}
+		args = []any{ids[0], topics[0], payloads.at(0), headers[0], okeys[0], ikeys[0]}
 	}
 	if len(extraNames) > 0 {
 		sort.Strings(extraNames)

@@ -3,58 +3,37 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
-// relaySessionSQL prepares a connection for the relay's statements once per physical
-// connection: the claim's recursive key scan has an inflated cost estimate that would trigger
-// JIT compilation (hundreds of milliseconds per claim). The setting stays on the pooled
-// connection for its other users; jit = off is harmless for short OLTP statements.
-const relaySessionSQL = "SET jit = off"
-
-const relaySessionKey = "watermill-outbox.relay-session"
-
-func prepareRelaySession(ctx context.Context, c *pgx.Conn) error {
-	data := c.PgConn().CustomData()
-	if data[relaySessionKey] != nil {
-		return nil
+// relaySettingsSQL sets the relay's settings for its own transaction only (set_config with
+// is_local = true is SET LOCAL), so nothing stays on a pooled connection for its other users,
+// nor on a server connection that a transaction pooler such as PgBouncer lends to other clients:
+//   - jit = off: the claim's recursive key scan has an inflated cost estimate that would trigger
+//     JIT compilation (190–305 ms per claim);
+//   - plan_cache_mode = force_custom_plan: a statement prepared by the cache exec modes is
+//     planned for its actual parameters on every run (a generic plan scans the whole table for
+//     the claim's and marks' array parameters);
+//   - synchronous_commit = off unless SubscriberConfig.SyncCommit: the relay's commit does not
+//     wait for the WAL flush (PostgreSQL docs, "Asynchronous Commit").
+func relaySettingsSQL(async bool) string {
+	q := "SELECT set_config('jit', 'off', true), set_config('plan_cache_mode', 'force_custom_plan', true)"
+	if async {
+		q += ", set_config('synchronous_commit', 'off', true)"
 	}
-	if _, err := c.Exec(ctx, relaySessionSQL, pgx.QueryExecModeSimpleProtocol); err != nil {
-		return err
-	}
-	data[relaySessionKey] = true
-	return nil
+	return q
 }
 
-// newRelayExecer adapts the subscriber's handle: a *pgxpool.Pool or a pgx stdlib *sql.DB gets
-// per-connection session preparation; anything else is used as newExecer adapts it.
-func newRelayExecer(db any, async bool) (execer, error) {
-	switch d := db.(type) {
-	case *pgxpool.Pool:
-		return poolRelayExecer{pool: d, async: async}, nil
-	case *sql.DB:
-		if _, ok := d.Driver().(*stdlib.Driver); ok {
-			return stdRelayExecer{db: d}, nil
-		}
-	}
-	return newExecer(db)
-}
-
-type poolRelayExecer struct {
-	pool *pgxpool.Pool
-	// async runs each statement in its own transaction with synchronous_commit = off (and
-	// plan_cache_mode = force_custom_plan, the batch's stand-in for QueryExecModeExec), sent
-	// with BEGIN and COMMIT as one pipelined batch: one round trip, no wait for the WAL flush.
-	async bool
-}
-
-// asyncBatch queues q in a transaction that commits without waiting for the WAL flush
-// (PostgreSQL docs, "Asynchronous Commit"). args lose a leading pgx.QueryExecMode (a batch
-// takes none; the custom plan it asked for comes from plan_cache_mode).
-func asyncBatch(q string, args []any) *pgx.Batch {
+// relayBatch queues q in a transaction of its own with the relay's settings: BEGIN, the
+// settings, q, COMMIT, sent as one pipelined batch (one round trip, in the connection's exec
+// mode; with the simple protocol pgx sends it as one multi-statement query). args lose a
+// leading pgx.QueryExecMode (a batch takes none; the custom plan it asked for comes from
+// plan_cache_mode).
+func relayBatch(q string, args []any, async bool) *pgx.Batch {
 	if len(args) > 0 {
 		if _, ok := args[0].(pgx.QueryExecMode); ok {
 			args = args[1:]
@@ -62,21 +41,130 @@ func asyncBatch(q string, args []any) *pgx.Batch {
 	}
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue("SET LOCAL synchronous_commit = off")
-	b.Queue("SET LOCAL plan_cache_mode = force_custom_plan")
+	b.Queue(relaySettingsSQL(async))
 	b.Queue(q, args...)
 	b.Queue("COMMIT")
 	return b
 }
 
-// batchRows reads the statement's rows of an asyncBatch; when they end it reads the COMMIT's
+// relayPreamble is the number of statements relayBatch queues before q.
+const relayPreamble = 2
+
+// newRelayExecer adapts the subscriber's handle: a *pgxpool.Pool or a pgx stdlib *sql.DB runs
+// each statement in a transaction of its own with the relay's settings (relayBatch); anything
+// else is used as newExecer adapts it.
+func newRelayExecer(db any, async bool) (execer, error) {
+	switch d := db.(type) {
+	case *pgxpool.Pool:
+		return relayExecer{async: async, acquire: func(ctx context.Context) (*pgx.Conn, func(), error) {
+			c, err := d.Acquire(ctx)
+			if err != nil {
+				return nil, nil, err
+			}
+			return c.Conn(), c.Release, nil
+		}}, nil
+	case *sql.DB:
+		if _, ok := d.Driver().(*stdlib.Driver); ok {
+			return relayExecer{async: async, acquire: func(ctx context.Context) (*pgx.Conn, func(), error) {
+				return stdConn(ctx, d)
+			}}, nil
+		}
+	}
+	return newExecer(db)
+}
+
+// stdConn takes a connection of a pgx stdlib *sql.DB and returns its *pgx.Conn, which stays
+// reserved to the caller until release (database/sql lends it to nobody else meanwhile; a
+// connection released inside a transaction, after an error, is discarded by the driver's
+// ResetSession).
+func stdConn(ctx context.Context, db *sql.DB) (*pgx.Conn, func(), error) {
+	c, err := db.Conn(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	var pc *pgx.Conn
+	err = c.Raw(func(dc any) error {
+		sc, ok := dc.(*stdlib.Conn)
+		if !ok {
+			return fmt.Errorf("outbox: want a pgx stdlib connection, got %T", dc)
+		}
+		pc = sc.Conn()
+		return nil
+	})
+	if err != nil {
+		_ = c.Close()
+		return nil, nil, err
+	}
+	return pc, func() { _ = c.Close() }, nil
+}
+
+// relayExecer runs each statement as relayBatch on a connection it takes for the statement.
+type relayExecer struct {
+	acquire func(ctx context.Context) (conn *pgx.Conn, release func(), err error)
+	async   bool
+}
+
+// send takes a connection and sends relayBatch(q, args); it returns the results positioned at
+// q's.
+func (e relayExecer) send(ctx context.Context, q string, args []any) (pgx.BatchResults, func(), error) {
+	conn, release, err := e.acquire(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	br := conn.SendBatch(ctx, relayBatch(q, args, e.async))
+	for range relayPreamble {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			release()
+			return nil, nil, err
+		}
+	}
+	return br, release, nil
+}
+
+func (e relayExecer) query(ctx context.Context, q string, args ...any) (rows, error) {
+	br, release, err := e.send(ctx, q, args)
+	if err != nil {
+		return nil, err
+	}
+	r, err := br.Query()
+	if err != nil {
+		_ = br.Close()
+		release()
+		return nil, err
+	}
+	return &batchRows{Rows: r, br: br, release: release}, nil
+}
+
+func (e relayExecer) exec(ctx context.Context, q string, args ...any) (int64, error) {
+	br, release, err := e.send(ctx, q, args)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	tag, err := br.Exec()
+	if _, cerr := br.Exec(); cerr != nil && err == nil { // COMMIT
+		err = cerr
+	}
+	if cerr := br.Close(); cerr != nil && err == nil {
+		err = cerr
+	}
+	return tag.RowsAffected(), err
+}
+
+func (e relayExecer) inTx() bool { return false }
+
+// oneShot returns args unchanged: relayBatch sets plan_cache_mode = force_custom_plan.
+func (e relayExecer) oneShot(args []any) []any { return args }
+
+// batchRows reads the statement's rows of a relayBatch; when they end it reads the COMMIT's
 // result (an error there is reported by Err) and releases the connection.
 type batchRows struct {
 	pgx.Rows
-	br   pgx.BatchResults
-	conn *pgxpool.Conn
-	err  error
-	done bool
+	br      pgx.BatchResults
+	release func()
+	err     error
+	done    bool
 }
 
 func (r *batchRows) Next() bool {
@@ -103,7 +191,7 @@ func (r *batchRows) finish() {
 	if err := r.br.Close(); err != nil && r.err == nil {
 		r.err = err
 	}
-	r.conn.Release()
+	r.release()
 }
 
 func (r *batchRows) Err() error {
@@ -114,152 +202,3 @@ func (r *batchRows) Err() error {
 }
 
 func (r *batchRows) Close() { r.finish() }
-
-// sendAsync sends asyncBatch(q, args) and returns its results positioned at the statement.
-func sendAsync(ctx context.Context, conn *pgxpool.Conn, q string, args []any) (pgx.BatchResults, error) {
-	br := conn.SendBatch(ctx, asyncBatch(q, args))
-	for range 3 { // BEGIN, SET LOCAL, SET LOCAL
-		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			return nil, err
-		}
-	}
-	return br, nil
-}
-
-type poolRows struct {
-	pgx.Rows
-	conn *pgxpool.Conn
-}
-
-func (r poolRows) Close() {
-	r.Rows.Close()
-	r.conn.Release()
-}
-
-func (e poolRelayExecer) acquire(ctx context.Context) (*pgxpool.Conn, error) {
-	conn, err := e.pool.Acquire(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if err := prepareRelaySession(ctx, conn.Conn()); err != nil {
-		conn.Release()
-		return nil, err
-	}
-	return conn, nil
-}
-
-func (e poolRelayExecer) query(ctx context.Context, q string, args ...any) (rows, error) {
-	conn, err := e.acquire(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if e.async {
-		br, err := sendAsync(ctx, conn, q, args)
-		if err != nil {
-			conn.Release()
-			return nil, err
-		}
-		r, err := br.Query()
-		if err != nil {
-			_ = br.Close()
-			conn.Release()
-			return nil, err
-		}
-		return &batchRows{Rows: r, br: br, conn: conn}, nil
-	}
-	r, err := conn.Query(ctx, q, args...)
-	if err != nil {
-		conn.Release()
-		return nil, err
-	}
-	return poolRows{Rows: r, conn: conn}, nil
-}
-
-func (e poolRelayExecer) exec(ctx context.Context, q string, args ...any) (int64, error) {
-	conn, err := e.acquire(ctx)
-	if err != nil {
-		return 0, err
-	}
-	defer conn.Release()
-	if e.async {
-		br, err := sendAsync(ctx, conn, q, args)
-		if err != nil {
-			return 0, err
-		}
-		tag, err := br.Exec()
-		if _, cerr := br.Exec(); cerr != nil && err == nil { // COMMIT
-			err = cerr
-		}
-		if cerr := br.Close(); cerr != nil && err == nil {
-			err = cerr
-		}
-		return tag.RowsAffected(), err
-	}
-	tag, err := conn.Exec(ctx, q, args...)
-	return tag.RowsAffected(), err
-}
-
-func (e poolRelayExecer) inTx() bool { return false }
-
-func (e poolRelayExecer) oneShot(args []any) []any { return prependExecMode(args) }
-
-type stdRelayExecer struct{ db *sql.DB }
-
-type stdConnRows struct {
-	*sql.Rows
-	conn *sql.Conn
-}
-
-func (r stdConnRows) Close() {
-	_ = r.Rows.Close()
-	_ = r.conn.Close()
-}
-
-func (e stdRelayExecer) conn(ctx context.Context) (*sql.Conn, error) {
-	conn, err := e.db.Conn(ctx)
-	if err != nil {
-		return nil, err
-	}
-	err = conn.Raw(func(dc any) error {
-		if sc, ok := dc.(*stdlib.Conn); ok {
-			return prepareRelaySession(ctx, sc.Conn())
-		}
-		return nil
-	})
-	if err != nil {
-		_ = conn.Close()
-		return nil, err
-	}
-	return conn, nil
-}
-
-func (e stdRelayExecer) query(ctx context.Context, q string, args ...any) (rows, error) {
-	conn, err := e.conn(ctx)
-	if err != nil {
-		return nil, err
-	}
-	r, err := conn.QueryContext(ctx, q, args...)
-	if err != nil {
-		_ = conn.Close()
-		return nil, err
-	}
-	return stdConnRows{Rows: r, conn: conn}, nil
-}
-
-func (e stdRelayExecer) exec(ctx context.Context, q string, args ...any) (int64, error) {
-	conn, err := e.conn(ctx)
-	if err != nil {
-		return 0, err
-	}
-	defer conn.Close()
-	res, err := conn.ExecContext(ctx, q, args...)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
-}
-
-func (e stdRelayExecer) inTx() bool { return false }
-
-func (e stdRelayExecer) oneShot(args []any) []any { return prependExecMode(args) }

@@ -23,14 +23,25 @@ const (
 	PayloadJSONB PayloadType = iota
 	// PayloadBytea stores payloads as BYTEA, verbatim (protobuf, Avro, anything): no JSON checks.
 	PayloadBytea
+	// PayloadJSON stores payloads as JSON text (PostgreSQL type json): exactly the bytes
+	// written (key order, whitespace and duplicate keys kept), still checked like PayloadJSONB
+	// (ValidatePayload before any SQL; PostgreSQL checks the syntax again). On SQLite it is the
+	// same TEXT column as PayloadJSONB.
+	PayloadJSON
 )
 
 func (t PayloadType) sqlType() string {
-	if t == PayloadBytea {
+	switch t {
+	case PayloadBytea:
 		return "BYTEA"
+	case PayloadJSON:
+		return "JSON"
 	}
 	return "JSONB"
 }
+
+// isJSON reports whether payloads are JSON (PayloadJSONB or PayloadJSON).
+func (t PayloadType) isJSON() bool { return t == PayloadJSONB || t == PayloadJSON }
 
 // Column is a user-defined column of the outbox table (a tenant id, a subject id, a webhook
 // result). Name is an unquoted identifier (letters, digits, underscore; it is quoted in SQL);
@@ -49,7 +60,7 @@ type SchemaConfig struct {
 	// Table is the table name, optionally schema-qualified ("billing.outbox"). Each part is
 	// quoted as an identifier, so any characters but '.' and NUL are safe. Default DefaultTable.
 	Table string
-	// PayloadType chooses JSONB (default) or BYTEA for the payload column.
+	// PayloadType chooses JSONB (default), JSON or BYTEA for the payload column.
 	PayloadType PayloadType
 	// ExtraColumns are user columns created by Migrate and filled on write through
 	// SetExtraColumns / EventInput.ExtraColumns. Names must not collide with the outbox's own
@@ -141,7 +152,7 @@ func (c SchemaConfig) compile() (*schema, error) {
 	case c.FillFactor < 10 || c.FillFactor > 100:
 		return nil, &ConfigError{Field: "SchemaConfig.FillFactor", Reason: fmt.Sprintf("%d: want a percentage in 10..100", c.FillFactor)}
 	}
-	if c.PayloadType != PayloadJSONB && c.PayloadType != PayloadBytea {
+	if c.PayloadType != PayloadJSONB && c.PayloadType != PayloadBytea && c.PayloadType != PayloadJSON {
 		return nil, &ConfigError{Field: "SchemaConfig.PayloadType", Reason: fmt.Sprintf("unknown payload type %d", c.PayloadType)}
 	}
 	s := &schema{cfg: c, table: pgx.Identifier(parts).Sanitize(), tableName: parts[len(parts)-1], extra: map[string]bool{}, sqlite: c.Dialect == DialectSQLite, fillDefault: fillDefault}
@@ -285,7 +296,7 @@ func (s *schema) setFillFactor() string {
 // adds those missing from an existing table). It returns a *ConfigError for an invalid config.
 //
 // Columns (SPEC §2): sequence (identity, delivery order), id (UUID, unique event id), topic,
-// payload (JSONB or BYTEA), headers (JSONB object of string values), ordering_key (NULL =
+// payload (JSONB, JSON or BYTEA), headers (JSONB object of string values), ordering_key (NULL =
 // unordered), idempotency_key (unique), created_at, attempts, last_error, next_attempt_at,
 // lease_until, leased_by, published_at, dead_lettered_at, delivery_starts (deliveries started
 // since the event's last recorded outcome, see SubscriberConfig.MaxDeliveryStarts). Pending means published_at IS NULL AND

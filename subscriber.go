@@ -60,8 +60,14 @@ type Subscriber struct {
 // runs each statement on its own. A nil logger means watermill.NopLogger. Errors: a *ConfigError
 // for an invalid config or handle. It runs no SQL.
 //
-// For PgBouncer in transaction mode, configure pgx with QueryExecModeCacheDescribe or
-// QueryExecModeExec (its statement cache fails there).
+// Over a *pgxpool.Pool or a pgx stdlib *sql.DB each relay statement runs in a transaction of
+// its own, sent with BEGIN, its settings (SET LOCAL jit, plan_cache_mode, synchronous_commit)
+// and COMMIT in one round trip: no setting outlives the transaction, so the relay works
+// behind a transaction pooler. Every pgx.QueryExecMode works on a direct connection; through
+// PgBouncer in transaction mode every mode but QueryExecModeCacheStatement (its named
+// prepared statements live on one server connection; PgBouncer 1.21+ can track them with
+// max_prepared_statements). A LISTEN-based wakeup (wakeup/pgnotify) needs a session
+// connection: give it a direct DSN.
 func NewSubscriber(db any, cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subscriber, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err

@@ -103,9 +103,10 @@ type SubscriberConfig struct {
 	// Hooks observe deliveries; nil fields are skipped. See Hooks.
 	Hooks Hooks
 	// SyncCommit makes the relay's own statements (claims, lease renewals, marks) wait for
-	// PostgreSQL's WAL flush like ordinary commits. Default false: over a *pgxpool.Pool each
-	// runs in a transaction with synchronous_commit = off (PostgreSQL docs, "Asynchronous
-	// Commit"; other handles and SQLite always commit synchronously). That saves a flush per
+	// PostgreSQL's WAL flush like ordinary commits. Default false: over a *pgxpool.Pool or a
+	// pgx stdlib *sql.DB each runs in a transaction of its own with SET LOCAL
+	// synchronous_commit = off (PostgreSQL docs, "Asynchronous Commit"; other handles and
+	// SQLite always commit synchronously). That saves a flush per
 	// claim and per mark; a server crash can then forget the last few hundred milliseconds of
 	// leases and marks, which only makes those events be delivered again (at least once) —
 	// events and their order are never lost, and writers' transactions are not affected.

@@ -27,6 +27,7 @@ import (
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/internal/brokertest"
 	"github.com/watermill-outbox/outbox/internal/pgtest"
+	"github.com/watermill-outbox/outbox/internal/privatepgbouncer"
 	"github.com/watermill-outbox/outbox/webhook"
 )
 
@@ -296,84 +297,114 @@ func TestDatabaseErrors(t *testing.T) {
 // cleanup of exactly the published events.
 func TestRelay(t *testing.T) {
 	for _, b := range backends() {
-		t.Run(b.name, func(t *testing.T) {
-			db, table := b.fresh(t)
-			out := mustRun(t, nil, "migrate", "--db", db, "--table", table)
-			if !strings.Contains(out, fmt.Sprintf("outbox table %q is ready", table)) {
-				t.Fatalf("migrate said %q", out)
-			}
-			mustRun(t, nil, "migrate", "--db", db, "--table", table) // idempotent
-			if s := status(t, db, table); s.Pending != 0 || s.DeadLettered != 0 || len(s.Topics) != 0 {
-				t.Fatalf("fresh table: %+v", s)
-			}
+		t.Run(b.name, func(t *testing.T) { relayScenario(t, b) })
+	}
+}
 
-			var evs []testEvent
-			for i := range 40 {
-				evs = append(evs, testEvent{topic: "orders.created", key: fmt.Sprintf("k%d", i%5), n: i})
-			}
-			for i := range 7 {
-				evs = append(evs, testEvent{topic: "audit.log", key: "audit", n: i})
-			}
-			ids := b.publish(t, db, table, evs)
-			orderIDs, auditIDs := ids[:40], ids[40:]
-			s := status(t, db, table)
-			if s.Pending != 47 || s.DeadLettered != 0 {
-				t.Fatalf("after publishing: %+v", s)
-			}
-			if got := topicCounts(s); !maps2Equal(got, map[string][2]int64{"orders.created": {40, 0}, "audit.log": {7, 0}}) {
-				t.Fatalf("per topic: %v", got)
-			}
+// dsnBackend is the PostgreSQL backend reached through the --db URL that dsn returns (events
+// are written directly).
+func dsnBackend(name string, dsn func(t *testing.T) string) backend {
+	b := postgresBackend()
+	b.name = name
+	b.fresh = func(t *testing.T) (string, string) {
+		pgtest.Require(t)
+		return dsn(t), pgtest.Table(t)
+	}
+	return b
+}
 
-			rcv := newReceiver(t, http.StatusOK)
-			relayArgs := []string{"relay", "--db", db, "--table", table, "--to", rcv.URL + "/hook", "--allow-prefix", "127.0.0.0/8",
-				"--poll-interval", "50ms", "--batch-size", "7", "--concurrency", "3"}
-			env := []string{"OUTBOX_SECRET=" + rcv.secret, "OUTBOX_EXCLUDE=audit.*", "OUTBOX_BATCH_SIZE=nonsense-but-overridden-by-the-flag"}
-			p := start(t, env, relayArgs...)
-			p.runUntil(t, "orders delivered", func() bool {
-				c := topicCounts(status(t, db, table))
-				return c["orders.created"] == [2]int64{} && c["audit.log"] == [2]int64{7, 0}
-			})
-			if !strings.Contains(p.errb.String(), "outbox relay stopped") {
-				t.Fatalf("relay log lacks the stop line: %s", p.errb.String())
-			}
-			if got := rcv.received(); !slices.Equal(sorted(got), sorted(orderIDs)) {
-				t.Fatalf("received %d ids, want the %d order events", len(got), len(orderIDs))
-			}
-			rcv.mu.Lock()
-			for k, ns := range rcv.order {
-				if !slices.IsSorted(ns) {
-					t.Errorf("key %s arrived out of order: %v", k, ns)
-				}
-			}
-			if rcv.badSig != 0 {
-				t.Errorf("%d requests with a bad signature", rcv.badSig)
-			}
-			rcv.mu.Unlock()
+// TestRelayExecModeDSN runs TestRelay's scenario (migrate, status, relay, cleanup) with pgx's
+// default_query_exec_mode set in the --db URL, directly and through PgBouncer in transaction
+// mode.
+func TestRelayExecModeDSN(t *testing.T) {
+	for _, b := range []backend{
+		dsnBackend("exec", func(t *testing.T) string { return pgtest.DSN() + "&default_query_exec_mode=exec" }),
+		dsnBackend("simple_protocol", func(t *testing.T) string { return pgtest.DSN() + "&default_query_exec_mode=simple_protocol" }),
+		dsnBackend("pgbouncer/exec", func(t *testing.T) string {
+			return privatepgbouncer.Start(t, pgtest.DSN()).DSN("default_query_exec_mode=exec")
+		}),
+	} {
+		t.Run(b.name, func(t *testing.T) { relayScenario(t, b) })
+	}
+}
 
-			// The rest, configured through the environment only (flag-less db and destination).
-			p = start(t, []string{"OUTBOX_DB=" + db, "OUTBOX_TABLE=" + table, "OUTBOX_TO=" + rcv.URL + "/hook", "OUTBOX_SECRET=" + rcv.secret,
-				"OUTBOX_ALLOW_PREFIX=127.0.0.0/8", "OUTBOX_POLL_INTERVAL=50ms", "OUTBOX_TOPICS=audit.*"}, "relay")
-			p.runUntil(t, "all delivered", func() bool {
-				return status(t, db, table).Pending == 0
-			})
-			if got := rcv.received(); !slices.Equal(sorted(got), sorted(ids)) {
-				t.Fatalf("received %d ids, want all %d", len(got), len(ids))
-			}
-			rcv.mu.Lock()
-			if !slices.Equal(rcv.order["audit"], []int{0, 1, 2, 3, 4, 5, 6}) {
-				t.Errorf("audit order %v", rcv.order["audit"])
-			}
-			rcv.mu.Unlock()
-			_ = auditIDs
+// relayScenario is TestRelay's body for one backend.
+func relayScenario(t *testing.T, b backend) {
+	db, table := b.fresh(t)
+	out := mustRun(t, nil, "migrate", "--db", db, "--table", table)
+	if !strings.Contains(out, fmt.Sprintf("outbox table %q is ready", table)) {
+		t.Fatalf("migrate said %q", out)
+	}
+	mustRun(t, nil, "migrate", "--db", db, "--table", table) // idempotent
+	if s := status(t, db, table); s.Pending != 0 || s.DeadLettered != 0 || len(s.Topics) != 0 {
+		t.Fatalf("fresh table: %+v", s)
+	}
 
-			out = mustRun(t, nil, "cleanup", "--db", db, "--table", table, "--published-older-than", "0s", "--dead-older-than", "0s")
-			if want := "deleted 47 published events older than 0s\ndeleted 0 dead-lettered events older than 0s\n"; out != want {
-				t.Fatalf("cleanup said %q, want %q", out, want)
-			}
-			if s := status(t, db, table); s.Pending != 0 || s.DeadLettered != 0 {
-				t.Fatalf("after cleanup: %+v", s)
-			}
-		})
+	var evs []testEvent
+	for i := range 40 {
+		evs = append(evs, testEvent{topic: "orders.created", key: fmt.Sprintf("k%d", i%5), n: i})
+	}
+	for i := range 7 {
+		evs = append(evs, testEvent{topic: "audit.log", key: "audit", n: i})
+	}
+	ids := b.publish(t, db, table, evs)
+	orderIDs, auditIDs := ids[:40], ids[40:]
+	s := status(t, db, table)
+	if s.Pending != 47 || s.DeadLettered != 0 {
+		t.Fatalf("after publishing: %+v", s)
+	}
+	if got := topicCounts(s); !maps2Equal(got, map[string][2]int64{"orders.created": {40, 0}, "audit.log": {7, 0}}) {
+		t.Fatalf("per topic: %v", got)
+	}
+
+	rcv := newReceiver(t, http.StatusOK)
+	relayArgs := []string{"relay", "--db", db, "--table", table, "--to", rcv.URL + "/hook", "--allow-prefix", "127.0.0.0/8",
+		"--poll-interval", "50ms", "--batch-size", "7", "--concurrency", "3"}
+	env := []string{"OUTBOX_SECRET=" + rcv.secret, "OUTBOX_EXCLUDE=audit.*", "OUTBOX_BATCH_SIZE=nonsense-but-overridden-by-the-flag"}
+	p := start(t, env, relayArgs...)
+	p.runUntil(t, "orders delivered", func() bool {
+		c := topicCounts(status(t, db, table))
+		return c["orders.created"] == [2]int64{} && c["audit.log"] == [2]int64{7, 0}
+	})
+	if !strings.Contains(p.errb.String(), "outbox relay stopped") {
+		t.Fatalf("relay log lacks the stop line: %s", p.errb.String())
+	}
+	if got := rcv.received(); !slices.Equal(sorted(got), sorted(orderIDs)) {
+		t.Fatalf("received %d ids, want the %d order events", len(got), len(orderIDs))
+	}
+	rcv.mu.Lock()
+	for k, ns := range rcv.order {
+		if !slices.IsSorted(ns) {
+			t.Errorf("key %s arrived out of order: %v", k, ns)
+		}
+	}
+	if rcv.badSig != 0 {
+		t.Errorf("%d requests with a bad signature", rcv.badSig)
+	}
+	rcv.mu.Unlock()
+
+	// The rest, configured through the environment only (flag-less db and destination).
+	p = start(t, []string{"OUTBOX_DB=" + db, "OUTBOX_TABLE=" + table, "OUTBOX_TO=" + rcv.URL + "/hook", "OUTBOX_SECRET=" + rcv.secret,
+		"OUTBOX_ALLOW_PREFIX=127.0.0.0/8", "OUTBOX_POLL_INTERVAL=50ms", "OUTBOX_TOPICS=audit.*"}, "relay")
+	p.runUntil(t, "all delivered", func() bool {
+		return status(t, db, table).Pending == 0
+	})
+	if got := rcv.received(); !slices.Equal(sorted(got), sorted(ids)) {
+		t.Fatalf("received %d ids, want all %d", len(got), len(ids))
+	}
+	rcv.mu.Lock()
+	if !slices.Equal(rcv.order["audit"], []int{0, 1, 2, 3, 4, 5, 6}) {
+		t.Errorf("audit order %v", rcv.order["audit"])
+	}
+	rcv.mu.Unlock()
+	_ = auditIDs
+
+	out = mustRun(t, nil, "cleanup", "--db", db, "--table", table, "--published-older-than", "0s", "--dead-older-than", "0s")
+	if want := "deleted 47 published events older than 0s\ndeleted 0 dead-lettered events older than 0s\n"; out != want {
+		t.Fatalf("cleanup said %q, want %q", out, want)
+	}
+	if s := status(t, db, table); s.Pending != 0 || s.DeadLettered != 0 {
+		t.Fatalf("after cleanup: %+v", s)
 	}
 }
 

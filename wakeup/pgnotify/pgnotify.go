@@ -8,9 +8,10 @@
 //     (default 5ms) — one pg_notify per distinct topic, in one short statement — on its own
 //     dedicated connection. Writers never NOTIFY themselves, so they never queue on
 //     PostgreSQL's cluster-wide notify-queue lock, which a notifying transaction holds
-//     through its commit's WAL flush. The notifier's session runs with synchronous_commit=off
-//     (a notification is not data: nothing is lost that a poll does not recover), so its own
-//     commits do not hold that lock through a flush either. A notification can be lost
+//     through its commit's WAL flush. The notifier's statement commits with
+//     synchronous_commit=off, set for that transaction only (a notification is not data:
+//     nothing is lost that a poll does not recover), so its own commits do not hold that lock
+//     through a flush either. A notification can be lost
 //     (notifier connection down, process exit within the window): relays then find the
 //     events at their next poll.
 //   - InTransaction: pg_notify runs inside the writing transaction, folded into the outbox
@@ -26,9 +27,14 @@
 // Listeners LISTEN on one dedicated connection per Wakeup that never opens a transaction; it
 // must be a direct connection to PostgreSQL (or a session-mode pooler): a transaction-mode
 // pooler such as PgBouncer in transaction mode hands the session to other clients between
-// statements and the notifications never arrive. The writer side may go through such a
-// pooler. A server that cannot LISTEN or NOTIFY (a hot standby, a PostgreSQL-compatible
-// database without them) is refused by New.
+// statements and the notifications never arrive. When the application's pool goes through
+// such a pooler, give New a separate, direct DSN (pgx.ParseConfig of
+// "postgres://…@db-host:5432/db"); the pool, the publishers and the relay keep the pooler's.
+// New checks this with a self-probe: it LISTENs on a fresh listener connection, sends a
+// NOTIFY from another connection and waits up to Config.ProbeTimeout for it; when nothing
+// arrives it fails with ErrProbeFailed, whose message names the fix, instead of leaving relays
+// that are never woken. A server that cannot LISTEN or NOTIFY (a hot standby, a
+// PostgreSQL-compatible database without them) is refused by New.
 package pgnotify
 
 import (
@@ -79,6 +85,8 @@ const (
 	DefaultNotifierApplicationName = "watermill-outbox-wakeup-notifier"
 	// DefaultPingInterval is Config.PingInterval's default.
 	DefaultPingInterval = 30 * time.Second
+	// DefaultProbeTimeout is Config.ProbeTimeout's default.
+	DefaultProbeTimeout = 5 * time.Second
 )
 
 // ErrNotifyUnsupported is matched (errors.Is) by the error of New when the server refuses
@@ -89,6 +97,13 @@ var ErrNotifyUnsupported = errors.New("pgnotify: the server does not support NOT
 // LISTEN (with the server's error), and by the listener's logged error when a server it
 // reconnects to refuses it.
 var ErrListenUnsupported = errors.New("pgnotify: the server does not support LISTEN")
+
+// ErrProbeFailed is matched (errors.Is) by the error of New (an *outbox.ConfigError) when its
+// self-probe's NOTIFY did not reach its LISTEN connection within Config.ProbeTimeout: the
+// listener's connection does not keep its session, as behind a transaction-mode pooler
+// (PgBouncer pool_mode=transaction). The fix is a direct DSN to PostgreSQL (or a session-mode
+// pooler) for New's connConfig.
+var ErrProbeFailed = errors.New("pgnotify: self-probe: NOTIFY did not reach the LISTEN connection")
 
 // Config configures a Wakeup. The zero value is valid: channel "watermill_outbox",
 // after-commit notifications coalesced per 5ms.
@@ -116,6 +131,10 @@ type Config struct {
 	// Reconnect shapes the backoff of the listener's reconnects and of the notifier after a
 	// failed send.
 	Reconnect wakeup.Reconnect
+	// ProbeTimeout bounds New's self-probe: how long it waits for its own NOTIFY on its
+	// LISTEN connection (on a direct connection it arrives within milliseconds). Default
+	// DefaultProbeTimeout (5s); negative is a configuration error.
+	ProbeTimeout time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -134,6 +153,9 @@ func (c *Config) setDefaults() {
 	if c.Window == 0 {
 		c.Window = wakeup.DefaultWindow
 	}
+	if c.ProbeTimeout == 0 {
+		c.ProbeTimeout = DefaultProbeTimeout
+	}
 }
 
 // Validate returns a *outbox.ConfigError naming the first invalid field, or nil. Zero fields
@@ -151,6 +173,8 @@ func (c Config) Validate() error {
 		return bad("Window", "must not be negative")
 	case c.PingInterval < 0:
 		return bad("PingInterval", "must not be negative")
+	case c.ProbeTimeout < 0:
+		return bad("ProbeTimeout", "must not be negative")
 	}
 	return c.Reconnect.Validate("pgnotify.Config.Reconnect")
 }
@@ -171,12 +195,15 @@ type Wakeup struct {
 // pgx.ParseConfig, e.g. pool.Config().ConnConfig of a pgxpool, and point directly at
 // PostgreSQL, not at a transaction-mode pooler). It connects once to check that the server
 // supports NOTIFY and LISTEN, inside a transaction it rolls back (so nothing is delivered); in
-// AfterCommit mode that connection becomes the notifier's. The listener connects on the first
-// Listen call. A nil logger means watermill.NopLogger.
+// AfterCommit mode that connection becomes the notifier's. Then it probes: a second
+// connection LISTENs, the first sends one NOTIFY with a payload naming no topic, and New waits
+// up to Config.ProbeTimeout for it (a round trip on a direct connection). The listener
+// connects on the first Listen call. A nil logger means watermill.NopLogger.
 //
 // Errors: a *outbox.ConfigError for an invalid config, or wrapping ErrNotifyUnsupported when
-// the server refuses pg_notify; an error wrapping ErrListenUnsupported when it refuses LISTEN;
-// the connection error otherwise.
+// the server refuses pg_notify, or wrapping ErrProbeFailed when the probe's notification did
+// not arrive (connConfig goes through a transaction-mode pooler: give a direct DSN); an error
+// wrapping ErrListenUnsupported when it refuses LISTEN; the connection error otherwise.
 func New(ctx context.Context, connConfig *pgx.ConnConfig, cfg Config, logger watermill.LoggerAdapter) (*Wakeup, error) {
 	if connConfig == nil {
 		return nil, &outbox.ConfigError{Field: "pgnotify.New: connConfig", Reason: "nil connection config"}
@@ -192,14 +219,16 @@ func New(ctx context.Context, connConfig *pgx.ConnConfig, cfg Config, logger wat
 	w := &Wakeup{cfg: cfg, logger: logger}
 	w.listenCC = connConfigFor(connConfig, cfg.ListenerApplicationName)
 	w.notifyCC = connConfigFor(connConfig, cfg.NotifierApplicationName)
-	// A notification is not data: the notifier's commits need not wait for the WAL flush.
-	w.notifyCC.RuntimeParams["synchronous_commit"] = "off"
 
 	conn, err := pgx.ConnectConfig(ctx, w.notifyCC)
 	if err != nil {
 		return nil, fmt.Errorf("pgnotify: connect: %w", err)
 	}
 	if err := check(ctx, conn, cfg.Channel); err != nil {
+		_ = conn.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	if err := w.probe(ctx, conn); err != nil {
 		_ = conn.Close(context.WithoutCancel(ctx))
 		return nil, err
 	}
@@ -272,7 +301,7 @@ func check(ctx context.Context, conn *pgx.Conn, channel string) error {
 		return fmt.Errorf("pgnotify: check: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, "SELECT pg_notify($1, '')", channel); err != nil {
+	if _, err := tx.Exec(ctx, "SELECT pg_notify($1, '')", pgx.QueryExecModeExec, channel); err != nil {
 		if unsupported(err) {
 			return &outbox.ConfigError{Field: "pgnotify.New: connConfig", Reason: "the server refuses pg_notify",
 				Err: fmt.Errorf("%w: %w", ErrNotifyUnsupported, err)}
@@ -286,6 +315,53 @@ func check(ctx context.Context, conn *pgx.Conn, channel string) error {
 		return fmt.Errorf("pgnotify: check LISTEN: %w", err)
 	}
 	return nil
+}
+
+// probePayload starts the self-probe's payload: a relay dispatches it as a topic name, which no
+// subscription serves (it wakes nobody).
+const probePayload = "\x01pgnotify-self-probe "
+
+// probe checks that a NOTIFY sent from notifier reaches a fresh listener connection within
+// ProbeTimeout; it fails with ErrProbeFailed when the listener's session is not kept (a
+// transaction-mode pooler).
+func (w *Wakeup) probe(ctx context.Context, notifier *pgx.Conn) error {
+	// The listener's settings under an application_name of its own (pg_stat_activity tells it
+	// from the real listener while its backend exits).
+	l, err := pgx.ConnectConfig(ctx, connConfigFor(w.listenCC, w.cfg.ListenerApplicationName+"-probe"))
+	if err != nil {
+		return fmt.Errorf("pgnotify: self-probe: connect listener: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		_ = l.Close(cctx)
+		cancel()
+	}()
+	if _, err := l.Exec(ctx, "LISTEN "+pgx.Identifier{w.cfg.Channel}.Sanitize(), pgx.QueryExecModeSimpleProtocol); err != nil {
+		if unsupported(err) {
+			return fmt.Errorf("%w: %w", ErrListenUnsupported, err)
+		}
+		return fmt.Errorf("pgnotify: self-probe: LISTEN: %w", err)
+	}
+	payload := fmt.Sprintf("%s%d.%d", probePayload, l.PgConn().PID(), time.Now().UnixNano())
+	if _, err := notifier.Exec(ctx, "SELECT pg_notify($1, $2)", pgx.QueryExecModeSimpleProtocol, w.cfg.Channel, payload); err != nil {
+		return fmt.Errorf("pgnotify: self-probe: NOTIFY: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, w.cfg.ProbeTimeout)
+	defer cancel()
+	for {
+		n, err := l.WaitForNotification(pctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("pgnotify: self-probe: %w", ctx.Err())
+			}
+			return &outbox.ConfigError{Field: "pgnotify.New: connConfig",
+				Reason: fmt.Sprintf("a NOTIFY on channel %q did not reach the LISTEN connection within %s (%v): the listener's connection does not keep its session, as behind a transaction-mode pooler (PgBouncer pool_mode=transaction); give pgnotify.New a separate DSN that connects directly to PostgreSQL (or through a session-mode pooler), and keep the pooler's DSN for the pool", w.cfg.Channel, w.cfg.ProbeTimeout, err),
+				Err:    ErrProbeFailed}
+		}
+		if n.Channel == w.cfg.Channel && n.Payload == payload {
+			return nil
+		}
+	}
 }
 
 // unsupported reports whether err is the server's refusal of LISTEN/NOTIFY: feature not
@@ -325,7 +401,10 @@ func (w *Wakeup) send(ctx context.Context, topics []string) error {
 		}
 		w.notifier = conn
 	}
-	if _, err := w.notifier.Exec(ctx, "SELECT count(pg_notify($1, t)) FROM unnest($2::text[]) t", w.cfg.Channel, payloads); err != nil {
+	// A notification is not data: the statement's own commit need not wait for the WAL flush.
+	// The setting is local to that transaction (not a session setting nor a startup
+	// parameter, which a transaction-mode pooler would refuse or leak).
+	if _, err := w.notifier.Exec(ctx, "SELECT set_config('synchronous_commit', 'off', true), count(pg_notify($1, t)) FROM unnest($2::text[]) t", w.cfg.Channel, payloads); err != nil {
 		_ = w.notifier.Close(context.WithoutCancel(ctx))
 		w.notifier = nil
 		return fmt.Errorf("pgnotify: notify: %w", err)

@@ -106,7 +106,7 @@ func TestWebhookEndToEnd(t *testing.T) {
 	if err := outbox.Migrate(whCtx, pool, schema); err != nil {
 		t.Fatal(err)
 	}
-	secret := []byte("s3cr3t")
+	secret := []byte("integration-s3cr3t-key")
 	rcv := &whReceiver{secret: secret, seqByKey: map[string][]int64{}, bodies: map[string]string{}}
 	rcv.failKey.Store("k07")
 	srv := httptest.NewServer(rcv)

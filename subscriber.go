@@ -427,13 +427,16 @@ const (
 	stateUnavailable
 )
 
-// failed records a Nack's error: a failure, a permanent failure or an unavailable destination.
+// failed records a Nack's error: a failure, a permanent failure, an unavailable destination or
+// a delivery not attempted (released).
 func (it *item) failed(err error) {
 	if err == nil {
 		err = ErrNacked
 	}
 	it.err = err
 	switch classify(err) {
+	case classNotAttempted:
+		it.state = stateReleased
 	case classUnavailable:
 		it.state = stateUnavailable
 	case classPermanent:
@@ -1173,11 +1176,14 @@ func (sub *subscription) await(mctx context.Context, it *item, timeout <-chan st
 			it.state = stateAbandoned
 		}
 	}
-	if it.state == stateFailed && sub.ctx.Err() != nil && errors.Is(it.err, context.Canceled) {
-		// The relay is stopping and the delivery failed because its context was canceled
-		// by that stop: the destination did not judge the event, so no attempt is counted
+	stopped := mctx.Err() != nil // CloseTimeout after a stop, or a lost lease
+	if it.state == stateFailed && !it.perm && (sub.ctx.Err() != nil || stopped) &&
+		(errors.Is(it.err, context.Canceled) || stopped && errors.Is(it.err, ErrNacked)) {
+		// The relay is stopping and the delivery failed because its context was canceled by
+		// that stop (a handler that returned ctx.Err() under a Router without RecordError is
+		// a bare Nack): the destination did not judge the event, so no attempt is counted
 		// (it is released and delivered again).
-		it.state, it.err, it.perm = stateReleased, nil, false
+		it.state, it.err = stateReleased, nil
 	}
 }
 
@@ -1324,7 +1330,8 @@ func (sub *subscription) deliverBatch(ctx, mctx context.Context, items []*item, 
 			it.state, it.err = stateReleased, nil
 			continue
 		}
-		if it.state == stateFailed || it.state == stateUnavailable {
+		if it.state == stateFailed || it.state == stateUnavailable || it.state == stateReleased {
+			// Released: not attempted (ErrNotAttempted, or cut short by a stop).
 			failedKey[k] = true
 		}
 	}

@@ -8,8 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
 	"github.com/watermill-outbox/outbox/forwarder"
 	"github.com/watermill-outbox/outbox/forwarder/amqp"
+	"github.com/watermill-outbox/outbox/forwarder/kafka"
 	"github.com/watermill-outbox/outbox/internal/brokertest"
 	"github.com/watermill-outbox/outbox/internal/pgtest"
 )
@@ -130,4 +135,82 @@ func TestAMQPConnectionCutChargesNoAttempt(t *testing.T) {
 	}
 	t.Logf("%d cuts mid-batch: %d messages left unconfirmed, %d duplicates in the queue, 0 attempts charged, 0 dead letters, %d events each marked once",
 		rounds, unconfirmed, dups, total)
+}
+
+// TestKafkaProducerStateLossKeepsOrder: kfake answers produce requests now and then with
+// OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID, INVALID_PRODUCER_EPOCH or PRODUCER_FENCED
+// for every partition, as a bounced broker that forgot the idempotent producer does (nothing
+// is appended). The Publisher recreates its producer and sends each key again from its first
+// unacknowledged event: MaxAttempts is 1, yet 0 attempts are charged and nothing is
+// dead-lettered; read back with the stock watermill-kafka subscriber, every key is in order,
+// once. The time from each refusal to the next accepted produce request is logged.
+func TestKafkaProducerStateLossKeepsOrder(t *testing.T) {
+	const topic = "fwd.kafka.producer-state"
+	codes := []int16{kerr.OutOfOrderSequenceNumber.Code, kerr.UnknownProducerID.Code, kerr.InvalidProducerEpoch.Code, kerr.ProducerFenced.Code}
+	e := fwdNewEnv(t)
+	c := brokertest.Kafka(t, kfake.SeedTopics(2, topic))
+	var (
+		mu       sync.Mutex
+		n        int
+		refusals []time.Time
+		accepted []time.Time
+	)
+	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		mu.Lock()
+		defer mu.Unlock()
+		n++
+		if n%4 != 0 || len(refusals) >= 2*len(codes) {
+			accepted = append(accepted, time.Now())
+			return nil, nil, false // the broker appends as usual
+		}
+		code := codes[len(refusals)%len(codes)]
+		refusals = append(refusals, time.Now())
+		req := kreq.(*kmsg.ProduceRequest)
+		resp := req.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range req.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	evs := e.seed(600, 30, func(int) string { return topic })
+	sc := kafka.DefaultSaramaConfig()
+	sc.Producer.Retry.Backoff = 20 * time.Millisecond
+	cfg := e.subCfg()
+	cfg.MaxAttempts = 1
+	e.run(e.subscriber(cfg), fwdKafkaPublisher(t, c, sc), forwarder.Config{})
+	e.waitSettled(60*time.Second, len(evs), 0)
+	if n := e.count("attempts > 0 OR dead_lettered_at IS NOT NULL"); n != 0 {
+		t.Fatalf("%d events charged an attempt, want 0", n)
+	}
+	e.checkMarkedOnce(fwdIDs(evs))
+	var col fwdCollector
+	fwdKafkaConsume(t, c, &col, topic)
+	pgtest.Eventually(t, 30*time.Second, "all events consumed", func() bool { return col.len() >= len(evs) })
+	e.checkOrderOnce(col.all(), evs)
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(refusals) != 2*len(codes) {
+		t.Fatalf("%d produce requests refused, want %d", len(refusals), 2*len(codes))
+	}
+	var worst time.Duration
+	for _, r := range refusals {
+		for _, a := range accepted {
+			if a.After(r) {
+				worst = max(worst, a.Sub(r))
+				break
+			}
+		}
+	}
+	t.Logf("%d produce requests refused for the producer's state (%d accepted): 0 attempts charged, per-key order intact; longest refusal → next accepted produce: %s",
+		len(refusals), len(accepted), worst.Round(time.Millisecond))
 }

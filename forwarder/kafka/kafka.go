@@ -457,11 +457,15 @@ func (p *Publisher) marshal(o forwarder.Outgoing, limit int) (*sarama.ProducerMe
 }
 
 // send runs one SendMessages call and returns a result per message. The messages that
-// Sarama's circuit breaker refused are handled by breakerOpen.
+// Sarama's circuit breaker refused are handled by breakerOpen, those refused for the
+// producer's state by producerLost.
 func (p *Publisher) send(ctx context.Context, pms []*sarama.ProducerMessage) []error {
 	res, prod := p.sendOnce(ctx, pms)
 	if again := staleBreaker(pms, res); len(again) > 0 && prod != nil {
 		p.breakerOpen(ctx, prod, pms, res, again)
+	}
+	if again := resendable(pms, res, producerStateLost); len(again) > 0 && prod != nil {
+		p.producerLost(ctx, prod, pms, res, again)
 	}
 	return res
 }

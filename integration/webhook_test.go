@@ -221,7 +221,7 @@ func TestWebhookResultColumn(t *testing.T) {
 
 	// First attempt: the 502 is recorded, truncated and cleaned.
 	deliver := func() error {
-		return whPublisher(t, srv.URL, []byte("k"), onResult).Publish("t", message.NewMessage(m.UUID, m.Payload))
+		return whPublisher(t, srv.URL, []byte("integration-result-key"), onResult).Publish("t", message.NewMessage(m.UUID, m.Payload))
 	}
 	if err := deliver(); err == nil {
 		t.Fatal("502 must be a failure")

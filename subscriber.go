@@ -1164,6 +1164,11 @@ func (sub *subscription) await(mctx context.Context, it *item, timeout <-chan st
 		it.failed(it.hold.get())
 	case <-timeout:
 		it.state, it.err = stateFailed, ErrDeliveryTimeout
+		if sub.ctx.Err() != nil {
+			// The DeliveryTimeout passed while the relay waits for its stop (CloseTimeout):
+			// the stop, not the destination, ends the delivery; no attempt is counted.
+			it.state, it.err = stateAbandoned, nil
+		}
 	case <-mctx.Done():
 		// An answer given before the stop counts, whichever the select saw first.
 		select {

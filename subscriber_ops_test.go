@@ -227,6 +227,8 @@ func TestSubscriberConfigValidation(t *testing.T) {
 		"BatchSize neg":   {BatchSize: -1},
 		"DeliveryTimeout": {LeaseDuration: 10 * time.Second, DeliveryTimeout: 10 * time.Second},
 		"LeaseDuration":   {LeaseDuration: 10 * time.Millisecond},
+		"CloseTimeout":    {CloseTimeout: -time.Second},
+		"CloseTimeout >":  {DeliveryTimeout: time.Second, CloseTimeout: 2 * time.Second},
 		"PollInterval":    {PollInterval: -time.Second},
 		"RetryBase":       {RetryBase: -time.Second},
 		"RetryMax":        {RetryBase: 10 * time.Second, RetryMax: time.Second},

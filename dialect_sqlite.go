@@ -540,9 +540,9 @@ RETURNING "sequence", "attempts", "next_attempt_at", "dead_lettered_at"`,
 			}
 		}
 		if len(m.abandoned) > 0 {
-			// Unanswered at a stop: still leased, and the start does not count (see
+			// Unanswered at a stop: released, and the start does not count (see
 			// SubscriberConfig.MaxDeliveryStarts).
-			if _, err := ex.exec(ctx, fmt.Sprintf(`UPDATE %s SET "delivery_starts" = max("delivery_starts" - 1, 0) WHERE "sequence" IN (SELECT value FROM json_each($1)) AND %s`,
+			if _, err := ex.exec(ctx, fmt.Sprintf(`UPDATE %s SET "delivery_starts" = max("delivery_starts" - 1, 0), "lease_until" = NULL, "leased_by" = NULL WHERE "sequence" IN (SELECT value FROM json_each($1)) AND %s`,
 				s.s.table, fence), jsonList(m.abandoned), token); err != nil {
 				return err
 			}

@@ -91,21 +91,63 @@ func Permanent(err error) error {
 	return &PermanentError{Err: err}
 }
 
+// ErrNotAttempted is matched (errors.Is) by every *NotAttemptedError: the destination never
+// judged the event, so it is released and sent again with no attempt counted.
+var ErrNotAttempted = errors.New("outbox: delivery not attempted")
+
+// NotAttemptedError is a delivery error that says the event's outcome is unknown through no
+// fault of the event or the destination's judgement of it: the relay stopped before the
+// destination answered, or the connection or channel died with the message unconfirmed (no
+// confirm, no ack, no error from the broker about this message). The Subscriber releases such
+// an event (lease cleared, attempts and last_error unchanged) and claims it again; unlike
+// UnavailableError it pauses nothing, so a destination that reconnects at once loses no time.
+// It matches ErrNotAttempted with errors.Is and its cause through Unwrap.
+type NotAttemptedError struct {
+	Err error
+}
+
+func (e *NotAttemptedError) Error() string {
+	if e.Err == nil {
+		return "not attempted"
+	}
+	return "not attempted: " + e.Err.Error()
+}
+
+// Is reports whether target is ErrNotAttempted.
+func (e *NotAttemptedError) Is(target error) bool { return target == ErrNotAttempted }
+
+// Unwrap returns the cause.
+func (e *NotAttemptedError) Unwrap() error { return e.Err }
+
+// NotAttempted wraps err as a *NotAttemptedError; nil stays nil, and an error that already
+// matches ErrNotAttempted is returned unchanged.
+func NotAttempted(err error) error {
+	if err == nil || errors.Is(err, ErrNotAttempted) {
+		return err
+	}
+	return &NotAttemptedError{Err: err}
+}
+
 // failureClass is how the Subscriber treats a delivery error: an ordinary failure (backoff,
-// MaxAttempts), unavailable (no attempt, destination paused) or permanent (dead letter now).
-// An error that matches both is unavailable: a destination that is down cannot judge the event.
+// MaxAttempts), not attempted (released, nothing counted), unavailable (no attempt, destination
+// paused) or permanent (dead letter now). Not attempted wins over the others (the destination
+// did not answer about the event), then unavailable (a destination that is down cannot judge
+// the event).
 type failureClass int
 
 const (
 	classFailure failureClass = iota
 	classUnavailable
 	classPermanent
+	classNotAttempted
 )
 
 func classify(err error) failureClass {
 	switch {
 	case err == nil:
 		return classFailure
+	case errors.Is(err, ErrNotAttempted):
+		return classNotAttempted
 	case errors.Is(err, ErrUnavailable):
 		return classUnavailable
 	case errors.Is(err, ErrPermanent):

@@ -119,7 +119,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		return nil, err
 	}
 	out := make(chan *message.Message)
-	sub.emit = func(ctx context.Context, b []*item) bool { return sub.deliverEach(ctx, b, out) }
+	sub.emit = func(ctx, mctx context.Context, b []*item) bool { return sub.deliverEach(ctx, mctx, b, out) }
 	if err := sub.start(func() { close(out) }); err != nil {
 		return nil, err
 	}
@@ -144,17 +144,20 @@ func (s *Subscriber) SubscribeBatches(ctx context.Context, topic string) (<-chan
 		return nil, err
 	}
 	out := make(chan Batch)
-	sub.emit = func(ctx context.Context, b []*item) bool { return sub.deliverBatch(ctx, b, out) }
+	sub.emit = func(ctx, mctx context.Context, b []*item) bool { return sub.deliverBatch(ctx, mctx, b, out) }
 	if err := sub.start(func() { close(out) }); err != nil {
 		return nil, err
 	}
 	return out, nil
 }
 
-// Close stops every subscription: no new message is emitted, marks of acks already received
-// are written, and every output channel is closed when Close returns. Messages emitted but not
-// yet acked stay leased and are delivered again after the lease expires. Idempotent; always
-// returns nil.
+// Close stops every subscription: no new message is emitted, the messages out get up to
+// SubscriberConfig.CloseTimeout to be acked or nacked (their contexts stay live meanwhile),
+// marks are written, and every output channel is closed when Close returns. A stop charges no
+// attempt: messages still unanswered then are released (lease cleared, attempts unchanged) and
+// their contexts canceled, and a Nack with context.Canceled during the stop counts nothing.
+// The same holds when the context given to Subscribe ends (a Watermill Router's Close).
+// Idempotent; always returns nil.
 func (s *Subscriber) Close() error {
 	s.closeOnce.Do(func() {
 		s.closeMu.Lock()
@@ -245,9 +248,16 @@ type subscription struct {
 	// relay failed is due again, so the relay polls then instead of after PollInterval.
 	retryDue atomic.Int64
 
-	emit   func(ctx context.Context, b []*item) bool
+	// emit delivers a claimed batch: it emits messages while ctx lasts; the messages'
+	// contexts derive from mctx, which outlives ctx by CloseTimeout at a stop (see deliver).
+	emit   func(ctx, mctx context.Context, b []*item) bool
 	ctx    context.Context
 	cancel context.CancelFunc
+	// deliveries is the parent of the message contexts: it ends CloseTimeout after ctx ends
+	// (or as soon as the subscription's goroutine returns), not with ctx, so that a stop
+	// lets the messages out finish (see SubscriberConfig.CloseTimeout). It keeps ctx's values.
+	deliveries     context.Context
+	stopDeliveries context.CancelFunc
 	// marking is closed when the previous batch's marks are written; nil before the first.
 	// Marks run while the next claim does: that batch's events stay leased (so no claim takes
 	// them, nor a later event of their keys) until the marks land.
@@ -280,6 +290,7 @@ func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscr
 	}
 	sub.args = args[3:]
 	sub.ctx, sub.cancel = context.WithCancel(ctx)
+	sub.deliveries, sub.stopDeliveries = context.WithCancel(context.WithoutCancel(ctx))
 	return sub, nil
 }
 
@@ -290,6 +301,7 @@ func (sub *subscription) start(done func()) error {
 	defer s.closeMu.RUnlock()
 	if s.closed {
 		sub.cancel()
+		sub.stopDeliveries()
 		return ErrClosed
 	}
 	s.wg.Add(2)
@@ -300,10 +312,20 @@ func (sub *subscription) start(done func()) error {
 		case <-sub.ctx.Done():
 		}
 		sub.cancel()
+		// The stop: the messages out get CloseTimeout to be answered (see deliver).
+		t := time.NewTimer(s.cfg.CloseTimeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			s.logger.Info("outbox: close timeout; the messages still out are released", watermill.LogFields{"close_timeout": s.cfg.CloseTimeout.String()})
+		case <-sub.deliveries.Done():
+		}
+		sub.stopDeliveries()
 	}()
 	go func() {
 		defer s.wg.Done()
 		defer done()
+		defer sub.stopDeliveries()
 		defer sub.cancel()
 		sub.run()
 	}()
@@ -411,19 +433,22 @@ const (
 	stateAcked            // delivered
 	stateFailed           // counts an attempt
 	stateReleased         // lease given back, no attempt
-	stateAbandoned        // emitted, no answer before close: stays leased
+	stateAbandoned        // emitted, no answer within CloseTimeout of a stop: released, no attempt
 	// stateUnavailable: the destination was unavailable (ErrUnavailable); released with
 	// last_error noted, no attempt
 	stateUnavailable
 )
 
-// failed records a Nack's error: a failure, a permanent failure or an unavailable destination.
+// failed records a Nack's error: a failure, a permanent failure, an unavailable destination or
+// a delivery not attempted (released).
 func (it *item) failed(err error) {
 	if err == nil {
 		err = ErrNacked
 	}
 	it.err = err
 	switch classify(err) {
+	case classNotAttempted:
+		it.state = stateReleased
 	case classUnavailable:
 		it.state = stateUnavailable
 	case classPermanent:
@@ -514,16 +539,20 @@ func (sub *subscription) deliverClaimed(token string, items []*item) []*item {
 }
 
 // deliver emits a claimed batch's deliverable events while renewing the batch's lease and
-// flushing its acks every MarkInterval; it returns when every emitted event was answered
-// (or the subscription stopped).
+// flushing its acks every MarkInterval; it returns when every emitted event was answered, or
+// was left unanswered by a stop (after CloseTimeout) or a lost lease (at once).
 func (sub *subscription) deliver(token string, items, deliver []*item) {
 	if len(deliver) == 0 {
 		return
 	}
-	bctx, lost := context.WithCancel(sub.ctx)
+	// bctx ends emitting (a stop, a lost lease); mctx ends the messages out (CloseTimeout
+	// after a stop, a lost lease at once).
+	bctx, stopEmit := context.WithCancel(sub.ctx)
+	mctx, stopMsgs := context.WithCancel(sub.deliveries)
+	lost := func() { stopEmit(); stopMsgs() }
 	fl := sub.startFlusher(token, deliver, sub.marking)
 	stopRenew := sub.renewWhileOut(token, items, lost, fl)
-	sub.emit(bctx, deliver)
+	sub.emit(bctx, mctx, deliver)
 	fl.stop()
 	stopRenew()
 	lost()
@@ -1144,8 +1173,9 @@ func (sub *subscription) newMessage(ctx context.Context, it *item) *message.Mess
 	return msg
 }
 
-// await waits for msg's answer and records it in it.
-func (sub *subscription) await(ctx context.Context, it *item, timeout <-chan struct{}) {
+// await waits for msg's answer and records it in it; mctx ending (CloseTimeout after a stop,
+// or a lost lease) leaves it unanswered (stateAbandoned).
+func (sub *subscription) await(mctx context.Context, it *item, timeout <-chan struct{}) {
 	defer it.cancel()
 	select {
 	case <-it.msg.Acked():
@@ -1155,7 +1185,12 @@ func (sub *subscription) await(ctx context.Context, it *item, timeout <-chan str
 		it.failed(it.hold.get())
 	case <-timeout:
 		it.state, it.err = stateFailed, ErrDeliveryTimeout
-	case <-ctx.Done():
+		if sub.ctx.Err() != nil {
+			// The DeliveryTimeout passed while the relay waits for its stop (CloseTimeout):
+			// the stop, not the destination, ends the delivery; no attempt is counted.
+			it.state, it.err = stateAbandoned, nil
+		}
+	case <-mctx.Done():
 		// An answer given before the stop counts, whichever the select saw first.
 		select {
 		case <-it.msg.Acked():
@@ -1167,11 +1202,14 @@ func (sub *subscription) await(ctx context.Context, it *item, timeout <-chan str
 			it.state = stateAbandoned
 		}
 	}
-	if it.state == stateFailed && sub.ctx.Err() != nil && errors.Is(it.err, context.Canceled) {
-		// The relay is stopping and the delivery failed because its context was canceled
-		// by that stop: the destination did not judge the event, so no attempt is counted
+	stopped := mctx.Err() != nil // CloseTimeout after a stop, or a lost lease
+	if it.state == stateFailed && !it.perm && (sub.ctx.Err() != nil || stopped) &&
+		(errors.Is(it.err, context.Canceled) || stopped && errors.Is(it.err, ErrNacked)) {
+		// The relay is stopping and the delivery failed because its context was canceled by
+		// that stop (a handler that returned ctx.Err() under a Router without RecordError is
+		// a bare Nack): the destination did not judge the event, so no attempt is counted
 		// (it is released and delivered again).
-		it.state, it.err, it.perm = stateReleased, nil, false
+		it.state, it.err = stateReleased, nil
 	}
 }
 
@@ -1183,7 +1221,7 @@ type lane struct {
 
 // deliverEach emits items one message at a time: each lane's next item only after the previous
 // was acked, up to Concurrency messages out at once. It returns false if it stopped early.
-func (sub *subscription) deliverEach(ctx context.Context, items []*item, out chan<- *message.Message) bool {
+func (sub *subscription) deliverEach(ctx, mctx context.Context, items []*item, out chan<- *message.Message) bool {
 	var lanes []*lane
 	byKey := map[string]*lane{}
 	laneOf := make(map[*item]*lane, len(items))
@@ -1219,7 +1257,7 @@ func (sub *subscription) deliverEach(ctx context.Context, items []*item, out cha
 			if downTopics[it.ev.Topic] {
 				continue // released below, with the rest of its lane
 			}
-			msg := sub.newMessage(ctx, it)
+			msg := sub.newMessage(mctx, it)
 			select {
 			case out <- msg:
 			case <-ctx.Done():
@@ -1229,7 +1267,7 @@ func (sub *subscription) deliverEach(ctx context.Context, items []*item, out cha
 			inflight++
 			tctx, cancel := context.WithTimeout(context.Background(), sub.s.cfg.DeliveryTimeout)
 			go func() {
-				sub.await(ctx, it, tctx.Done())
+				sub.await(mctx, it, tctx.Done())
 				cancel()
 				results <- it
 			}()
@@ -1269,10 +1307,10 @@ func (sub *subscription) deliverEach(ctx context.Context, items []*item, out cha
 }
 
 // deliverBatch emits the whole batch at once and waits for every answer.
-func (sub *subscription) deliverBatch(ctx context.Context, items []*item, out chan<- Batch) bool {
+func (sub *subscription) deliverBatch(ctx, mctx context.Context, items []*item, out chan<- Batch) bool {
 	b := Batch{Messages: make([]*message.Message, len(items))}
 	for i, it := range items {
-		b.Messages[i] = sub.newMessage(ctx, it)
+		b.Messages[i] = sub.newMessage(mctx, it)
 	}
 	release := func() bool {
 		for _, it := range items {
@@ -1295,7 +1333,7 @@ func (sub *subscription) deliverBatch(ctx context.Context, items []*item, out ch
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sub.await(ctx, it, tctx.Done())
+			sub.await(mctx, it, tctx.Done())
 		}()
 	}
 	wg.Wait()
@@ -1306,8 +1344,8 @@ func (sub *subscription) deliverBatch(ctx context.Context, items []*item, out ch
 			continue
 		}
 		if it.state == stateAbandoned {
-			// Unanswered at the stop: it stays leased and is delivered again, so nothing of
-			// its key after it may be recorded as published.
+			// Unanswered at the stop: it is released and delivered again, so nothing of its
+			// key after it may be recorded as published.
 			failedKey[k] = true
 			continue
 		}
@@ -1318,7 +1356,8 @@ func (sub *subscription) deliverBatch(ctx context.Context, items []*item, out ch
 			it.state, it.err = stateReleased, nil
 			continue
 		}
-		if it.state == stateFailed || it.state == stateUnavailable {
+		if it.state == stateFailed || it.state == stateUnavailable || it.state == stateReleased {
+			// Released: not attempted (ErrNotAttempted, or cut short by a stop).
 			failedKey[k] = true
 		}
 	}
@@ -1382,7 +1421,7 @@ func (sub *subscription) renewWhileOut(token string, items []*item, lost func(),
 // their per-event values (failed: errs, perm, jitters; unavailable: notes).
 type markSets struct {
 	acked, released, unavailable, failed []int64
-	abandoned                            []int64 // unanswered at a stop: stay leased
+	abandoned                            []int64 // unanswered at a stop: released, the start uncounted
 	notes, errs                          []string
 	perm                                 []bool
 	jitters                              []float64
@@ -1575,7 +1614,7 @@ func (sub *subscription) pgMark(ctx context.Context, token string, m markSets) (
 		"lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0
 	WHERE o."sequence" = ANY($3::bigint[]) AND %[5]s RETURNING o."sequence", o."attempts", o."next_attempt_at" AS next, o."dead_lettered_at" IS NOT NULL AS dead
 ), abandoned AS (
-	UPDATE %[1]s SET "delivery_starts" = GREATEST("delivery_starts" - 1, 0)
+	UPDATE %[1]s SET "delivery_starts" = GREATEST("delivery_starts" - 1, 0), "lease_until" = NULL, "leased_by" = NULL
 	WHERE "sequence" = ANY($10::bigint[]) AND %[5]s RETURNING "sequence"
 )
 SELECT "sequence", "attempts", next, dead, now() FROM acked

@@ -78,6 +78,14 @@ type SubscriberConfig struct {
 	// it counts as failed (ErrDeliveryTimeout). Default min(30s, LeaseDuration/2); must be
 	// below LeaseDuration.
 	DeliveryTimeout time.Duration
+	// CloseTimeout is how long a stopping subscription (Close, or the end of the context given
+	// to Subscribe — as a Watermill Router's Close does) waits for the messages it has out to
+	// be answered: it emits nothing new, their contexts stay live, and their Acks and Nacks
+	// are recorded as usual. What is still unanswered then is released (lease cleared,
+	// attempts unchanged) and its message contexts are canceled; a Nack caused by that
+	// cancellation (context.Canceled) counts no attempt either. Default DeliveryTimeout; must
+	// not be negative or above DeliveryTimeout.
+	CloseTimeout time.Duration
 	// Concurrency is how many messages one subscription has out (emitted, not yet acked or
 	// nacked) at once. Default 10.
 	Concurrency int
@@ -271,6 +279,9 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.DeliveryTimeout == 0 {
 		c.DeliveryTimeout = min(DefaultDeliveryTimeout, c.LeaseDuration/2)
 	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = c.DeliveryTimeout
+	}
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
 	}
@@ -323,6 +334,10 @@ func (c SubscriberConfig) Validate() error {
 		return bad("DeliveryTimeout", "must be positive")
 	case c.DeliveryTimeout >= c.LeaseDuration:
 		return bad("DeliveryTimeout", fmt.Sprintf("%s must be below LeaseDuration (%s)", c.DeliveryTimeout, c.LeaseDuration))
+	case c.CloseTimeout < 0:
+		return bad("CloseTimeout", "must not be negative")
+	case c.CloseTimeout > c.DeliveryTimeout:
+		return bad("CloseTimeout", fmt.Sprintf("%s must not be above DeliveryTimeout (%s)", c.CloseTimeout, c.DeliveryTimeout))
 	case c.Concurrency < 1:
 		return bad("Concurrency", "must be at least 1")
 	case c.UnavailableBackoff < 0:

@@ -352,7 +352,9 @@ func TestGracefulStopCountsNoStart(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		schema := b.table(t)
 		b.seed(t, schema, "t", 1, []string{"k"})
-		sub := b.newSub(t, fastCfg(schema))
+		cfg := fastCfg(schema)
+		cfg.CloseTimeout = 50 * time.Millisecond
+		sub := b.newSub(t, cfg)
 		ch, _ := sub.Subscribe(ctx, "t")
 		<-ch // never answered
 		sub.Close()
@@ -475,6 +477,7 @@ func TestStopCountsNoAttempt(t *testing.T) {
 		b.seed(t, schema, "t", 10, []string{""})
 		for round := 0; round < b.scale(20, 4); round++ {
 			cfg := fastCfg(schema)
+			cfg.CloseTimeout = 50 * time.Millisecond // the handlers wait for their context to end
 			sub, err := outbox.NewSubscriber(b.db, cfg, nil)
 			if err != nil {
 				t.Fatal(err)

@@ -71,14 +71,15 @@ func TestTopicPatterns(t *testing.T) {
 	})
 }
 
-// TestCloseDuringBatch: acks received before Close are written; the rest stays leased and
-// another relay delivers it after the lease expires.
+// TestCloseDuringBatch: acks received before Close are written; messages still unanswered at
+// CloseTimeout are released (no attempt, no delivery start counted) and another relay
+// delivers them at once.
 func TestCloseDuringBatch(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		schema := b.table(t)
 		b.seed(t, schema, "t", 10, []string{""})
 		cfg := fastCfg(schema)
-		cfg.LeaseDuration, cfg.DeliveryTimeout = 2*time.Second, time.Second
+		cfg.LeaseDuration, cfg.DeliveryTimeout, cfg.CloseTimeout = 20*time.Second, 10*time.Second, 200*time.Millisecond
 		sub := b.newSub(t, cfg)
 		ch, _ := sub.Subscribe(ctx, "t")
 		var msgs []*message.Message
@@ -95,14 +96,19 @@ func TestCloseDuringBatch(t *testing.T) {
 		if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL`, schema.Table)); n != 4 {
 			t.Fatalf("published after close = %d, want 4", n)
 		}
-		if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NULL AND lease_until > %s AND attempts = 0`, schema.Table, b.at(0))); n != 6 {
-			t.Fatalf("still leased = %d, want 6", n)
+		if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NULL AND lease_until IS NULL AND leased_by IS NULL AND attempts = 0 AND delivery_starts = 0`, schema.Table)); n != 6 {
+			t.Fatalf("released = %d, want 6", n)
 		}
-		sub2 := b.newSub(t, fastCfg(schema))
+		for _, m := range msgs[4:] {
+			if m.Context().Err() == nil {
+				t.Fatal("an unanswered message's context is live after Close")
+			}
+		}
+		sub2 := b.newSub(t, cfg)
 		ch2, _ := sub2.Subscribe(ctx, "t")
 		rec := &recorder{}
 		rec.consume(ch2, ack)
-		pgtest.Eventually(t, 10*time.Second, "rest delivered after lease expiry", func() bool {
+		pgtest.Eventually(t, 5*time.Second, "rest delivered by the next relay", func() bool {
 			return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL`, schema.Table)) == 10
 		})
 		if rec.count() != 6 {
@@ -221,6 +227,8 @@ func TestSubscriberConfigValidation(t *testing.T) {
 		"BatchSize neg":   {BatchSize: -1},
 		"DeliveryTimeout": {LeaseDuration: 10 * time.Second, DeliveryTimeout: 10 * time.Second},
 		"LeaseDuration":   {LeaseDuration: 10 * time.Millisecond},
+		"CloseTimeout":    {CloseTimeout: -time.Second},
+		"CloseTimeout >":  {DeliveryTimeout: time.Second, CloseTimeout: 2 * time.Second},
 		"PollInterval":    {PollInterval: -time.Second},
 		"RetryBase":       {RetryBase: -time.Second},
 		"RetryMax":        {RetryBase: 10 * time.Second, RetryMax: time.Second},

@@ -2,6 +2,7 @@ package forwarder
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -222,18 +223,27 @@ func (f *Forwarder) runBatches(ctx context.Context) error {
 // forwardBatch publishes one claimed batch and answers every message. The publish is cut short
 // when ctx ends or the batch's messages time out (their contexts end at the subscriber's
 // DeliveryTimeout).
-func (f *Forwarder) forwardBatch(ctx context.Context, b outbox.Batch) {
+//
+// A failure that ends with the Forwarder's stop (CloseTimeout passed, the publish was cut
+// short) is not the destination's judgement of the event: it is nacked as
+// outbox.NotAttempted, so the outbox counts no attempt and sends the event again. A permanent
+// error keeps its class.
+func (f *Forwarder) forwardBatch(runCtx context.Context, b outbox.Batch) {
 	if len(b.Messages) == 0 {
 		return
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := context.WithCancel(runCtx)
 	stop := context.AfterFunc(b.Messages[0].Context(), cancel)
 	errs := forwardBatch(ctx, f.batch, f.cfg.Topic, b.Messages)
 	stop()
 	cancel()
+	stopped := runCtx.Err() != nil
 	failed := map[string]string{} // ordering key → first failed event id
 	for i, msg := range b.Messages {
 		key := msg.Metadata.Get(outbox.MetadataOrderingKey)
+		if errs[i] != nil && stopped && !errors.Is(errs[i], outbox.ErrPermanent) {
+			errs[i] = outbox.NotAttempted(fmt.Errorf("forwarder stopped before the destination answered: %w", errs[i]))
+		}
 		if errs[i] != nil {
 			if key != "" && failed[key] == "" {
 				failed[key] = msg.UUID

@@ -32,20 +32,7 @@ func TestKafkaUnavailableKeepsOrder(t *testing.T) {
 			return nil, nil, false // dropped: the broker answers normally from now on
 		}
 		c.KeepControl()
-		req := kreq.(*kmsg.ProduceRequest)
-		resp := req.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range req.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = kerr.NotEnoughReplicas.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return produceRefusal(kreq, kerr.NotEnoughReplicas.Code), nil, true
 	})
 	evs := e.seed(300, 30, func(int) string { return topic })
 	sc := kafka.DefaultSaramaConfig()

@@ -106,7 +106,7 @@ func TestWebhookEndToEnd(t *testing.T) {
 	if err := outbox.Migrate(whCtx, pool, schema); err != nil {
 		t.Fatal(err)
 	}
-	secret := []byte("s3cr3t")
+	secret := []byte("integration-s3cr3t-key")
 	rcv := &whReceiver{secret: secret, seqByKey: map[string][]int64{}, bodies: map[string]string{}}
 	rcv.failKey.Store("k07")
 	srv := httptest.NewServer(rcv)
@@ -221,7 +221,7 @@ func TestWebhookResultColumn(t *testing.T) {
 
 	// First attempt: the 502 is recorded, truncated and cleaned.
 	deliver := func() error {
-		return whPublisher(t, srv.URL, []byte("k"), onResult).Publish("t", message.NewMessage(m.UUID, m.Payload))
+		return whPublisher(t, srv.URL, []byte("integration-result-key"), onResult).Publish("t", message.NewMessage(m.UUID, m.Payload))
 	}
 	if err := deliver(); err == nil {
 		t.Fatal("502 must be a failure")

@@ -32,11 +32,15 @@ const (
 type Target struct {
 	// URL is the absolute http or https URL to POST to. Required.
 	URL string
-	// Secret signs the request (see SignatureScheme). Empty means: use Config.Secret; if that
-	// is empty too, the seed scheme sends no signature and the Standard Webhooks scheme fails
-	// the message. Setting it while Config.Secret is also set fails the message with
-	// ErrSecretConflict.
+	// Secret signs the request (see SignatureScheme). Empty means: use Config.Secret or
+	// Config.Secrets; if those are empty too, the seed scheme sends no signature and the
+	// Standard Webhooks scheme fails the message. Setting it (or Secrets) while Config.Secret
+	// or Config.Secrets is also set fails the message with ErrSecretConflict; an invalid
+	// secret (see Config.Secret) fails it permanently with a *ConfigError.
 	Secret string
+	// Secrets are this target's active secrets during a rotation, as Config.Secrets; set
+	// either Secret or Secrets.
+	Secrets []string
 	// Headers are added to the request; they override Config.Headers and are overridden by the
 	// message metadata. Names and values are validated like metadata.
 	Headers map[string]string
@@ -49,11 +53,24 @@ type Config struct {
 	// Target must be set. A literal IP host is checked by the built-in guard at construction.
 	URL string
 
-	// Secret is the signing secret (see Scheme); empty means unsigned requests with the seed
-	// scheme and is a *ConfigError with SchemeStandardWebhooks and a fixed URL. With Target set
-	// it is the secret for every target that returns none; a Target that also returns a secret
-	// fails that message (ErrSecretConflict).
+	// Secret is the signing secret (see Scheme); empty (and no Secrets) means unsigned requests
+	// with the seed scheme and is a *ConfigError with SchemeStandardWebhooks and a fixed URL.
+	// With SchemeStandardWebhooks it must be "whsec_" followed by the standard base64 of 24 to
+	// 64 bytes (see DecodeSecret); with the seed scheme it must be at least MinSeedSecretBytes
+	// (16) bytes long. Anything else is a *ConfigError wrapping ErrInvalidSecret. With Target
+	// set it is the secret for every target that returns none; a Target that also returns a
+	// secret fails that message (ErrSecretConflict).
 	Secret string
+
+	// Secrets are several active secrets, for a key rotation with SchemeStandardWebhooks: every
+	// request carries one signature per secret, in this order, as space-separated "v1,<sig>"
+	// entries of the webhook-signature header, so a receiver holding any one of the keys
+	// verifies it (VerifyStandard). Rotate by adding the new secret, moving receivers to it,
+	// then removing the old one. Each entry is checked like Secret. Set either Secret or
+	// Secrets (both is a *ConfigError). The seed scheme sends one signature: more than one
+	// entry is a *ConfigError there (its receivers accept several keys instead, see
+	// VerifyOptions.Keys).
+	Secrets []string
 
 	// Target, when set, chooses the destination of each message. It is called once per message
 	// and attempt, must be safe for concurrent use, and its error fails the message (wrapped
@@ -221,15 +238,13 @@ func (c *Config) validate() (*url.URL, error) {
 	case c.URL == "" && c.Target == nil:
 		return nil, &ConfigError{Field: "URL", Reason: "required when Target is nil"}
 	}
-	if c.Secret != "" && c.Scheme == SchemeStandardWebhooks {
-		if _, err := DecodeSecret(c.Secret); err != nil {
-			return nil, &ConfigError{Field: "Secret", Reason: "invalid Standard Webhooks secret", Err: err}
-		}
+	if _, err := signingKeys(c.Scheme, "Secret", c.Secret, c.Secrets); err != nil {
+		return nil, err
 	}
 	if c.Target != nil {
 		return nil, nil
 	}
-	if c.Scheme == SchemeStandardWebhooks && c.Secret == "" {
+	if c.Scheme == SchemeStandardWebhooks && c.Secret == "" && len(c.Secrets) == 0 {
 		return nil, &ConfigError{Field: "Secret", Reason: "required with SchemeStandardWebhooks", Err: ErrInvalidSecret}
 	}
 	u, err := parseTargetURL(c.URL)

@@ -62,10 +62,10 @@ func TestConfigValidate(t *testing.T) {
 
 	valid := []Config{
 		{URL: u},
-		{URL: u, Secret: "k", Headers: map[string]string{"X-Tenant": "7", "Authorization": "Bearer t"}},
+		{URL: u, Secret: testSeedSecret, Headers: map[string]string{"X-Tenant": "7", "Authorization": "Bearer t"}},
 		{URL: u, Scheme: SchemeStandardWebhooks, Secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"},
 		{Target: target},
-		{Target: target, Secret: "shared", Scheme: SchemeStandardWebhooks},
+		{Target: target, Secret: testStandardSecret, Scheme: SchemeStandardWebhooks},
 		{URL: "http://10.20.0.5/h", AllowedPrefixes: []netip.Prefix{netip.MustParsePrefix("10.20.0.0/16")}},
 		{URL: u, URLGuard: func(context.Context, *url.URL) error { return nil }},
 	}

@@ -50,5 +50,13 @@
 //	}
 //	http.Handle("/orders", h) // 401 unless the signature verifies
 //
+// Secrets: a Standard Webhooks secret is "whsec_" followed by the standard base64 of 24 to 64
+// random bytes (the spec's range; DecodeSecret), a seed-scheme secret at least
+// MinSeedSecretBytes (16) bytes; anything else is a *ConfigError. To rotate a Standard Webhooks
+// secret, give the sender both (Config.Secrets: one "v1,<sig>" entry per secret in
+// webhook-signature), move receivers to the new one (a receiver holding either key verifies),
+// then drop the old one. The seed scheme carries one signature: list both keys at the
+// receivers (VerifyOptions.Keys) before switching the sender's Secret.
+//
 // Receivers must drop repeats by event id: delivery is at least once.
 package webhook

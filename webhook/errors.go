@@ -41,8 +41,9 @@ var (
 	// so that receivers can drop repeats; the message fails permanently.
 	ErrMissingEventID = errors.New("webhook: message has no event id (UUID)")
 
-	// ErrInvalidSecret means a secret is empty where one is required, or a "whsec_" secret is
-	// not valid standard base64 (Standard Webhooks spec, "Signature scheme").
+	// ErrInvalidSecret means a secret is empty where one is required, a Standard Webhooks
+	// secret is not "whsec_" + standard base64 of 24–64 bytes (Standard Webhooks spec,
+	// "Signature scheme"), or a seed-scheme secret is shorter than MinSeedSecretBytes.
 	ErrInvalidSecret = errors.New("webhook: invalid secret")
 
 	// ErrSignatureMismatch means a signature was well formed but no accepted secret produced

@@ -285,7 +285,7 @@ func TestAllowListLetsNamedLoopbackTargetThrough(t *testing.T) {
 	lookup := &staticLookup{m: map[string][]netip.Addr{"rebind.test": {netip.MustParseAddr("127.0.0.1")}}}
 	p := newPub(t, Config{
 		URL:             "http://rebind.test:" + strconv.Itoa(port) + "/hook",
-		Secret:          "k",
+		Secret:          testSeedSecret,
 		LookupIP:        lookup.LookupIP,
 		AllowedPrefixes: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
 	})
@@ -296,7 +296,7 @@ func TestAllowListLetsNamedLoopbackTargetThrough(t *testing.T) {
 	if len(reqs) != 1 || string(reqs[0].Body) != testPayload || reqs[0].Path != "/hook" {
 		t.Fatalf("requests = %+v", reqs)
 	}
-	if err := Verify([]byte("k"), reqs[0].Body, reqs[0].Header.Get("Outbox-Signature")); err != nil {
+	if err := Verify([]byte(testSeedSecret), reqs[0].Body, reqs[0].Header.Get("Outbox-Signature")); err != nil {
 		t.Error(err)
 	}
 	if n := rcv.conns.Load(); n != 1 {

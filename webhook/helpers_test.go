@@ -20,6 +20,13 @@ import (
 // non-ASCII text, U+2028, and numbers no float64 can hold.
 const testPayload = `{"html":"<b>a & b</b> \u003c","name":"Zoë — 日本語 😀` + "\u2028" + `","big":123456789012345678901234567890,"exp":1.0e400,"neg":-0.0}`
 
+// Test secrets: a seed-scheme secret of MinSeedSecretBytes or more, and a Standard Webhooks
+// secret of 24 key bytes (the spec's example length).
+const (
+	testSeedSecret     = "seed-secret-0123456789"
+	testStandardSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+)
+
 // loopbackOnly lets the built-in guard reach httptest servers; nothing else is allowed.
 var loopbackOnly = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
 

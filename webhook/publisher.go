@@ -11,7 +11,9 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -31,6 +33,7 @@ const drainLimit = 64 << 10
 // connections.
 type Publisher struct {
 	cfg       Config
+	keys      [][]byte     // Config.Secret or Config.Secrets, checked and decoded
 	permanent map[int]bool // Config.PermanentStatuses
 	fixedURL  *url.URL
 	client    *http.Client
@@ -56,7 +59,12 @@ func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
+	keys, err := signingKeys(cfg.Scheme, "Secret", cfg.Secret, cfg.Secrets)
+	if err != nil {
+		return nil, err
+	}
 	cfg.Headers = maps.Clone(cfg.Headers)
+	cfg.Secrets = slices.Clone(cfg.Secrets)
 	cfg.AllowedPrefixes = append([]netip.Prefix(nil), cfg.AllowedPrefixes...)
 
 	dialer := &guardedDialer{
@@ -91,6 +99,7 @@ func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error
 	}
 	return &Publisher{
 		cfg:       cfg,
+		keys:      keys,
 		permanent: permanent,
 		fixedURL:  fixed,
 		client:    client,
@@ -193,7 +202,7 @@ func (p *Publisher) attempt(ctx context.Context, topic string, msg *message.Mess
 	if msg.UUID == "" {
 		return permanent(ErrMissingEventID)
 	}
-	u, secret, targetHeaders, derr := p.resolveTarget(topic, msg)
+	u, keys, targetHeaders, derr := p.resolveTarget(topic, msg)
 	if derr != nil {
 		return derr
 	}
@@ -227,7 +236,7 @@ func (p *Publisher) attempt(ctx context.Context, topic string, msg *message.Mess
 	h.Set("Content-Type", p.cfg.ContentType)
 	h.Set(HeaderEventID, msg.UUID)
 	h.Set(HeaderTopic, topic)
-	if derr := p.sign(h, secret, msg.UUID, body); derr != nil {
+	if derr := p.sign(h, keys, msg.UUID, body); derr != nil {
 		return derr
 	}
 
@@ -263,47 +272,55 @@ func (p *Publisher) attempt(ctx context.Context, topic string, msg *message.Mess
 	return nil
 }
 
-// resolveTarget returns the destination URL, signing secret and target headers of msg.
-func (p *Publisher) resolveTarget(topic string, msg *message.Message) (*url.URL, string, map[string]string, *DeliveryError) {
+// resolveTarget returns the destination URL, signing keys and target headers of msg.
+func (p *Publisher) resolveTarget(topic string, msg *message.Message) (*url.URL, [][]byte, map[string]string, *DeliveryError) {
 	if p.cfg.Target == nil {
-		return p.fixedURL, p.cfg.Secret, nil, nil
+		return p.fixedURL, p.keys, nil, nil
 	}
 	t, err := p.cfg.Target(topic, msg)
 	if err != nil {
-		return nil, "", nil, &DeliveryError{Err: fmt.Errorf("webhook: target: %w", err)}
+		return nil, nil, nil, &DeliveryError{Err: fmt.Errorf("webhook: target: %w", err)}
 	}
-	if t.Secret != "" && p.cfg.Secret != "" {
-		return nil, "", nil, &DeliveryError{Permanent: true, Err: &ConfigError{
+	own := t.Secret != "" || len(t.Secrets) > 0
+	if own && len(p.keys) > 0 {
+		return nil, nil, nil, &DeliveryError{Permanent: true, Err: &ConfigError{
 			Field: "Target.Secret", Reason: "Config.Secret is set too", Err: ErrSecretConflict,
 		}}
 	}
 	u, err := parseTargetURL(t.URL)
 	if err != nil {
-		return nil, "", nil, &DeliveryError{Permanent: true, Err: &ConfigError{Field: "Target.URL", Reason: "invalid URL", Err: err}}
+		return nil, nil, nil, &DeliveryError{Permanent: true, Err: &ConfigError{Field: "Target.URL", Reason: "invalid URL", Err: err}}
 	}
-	secret := t.Secret
-	if secret == "" {
-		secret = p.cfg.Secret
+	if !own {
+		return u, p.keys, t.Headers, nil
 	}
-	return u, secret, t.Headers, nil
+	keys, err := signingKeys(p.cfg.Scheme, "Target.Secret", t.Secret, t.Secrets)
+	if err != nil {
+		return nil, nil, nil, &DeliveryError{Permanent: true, Err: err}
+	}
+	return u, keys, t.Headers, nil
 }
 
-// sign adds the signature headers of the configured scheme.
-func (p *Publisher) sign(h http.Header, secret, id string, body []byte) *DeliveryError {
+// sign adds the signature headers of the configured scheme: one signature per key (Standard
+// Webhooks), none for the seed scheme without a key.
+func (p *Publisher) sign(h http.Header, keys [][]byte, id string, body []byte) *DeliveryError {
 	if p.cfg.Scheme == SchemeStandardWebhooks {
-		key, err := DecodeSecret(secret)
-		if err != nil {
-			return &DeliveryError{Permanent: true, Err: &ConfigError{Field: "Secret", Reason: "Standard Webhooks needs a valid secret", Err: err}}
+		if len(keys) == 0 {
+			return &DeliveryError{Permanent: true, Err: &ConfigError{Field: "Secret", Reason: "Standard Webhooks needs a secret", Err: ErrInvalidSecret}}
 		}
 		ts := strconv.FormatInt(p.cfg.Now().Unix(), 10)
+		sigs := make([]string, len(keys))
+		for i, k := range keys {
+			sigs[i] = "v1," + base64.StdEncoding.EncodeToString(standardMAC(k, id, ts, body))
+		}
 		h.Set(HeaderWebhookID, id)
 		h.Set(HeaderWebhookTimestamp, ts)
-		h.Set(HeaderWebhookSignature, "v1,"+base64.StdEncoding.EncodeToString(standardMAC(key, id, ts, body)))
+		h.Set(HeaderWebhookSignature, strings.Join(sigs, " "))
 		return nil
 	}
-	if secret == "" {
+	if len(keys) == 0 {
 		return nil
 	}
-	h.Set(p.cfg.SignatureHeader, Sign([]byte(secret), body))
+	h.Set(p.cfg.SignatureHeader, Sign(keys[0], body))
 	return nil
 }

@@ -20,7 +20,7 @@ const eventID = "0190b6a8-3f5c-7cc0-8f1e-2a7f0d9c1b11"
 
 func TestPublishSendsPayloadUnchangedWithSeedSignature(t *testing.T) {
 	rcv := newReceiver(t, http.StatusNoContent, "", nil)
-	secret := "s3cr3t"
+	secret := testSeedSecret
 	p := newPub(t, Config{URL: rcv.URL() + "/hooks/orders", Secret: secret})
 
 	msg := newMsg(eventID, testPayload, map[string]string{"traceparent": "00-abc-def-01", "Outbox-Ordering-Key": "order-7"})
@@ -83,12 +83,12 @@ func TestPublishUnsignedWithoutSecretAndCustomHeaderNames(t *testing.T) {
 	}
 
 	rcv2 := newReceiver(t, http.StatusOK, "", nil)
-	p2 := newPub(t, Config{URL: rcv2.URL(), Secret: "k", SignatureHeader: "X-Hub-Signature-256"})
+	p2 := newPub(t, Config{URL: rcv2.URL(), Secret: testSeedSecret, SignatureHeader: "X-Hub-Signature-256"})
 	if err := p2.Publish("t", newMsg(eventID, `{}`, nil)); err != nil {
 		t.Fatal(err)
 	}
 	h2 := rcv2.Requests()[0].Header
-	if err := Verify([]byte("k"), []byte(`{}`), h2.Get("X-Hub-Signature-256")); err != nil {
+	if err := Verify([]byte(testSeedSecret), []byte(`{}`), h2.Get("X-Hub-Signature-256")); err != nil {
 		t.Errorf("custom signature header: %v", err)
 	}
 	if v := h2.Values("Outbox-Signature"); len(v) != 0 {
@@ -158,9 +158,12 @@ func TestPublishStandardWebhooks(t *testing.T) {
 
 func TestStandardWebhooksFreshTimestampPerAttempt(t *testing.T) {
 	rcv := newReceiver(t, http.StatusOK, "", nil)
-	key := []byte("k-k-k-k")
+	key, err := DecodeSecret(testStandardSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
 	clock := &fakeClock{}
-	p := newPub(t, Config{URL: rcv.URL(), Secret: string(key), Scheme: SchemeStandardWebhooks, Now: clock.Now})
+	p := newPub(t, Config{URL: rcv.URL(), Secret: testStandardSecret, Scheme: SchemeStandardWebhooks, Now: clock.Now})
 
 	t1 := time.Unix(1_800_000_000, 0)
 	t2 := t1.Add(90 * time.Second)
@@ -205,7 +208,7 @@ func TestPublishNon2xxIsDeliveryError(t *testing.T) {
 			elsewhere := newReceiver(t, http.StatusOK, "", nil)
 			location := elsewhere.URL() + "/moved"
 			rcv := newReceiver(t, status, "nope: <b>"+strconv.Itoa(status)+"</b>", http.Header{"Location": {location}})
-			p := newPub(t, Config{URL: rcv.URL(), Secret: "x"})
+			p := newPub(t, Config{URL: rcv.URL(), Secret: testSeedSecret})
 
 			err := p.Publish("orders", newMsg(eventID, `{"a":1}`, nil))
 			de := asDelivery(t, err)
@@ -318,7 +321,7 @@ func TestHeaderPrecedence(t *testing.T) {
 				"Connection": "close", "Host": "evil.example", // transport-owned: skipped
 			}}, nil
 		},
-		Secret: "k",
+		Secret: testSeedSecret,
 	})
 	msg := newMsg(eventID, `{}`, map[string]string{
 		"x-c":              "event",
@@ -339,7 +342,7 @@ func TestHeaderPrecedence(t *testing.T) {
 		"Outbox-Event-Id":  eventID,
 		"Outbox-Topic":     "real-topic",
 		"Content-Type":     "application/json",
-		"Outbox-Signature": Sign([]byte("k"), []byte(`{}`)),
+		"Outbox-Signature": Sign([]byte(testSeedSecret), []byte(`{}`)),
 	}
 	for k, v := range want {
 		if g := h.Values(k); len(g) != 1 || g[0] != v {
@@ -414,9 +417,9 @@ func TestInvalidHeadersAreRefusedBeforeSending(t *testing.T) {
 func TestSecretInConfigAndTargetIsConfigError(t *testing.T) {
 	rcv := newReceiver(t, http.StatusOK, "", nil)
 	p := newPub(t, Config{
-		Secret: "config-secret",
+		Secret: testSeedSecret,
 		Target: func(string, *message.Message) (Target, error) {
-			return Target{URL: rcv.URL(), Secret: "target-secret"}, nil
+			return Target{URL: rcv.URL(), Secret: "target-secret-0123456789"}, nil
 		},
 	})
 	err := p.Publish("t", newMsg(eventID, `{}`, nil))
@@ -440,9 +443,9 @@ func TestTargetRoutesAndSignsPerMessage(t *testing.T) {
 		Target: func(topic string, msg *message.Message) (Target, error) {
 			switch topic {
 			case "a":
-				return Target{URL: a.URL(), Secret: "secret-a", Headers: map[string]string{"X-Dest": "a"}}, nil
+				return Target{URL: a.URL(), Secret: "secret-a-0123456789", Headers: map[string]string{"X-Dest": "a"}}, nil
 			case "b":
-				return Target{URL: b.URL(), Secret: "secret-b"}, nil
+				return Target{URL: b.URL(), Secret: "secret-b-0123456789"}, nil
 			}
 			return Target{}, errors.New("no route")
 		},
@@ -457,10 +460,10 @@ func TestTargetRoutesAndSignsPerMessage(t *testing.T) {
 	if len(ra) != 1 || len(rb) != 1 {
 		t.Fatalf("requests a=%d b=%d, want 1 each", len(ra), len(rb))
 	}
-	if err := Verify([]byte("secret-a"), ra[0].Body, ra[0].Header.Get("Outbox-Signature")); err != nil || ra[0].Header.Get("X-Dest") != "a" {
+	if err := Verify([]byte("secret-a-0123456789"), ra[0].Body, ra[0].Header.Get("Outbox-Signature")); err != nil || ra[0].Header.Get("X-Dest") != "a" {
 		t.Errorf("a: verify %v, X-Dest %q", err, ra[0].Header.Get("X-Dest"))
 	}
-	if err := Verify([]byte("secret-b"), rb[0].Body, rb[0].Header.Get("Outbox-Signature")); err != nil {
+	if err := Verify([]byte("secret-b-0123456789"), rb[0].Body, rb[0].Header.Get("Outbox-Signature")); err != nil {
 		t.Errorf("b: %v", err)
 	}
 
@@ -553,7 +556,7 @@ func TestCloseCancelsInFlightAndWaits(t *testing.T) {
 
 func TestConcurrentPublish(t *testing.T) {
 	rcv := newReceiver(t, http.StatusOK, "", nil)
-	p := newPub(t, Config{URL: rcv.URL(), Secret: "k"})
+	p := newPub(t, Config{URL: rcv.URL(), Secret: testSeedSecret})
 	const workers, each = 8, 10
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
@@ -578,7 +581,7 @@ func TestConcurrentPublish(t *testing.T) {
 		t.Fatalf("got %d requests, want %d", len(reqs), workers*each)
 	}
 	for _, r := range reqs {
-		if err := Verify([]byte("k"), r.Body, r.Header.Get("Outbox-Signature")); err != nil {
+		if err := Verify([]byte(testSeedSecret), r.Body, r.Header.Get("Outbox-Signature")); err != nil {
 			t.Errorf("%s: %v", r.Header.Get(HeaderEventID), err)
 		}
 	}

@@ -22,7 +22,8 @@ type SignatureScheme int
 const (
 	// SchemeHMACSHA256 is the seed scheme: one header (default "Outbox-Signature", see
 	// Config.SignatureHeader) with the value "sha256=" followed by the lowercase hex HMAC-SHA256
-	// (RFC 2104) of the exact body bytes, keyed with the secret's bytes. It carries no
+	// (RFC 2104) of the exact body bytes, keyed with the secret's bytes (at least
+	// MinSeedSecretBytes of them). It carries no
 	// timestamp, so it does not protect against replay; receivers drop repeats by event id.
 	SchemeHMACSHA256 SignatureScheme = iota
 
@@ -30,8 +31,8 @@ const (
 	// (https://www.standardwebhooks.com, "Signature scheme"): headers "webhook-id" (the event
 	// id), "webhook-timestamp" (Unix seconds, taken fresh for every attempt) and
 	// "webhook-signature" with the value "v1," followed by the standard base64 HMAC-SHA256 of
-	// "<id>.<timestamp>.<body>". A secret written "whsec_<base64>" is base64-decoded; any other
-	// secret is used as its raw bytes.
+	// "<id>.<timestamp>.<body>" — one space-separated entry per active secret during a
+	// rotation. Secrets are written "whsec_<base64 of 24–64 key bytes>" (see DecodeSecret).
 	SchemeStandardWebhooks
 )
 
@@ -97,28 +98,6 @@ func standardMAC(key []byte, id, ts string, body []byte) []byte {
 	io.WriteString(m, ".")
 	m.Write(body)
 	return m.Sum(nil)
-}
-
-// DecodeSecret turns a Standard Webhooks secret into key bytes: "whsec_<base64>" is decoded
-// with standard base64 (padding required), as the Standard Webhooks spec writes secrets; any
-// other non-empty string is returned as its raw bytes. An empty secret, an empty key after the
-// prefix, or invalid base64 yields an error wrapping ErrInvalidSecret.
-func DecodeSecret(secret string) ([]byte, error) {
-	if secret == "" {
-		return nil, fmt.Errorf("%w: empty", ErrInvalidSecret)
-	}
-	enc, ok := strings.CutPrefix(secret, standardPrefix)
-	if !ok {
-		return []byte(secret), nil
-	}
-	key, err := base64.StdEncoding.Strict().DecodeString(enc)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %q secret is not standard base64", ErrInvalidSecret, standardPrefix)
-	}
-	if len(key) == 0 {
-		return nil, fmt.Errorf("%w: empty key after %q", ErrInvalidSecret, standardPrefix)
-	}
-	return key, nil
 }
 
 // Verify checks a seed-scheme signature header value ("sha256=<64 hex digits>") against body

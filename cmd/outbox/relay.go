@@ -274,7 +274,7 @@ names one for all.`,
 	fl.StringVar(&to, "to", "", "destination URL: "+destForms+" (required)")
 	fl.StringSliceVar(&topics, "topics", nil, "topic pattern to relay (exact, \"prefix*\" or \"*\"); repeatable or comma-separated; default \"*\" (all)")
 	aliasFlag(cmd, "topics", "topic")
-	fl.StringVar(&secret, "secret", "", "webhook signing secret: requests carry Outbox-Signature: sha256=<hex HMAC-SHA256 of the body>; empty = unsigned")
+	fl.StringVar(&secret, "secret", "", "webhook signing secret, at least 16 bytes: requests carry Outbox-Signature: sha256=<hex HMAC-SHA256 of the body>; empty = unsigned")
 	fl.StringSliceVar(&allow, "allow-prefix", nil, "webhook: let the relay reach this private or loopback range (CIDR or address, e.g. 127.0.0.0/8); repeatable")
 	fl.StringVar(&exchange, "amqp-exchange", "", "RabbitMQ: existing exchange to publish through; empty = the default exchange")
 	fl.IntSliceVar(&permanent, "webhook-permanent-status", nil, "webhook: an answer with this HTTP status dead-letters the event at once instead of retrying it (e.g. 410, 422); repeatable")

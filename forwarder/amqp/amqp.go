@@ -18,7 +18,10 @@
 // Failure classes (outbox.ErrUnavailable, outbox.ErrPermanent): a broker that cannot be
 // connected to, that closes the connection with 320 CONNECTION_FORCED (shutting down), or
 // whose connection drops while a new one cannot be opened, is unavailable (the relay pauses
-// and probes instead of counting attempts); a message that AMQP or the connection cannot carry
+// and probes instead of counting attempts); a connection or channel that drops with messages
+// unconfirmed (no ack, nack or return for them) while a new connection can be opened leaves
+// them not attempted (outbox.ErrNotAttempted: released with no attempt, sent again on the new
+// connection; duplicates at most the unconfirmed messages); a message that AMQP or the connection cannot carry
 // (see Publisher.PublishBatch) is refused before publishing as permanent; a nack, a return
 // (no queue bound) or a channel the broker closed for a reason (404 missing exchange) are
 // ordinary failures.

@@ -21,9 +21,11 @@ const probeTimeout = 2 * time.Second
 // cannot be connected to (refused, DNS, dial or handshake timeout), closed the connection
 // with 320 CONNECTION_FORCED (it is shutting down), or the connection or channel broke without
 // an answer from the broker while a new connection cannot be made either (down is called at
-// most once per batch). A channel or connection the broker closed with a reason (404 for a
-// missing exchange, 406, 501) and every other error stay ordinary failures; refusals before
-// publishing are permanent (see PublishBatch).
+// most once per batch). Not attempted (outbox.NotAttempted: released, no attempt, sent again
+// at once): the connection or channel broke without an answer about the message (no confirm,
+// no nack, no return) and a new connection can be made. A channel or connection the broker
+// closed with a reason (404 for a missing exchange, 406, 501) and every other error stay
+// ordinary failures; refusals before publishing are permanent (see PublishBatch).
 func (p *Publisher) classify(err error, down func() bool) error {
 	if errors.Is(err, ErrClosed) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
 		errors.Is(err, outbox.ErrPermanent) || errors.Is(err, outbox.ErrUnavailable) {
@@ -37,7 +39,9 @@ func (p *Publisher) classify(err error, down func() bool) error {
 		return err
 	case netfail.Dropped(err) || errors.Is(err, amqp091.ErrClosed) || errors.Is(err, ErrChannelClosed) || isAMQP:
 		if !down() {
-			return err
+			// The outcome is unknown, not refused: the next claim sends it again on a new
+			// connection (duplicates at most the unconfirmed messages).
+			return outbox.NotAttempted(err)
 		}
 	default:
 		return err

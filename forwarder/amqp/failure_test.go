@@ -62,28 +62,33 @@ func TestClassify(t *testing.T) {
 	down := func() bool { return true }
 	refused := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: connection refused")}
 	cases := []struct {
-		name        string
-		err         error
-		down        func() bool
-		unavailable bool
+		name         string
+		err          error
+		down         func() bool
+		unavailable  bool
+		notAttempted bool
 	}{
-		{"dial refused", fmt.Errorf("outbox amqp: dial: %w", refused), up, true},
-		{"connection forced", fmt.Errorf("%w: %w", ErrChannelClosed, &amqp091.Error{Code: amqp091.ConnectionForced, Server: true}), up, true},
-		{"missing exchange", fmt.Errorf("%w: %w", ErrChannelClosed, &amqp091.Error{Code: amqp091.NotFound, Server: true}), down, false},
-		{"frame error from broker", &amqp091.Error{Code: amqp091.FrameError, Server: true}, down, false},
-		{"local i/o error, broker down", &amqp091.Error{Code: amqp091.FrameError, Reason: "EOF"}, down, true},
-		{"local i/o error, broker up", &amqp091.Error{Code: amqp091.FrameError, Reason: "EOF"}, up, false},
-		{"closed, broker down", ErrChannelClosed, down, true},
-		{"nacked", ErrNacked, down, false},
-		{"returned", &ReturnedError{ReplyCode: 312}, down, false},
-		{"context", context.DeadlineExceeded, down, false},
+		{"dial refused", fmt.Errorf("outbox amqp: dial: %w", refused), up, true, false},
+		{"connection forced", fmt.Errorf("%w: %w", ErrChannelClosed, &amqp091.Error{Code: amqp091.ConnectionForced, Server: true}), up, true, false},
+		{"missing exchange", fmt.Errorf("%w: %w", ErrChannelClosed, &amqp091.Error{Code: amqp091.NotFound, Server: true}), down, false, false},
+		{"frame error from broker", &amqp091.Error{Code: amqp091.FrameError, Server: true}, down, false, false},
+		{"local i/o error, broker down", &amqp091.Error{Code: amqp091.FrameError, Reason: "EOF"}, down, true, false},
+		{"local i/o error, broker up", &amqp091.Error{Code: amqp091.FrameError, Reason: "EOF"}, up, false, true},
+		{"closed, broker down", ErrChannelClosed, down, true, false},
+		{"closed, broker up", ErrChannelClosed, up, false, true},
+		{"connection not open, broker up", fmt.Errorf("outbox amqp: publish: %w", amqp091.ErrClosed), up, false, true},
+		{"nacked", ErrNacked, down, false, false},
+		{"returned", &ReturnedError{ReplyCode: 312}, down, false, false},
+		{"context", context.DeadlineExceeded, down, false, false},
 	}
 	for _, c := range cases {
 		err := p.classify(c.err, c.down)
 		var ue *outbox.UnavailableError
 		got := errors.As(err, &ue) && ue.Destination == "amqp test" && errors.Is(err, c.err)
-		if got != c.unavailable || (!c.unavailable && err != c.err) {
-			t.Errorf("%s: %v classified as %v, want unavailable %v", c.name, c.err, err, c.unavailable)
+		var na *outbox.NotAttemptedError
+		gotNA := errors.As(err, &na) && errors.Is(err, c.err)
+		if got != c.unavailable || gotNA != c.notAttempted || (!c.unavailable && !c.notAttempted && err != c.err) {
+			t.Errorf("%s: %v classified as %v, want unavailable %v, not attempted %v", c.name, c.err, err, c.unavailable, c.notAttempted)
 		}
 	}
 }

@@ -18,16 +18,32 @@ import (
 // unavailableErrors are the Kafka and Sarama errors that say the cluster (or the partition's
 // leader) cannot take writes right now, whatever the message: no broker reachable, no leader,
 // too few in-sync replicas for acks = all, a request timeout, a broker-side network or storage
-// failure. Sarama has already retried them Producer.Retry.Max times when they surface. Also
-// the idempotent producer's own state after such a failure: Sarama bumps its producer epoch
-// when it gives up on a record batch, and a batch still in flight with the old epoch (or out
-// of sequence) is refused with INVALID_PRODUCER_EPOCH or OUT_OF_ORDER_SEQUENCE_NUMBER — an
-// echo of the outage, not a fault of the message; the next send goes through.
+// failure. Sarama has already retried them Producer.Retry.Max times when they surface.
 var unavailableErrors = []error{
 	sarama.ErrOutOfBrokers, sarama.ErrBrokerNotAvailable, sarama.ErrLeaderNotAvailable,
 	sarama.ErrNotLeaderForPartition, sarama.ErrNotEnoughReplicas, sarama.ErrNotEnoughReplicasAfterAppend,
 	sarama.ErrRequestTimedOut, sarama.ErrNetworkException, sarama.ErrKafkaStorageError,
-	sarama.ErrInvalidProducerEpoch, sarama.ErrOutOfOrderSequenceNumber,
+}
+
+// producerStateErrors say that the broker lost or refuses the idempotent producer's state, not
+// the message: OUT_OF_ORDER_SEQUENCE_NUMBER and UNKNOWN_PRODUCER_ID (a broker that forgot the
+// producer's sequence, after a bounce or a retention cut), INVALID_PRODUCER_EPOCH (Sarama
+// bumped its epoch after giving up on a record batch) and PRODUCER_FENCED. The message was not
+// appended. The Publisher recreates its producer (a new producer id, sequences from 0) and
+// sends each key again from its first unacknowledged message (producerLost); what still fails
+// is not attempted (outbox.NotAttempted).
+var producerStateErrors = []error{
+	sarama.ErrOutOfOrderSequenceNumber, sarama.ErrUnknownProducerID, sarama.ErrInvalidProducerEpoch, sarama.ErrProducerFenced,
+}
+
+// producerStateLost reports whether err is one of producerStateErrors.
+func producerStateLost(err error) bool {
+	for _, e := range producerStateErrors {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // probeTimeout bounds the metadata request that tells a dropped connection from a cluster
@@ -39,8 +55,11 @@ const probeTimeout = 2 * time.Second
 // unreachable brokers, an unavailableErrors answer, or a lost contact with the cluster (a
 // connection that broke, a broker not connected, Sarama's circuit breaker open after failed
 // metadata requests) while the cluster does not answer a metadata request either (down is
-// called at most once per batch) is unavailable; anything else (an unknown topic, an open
-// circuit breaker while the cluster answers, an authorization error) stays an ordinary failure.
+// called at most once per batch) is unavailable; the producer's state lost (producerStateErrors)
+// or a connection that broke while the cluster answers is not attempted (the outcome is
+// unknown, not refused: released, sent again at the next claim); anything else (an unknown
+// topic, an open circuit breaker while the cluster answers, an authorization error) stays an
+// ordinary failure.
 func (p *Publisher) classify(err error, down func() bool) error {
 	switch {
 	case err == nil, errors.Is(err, forwarder.ErrHeldBack), errors.Is(err, ErrClosed),
@@ -49,8 +68,12 @@ func (p *Publisher) classify(err error, down func() bool) error {
 		return err
 	case errors.Is(err, sarama.ErrMessageSizeTooLarge):
 		return outbox.Permanent(err)
+	case producerStateLost(err):
+		return outbox.NotAttempted(err)
 	case netfail.Unreachable(err), isUnavailable(err), lostContact(err) && down():
 		return &outbox.UnavailableError{Destination: p.name, Err: err}
+	case netfail.Dropped(err), errors.Is(err, sarama.ErrNotConnected):
+		return outbox.NotAttempted(err)
 	}
 	return err
 }
@@ -107,9 +130,16 @@ func lostContact(err error) bool {
 // circuit breaker refused (nothing was sent) and that can be sent again in order: no later
 // message with the same Kafka key in the call was acknowledged.
 func staleBreaker(pms []*sarama.ProducerMessage, res []error) []int {
+	return resendable(pms, res, func(err error) bool { return errors.Is(err, breaker.ErrBreakerOpen) })
+}
+
+// resendable returns the indexes of the messages of one SendMessages call whose error matches
+// and that can be sent again in order: no later message with the same Kafka key in the call
+// was acknowledged. So each key is resent from its first unacknowledged message.
+func resendable(pms []*sarama.ProducerMessage, res []error, match func(error) bool) []int {
 	var out []int
 	for i, err := range res {
-		if !errors.Is(err, breaker.ErrBreakerOpen) {
+		if err == nil || !match(err) {
 			continue
 		}
 		ok := true
@@ -199,21 +229,13 @@ func (p *Publisher) breakerOpen(ctx context.Context, prod sarama.SyncProducer, p
 	if len(resend) == 0 {
 		return
 	}
-	if !p.renewProducer(prod) {
+	if !p.renewProducer(prod, "its circuit breaker was still open after the cluster answered again") {
 		for _, i := range resend {
 			res[i] = &outbox.UnavailableError{Destination: p.name, Err: res[i]}
 		}
 		return
 	}
-	// Fresh messages: the old producer's goroutines may still read the refused ones after
-	// returning them (Sarama's partitionProducer reads msg.retries after returnError), and the
-	// new producer writes their internal state, so sending the same values again is a data race.
-	again := make([]*sarama.ProducerMessage, len(resend))
-	for j, i := range resend {
-		m := pms[i]
-		again[j] = &sarama.ProducerMessage{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: m.Headers, Metadata: m.Metadata, Partition: m.Partition, Timestamp: m.Timestamp}
-	}
-	out, _ := p.sendOnce(ctx, again)
+	out, _ := p.sendOnce(ctx, fresh(pms, resend))
 	for j, err := range out {
 		if errors.Is(err, breaker.ErrBreakerOpen) {
 			err = &outbox.UnavailableError{Destination: p.name, Err: err}
@@ -222,10 +244,38 @@ func (p *Publisher) breakerOpen(ctx context.Context, prod sarama.SyncProducer, p
 	}
 }
 
+// producerLost handles the messages at idx of one SendMessages call on prod that the broker
+// refused for the producer's state (producerStateErrors; see resendable): the producer is
+// recreated (renewProducer: a new producer id) and the messages are sent once more on the new
+// one, each key from its first unacknowledged message, so no key is reordered on the topic.
+// res is updated in place; what still fails is classified as usual (not attempted).
+func (p *Publisher) producerLost(ctx context.Context, prod sarama.SyncProducer, pms []*sarama.ProducerMessage, res []error, idx []int) {
+	if !p.renewProducer(prod, "the broker lost or refused its state: "+res[idx[0]].Error()) {
+		return
+	}
+	out, _ := p.sendOnce(ctx, fresh(pms, idx))
+	for j, err := range out {
+		res[idx[j]] = err
+	}
+}
+
+// fresh copies the messages at idx for another send. The old producer's goroutines may still
+// read the refused ones after returning them (Sarama's partitionProducer reads msg.retries
+// after returnError), and the new producer writes their internal state, so sending the same
+// values again is a data race.
+func fresh(pms []*sarama.ProducerMessage, idx []int) []*sarama.ProducerMessage {
+	again := make([]*sarama.ProducerMessage, len(idx))
+	for j, i := range idx {
+		m := pms[i]
+		again[j] = &sarama.ProducerMessage{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: m.Headers, Metadata: m.Metadata, Partition: m.Partition, Timestamp: m.Timestamp}
+	}
+	return again
+}
+
 // renewProducer replaces the producer old with a new one on the same client (its breakers
 // closed), unless another call did so meanwhile or the Publisher is closed. Reports whether
 // messages can be sent on a producer that is not old. Waits for the sends in flight on old.
-func (p *Publisher) renewProducer(old sarama.SyncProducer) bool {
+func (p *Publisher) renewProducer(old sarama.SyncProducer, why string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
@@ -243,6 +293,6 @@ func (p *Publisher) renewProducer(old sarama.SyncProducer) bool {
 		p.logger.Debug("outbox kafka: closing the replaced producer", watermill.LogFields{"error": err.Error()})
 	}
 	p.producer = prod
-	p.logger.Info("outbox kafka: producer renewed (its circuit breaker was still open after the cluster answered again)", nil)
+	p.logger.Info("outbox kafka: producer renewed", watermill.LogFields{"reason": why})
 	return true
 }

@@ -30,13 +30,17 @@
 // one was not; the outbox does not mark them published and sends them again, in order, after
 // it. Such failures are unavailable (below), so the relay pauses rather than retrying at once.
 //
-// Failure classes (outbox.ErrUnavailable, outbox.ErrPermanent): unreachable brokers (refused,
-// DNS, out of brokers), a leader not available, not enough replicas, a request timeout, a
-// broker network or storage error, the idempotent producer's stale epoch or sequence right
-// after such a failure, or a connection that broke or a broker not connected while the
-// cluster does not answer a metadata request either (or another message of the batch found
-// no broker reachable), are unavailable (the relay pauses and probes instead of counting
-// attempts). Sarama's circuit breaker, which stays open for 10 s after failed metadata
+// Failure classes (outbox.ErrUnavailable, outbox.ErrPermanent, outbox.ErrNotAttempted):
+// unreachable brokers (refused, DNS, out of brokers), a leader not available, not enough
+// replicas, a request timeout, a broker network or storage error, or a connection that broke
+// or a broker not connected while the cluster does not answer a metadata request either (or
+// another message of the batch found no broker reachable), are unavailable (the relay pauses
+// and probes instead of counting attempts). The idempotent producer's state lost or refused
+// (OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID, INVALID_PRODUCER_EPOCH, PRODUCER_FENCED,
+// e.g. after a broker bounce) makes the Publisher recreate its producer and send each key
+// again from its first unacknowledged message at once; what still fails then, and a
+// connection that broke while the cluster answers, is not attempted (released with no attempt
+// and sent again at the next claim), so no key is reordered on the topic. Sarama's circuit breaker, which stays open for 10 s after failed metadata
 // requests, is unavailable while the cluster does not answer; once it answers and knows the
 // topic, the Publisher renews its producer and sends the refused messages again at once, so
 // delivery resumes as soon as the cluster is back. A message above the producer's or the
@@ -457,11 +461,15 @@ func (p *Publisher) marshal(o forwarder.Outgoing, limit int) (*sarama.ProducerMe
 }
 
 // send runs one SendMessages call and returns a result per message. The messages that
-// Sarama's circuit breaker refused are handled by breakerOpen.
+// Sarama's circuit breaker refused are handled by breakerOpen, those refused for the
+// producer's state by producerLost.
 func (p *Publisher) send(ctx context.Context, pms []*sarama.ProducerMessage) []error {
 	res, prod := p.sendOnce(ctx, pms)
 	if again := staleBreaker(pms, res); len(again) > 0 && prod != nil {
 		p.breakerOpen(ctx, prod, pms, res, again)
+	}
+	if again := resendable(pms, res, producerStateLost); len(again) > 0 && prod != nil {
+		p.producerLost(ctx, prod, pms, res, again)
 	}
 	return res
 }

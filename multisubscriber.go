@@ -227,3 +227,21 @@ func (m *MultiSubscriber) Close() error {
 	m.wg.Wait()
 	return nil
 }
+
+// Backlog returns the tables' backlogs added up: Pending, DeadLettered and Unavailable are
+// sums, OldestPendingAge the largest (one query per table, in turn). Errors: the first
+// table's error, wrapped with its name. Safe for concurrent use, also after Close.
+func (m *MultiSubscriber) Backlog(ctx context.Context) (Backlog, error) {
+	var sum Backlog
+	for i, s := range m.subs {
+		b, err := s.Backlog(ctx)
+		if err != nil {
+			return Backlog{}, fmt.Errorf("outbox: backlog of %s: %w", m.tables[i], err)
+		}
+		sum.Pending += b.Pending
+		sum.DeadLettered += b.DeadLettered
+		sum.Unavailable += b.Unavailable
+		sum.OldestPendingAge = max(sum.OldestPendingAge, b.OldestPendingAge)
+	}
+	return sum, nil
+}

@@ -301,7 +301,7 @@ func (s *schema) setFillFactor() string {
 //
 // Columns (SPEC §2): sequence (identity, delivery order), id (UUID, unique event id), topic,
 // payload (JSONB or BYTEA), headers (JSONB object of string values), ordering_key (NULL =
-// unordered), idempotency_key (unique), created_at, attempts, last_error, next_attempt_at,
+// unordered), idempotency_key (unique, per table or per SchemaConfig.IdempotencyScope), created_at, attempts, last_error, next_attempt_at,
 // lease_until, leased_by, published_at, dead_lettered_at, delivery_starts (deliveries started
 // since the event's last recorded outcome, see SubscriberConfig.MaxDeliveryStarts). Pending means published_at IS NULL AND
 // dead_lettered_at IS NULL.

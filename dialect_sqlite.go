@@ -155,9 +155,8 @@ func (s *schema) indexStatements() []string {
 		// Unpublished keyed events by key: finds each key's head. It must cover dead-lettered
 		// events too, or a dead-lettered head would let its successor through.
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("ordering_key", "sequence") WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL`, s.index("key_idx"), t),
-		// At most one event per idempotency key. Partial, so the common event without a key
-		// costs no index entry; the publisher's ON CONFLICT names the same predicate.
-		fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %s ON %s ("idempotency_key") WHERE "idempotency_key" IS NOT NULL`, s.index("idempotency_key_idx"), t),
+		// At most one event per idempotency key (per scope, see SchemaConfig.IdempotencyScope).
+		s.idempotencyIndexSQL(false),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("published_at") WHERE "published_at" IS NOT NULL`, s.index("published_idx"), t),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("dead_lettered_at") WHERE "dead_lettered_at" IS NOT NULL`, s.index("dead_idx"), t),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("topic", "sequence")`, s.index("topic_idx"), t),
@@ -231,6 +230,9 @@ func (s *schema) sqliteMigrate(ctx context.Context, ex execer) error {
 				return err
 			}
 		}
+		if err := s.sqliteScopeCheck(ctx, ex); err != nil {
+			return err
+		}
 		for _, st := range stmts[1:] {
 			if _, err := ex.exec(ctx, st); err != nil {
 				return err
@@ -287,7 +289,7 @@ func (p *Publisher) sqliteInsert(ctx context.Context, rows []row, extraNames []s
 				}
 				b.WriteString(")")
 			}
-			b.WriteString(` ON CONFLICT ("idempotency_key") WHERE "idempotency_key" IS NOT NULL DO NOTHING RETURNING "sequence", "id", "topic", "ordering_key", "idempotency_key", "created_at"`)
+			b.WriteString(` ON CONFLICT (` + p.s.idempotencyColumns() + `) WHERE "idempotency_key" IS NOT NULL DO NOTHING RETURNING "sequence", "id", "topic", "ordering_key", "idempotency_key", "created_at"`)
 			rs, err := ex.query(ctx, b.String(), args...)
 			if err != nil {
 				return err

@@ -93,3 +93,33 @@ var ErrPoisonEvent = errors.New("outbox: poison event: the relay stopped while d
 // ErrDeliveryTimeout is the cause recorded when a message is neither acked nor nacked within
 // SubscriberConfig.DeliveryTimeout.
 var ErrDeliveryTimeout = errors.New("outbox: delivery timeout: message neither acked nor nacked")
+
+// ErrIdempotencyScopeMismatch is returned (wrapped, with the table, the index found and the
+// fix) by Migrate when the table's idempotency index was built for another
+// SchemaConfig.IdempotencyScope than the one given: Migrate never swaps the unique index by
+// itself; IdempotencyScopeMigrationSQL gives the statements that do.
+var ErrIdempotencyScopeMismatch = errors.New("outbox: idempotency index does not match SchemaConfig.IdempotencyScope")
+
+// ErrIdempotencyConflict is matched (errors.Is) by every *IdempotencyConflictError.
+var ErrIdempotencyConflict = errors.New("outbox: idempotency key held by an event of another scope")
+
+// IdempotencyConflictError is returned by Publish, PublishEvents, Enqueue and EnqueueMany on a
+// table without SchemaConfig.IdempotencyScope when an event's idempotency key is already held
+// by a stored event whose extra columns differ from those the event sets (another tenant's
+// event): the stored event is never returned. Index is the first such event's position in the
+// call, Key its idempotency key. The error comes after the INSERT: inside a transaction roll
+// it back (EnqueueMany already rolled back its savepoint); outside one, the call's other
+// events are stored. Give the table an IdempotencyScope to make keys unique per tenant.
+//
+// It matches ErrIdempotencyConflict with errors.Is.
+type IdempotencyConflictError struct {
+	Index int
+	Key   string
+}
+
+func (e *IdempotencyConflictError) Error() string {
+	return fmt.Sprintf("outbox: event #%d: idempotency key %q is held by a stored event with other extra column values (another tenant's?); set SchemaConfig.IdempotencyScope to scope keys per tenant", e.Index, e.Key)
+}
+
+// Is reports whether target is ErrIdempotencyConflict.
+func (e *IdempotencyConflictError) Is(target error) bool { return target == ErrIdempotencyConflict }

@@ -363,6 +363,9 @@ func (p *Publisher) finishRow(i int, r row, payload []byte, headers map[string]s
 			return r, &ValidationError{Index: i, Field: "extra_columns", Reason: fmt.Sprintf("unknown column %q (declare it in SchemaConfig.ExtraColumns)", name)}
 		}
 	}
+	if err := p.s.checkScope(i, r.ikey, extra); err != nil {
+		return r, err
+	}
 	r.extra = extra
 	if r.id == uuid.Nil {
 		id, err := uuid.NewV7()
@@ -386,6 +389,7 @@ type insertShape struct {
 	seed    int64
 	single  bool   // one event: scalar parameters instead of arrays
 	notify  string // NOTIFY channel folded into the statement, "" for none
+	target  string // ON CONFLICT columns: the idempotency index's (schema.idempotencyColumns)
 }
 
 func (sh insertShape) build() string {
@@ -439,7 +443,7 @@ func (sh insertShape) build() string {
 		return b.String()
 	}
 	if sh.idem {
-		b.WriteString(` ON CONFLICT ("idempotency_key") WHERE "idempotency_key" IS NOT NULL DO NOTHING`)
+		b.WriteString(` ON CONFLICT (` + sh.target + `) WHERE "idempotency_key" IS NOT NULL DO NOTHING`)
 	}
 	b.WriteString(` RETURNING ` + returning + `)`)
 	if sh.notify != "" {
@@ -506,7 +510,7 @@ func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	sh := insertShape{table: p.s.table, payload: p.s.cfg.PayloadType, seed: p.s.lockSeed, notify: p.cfg.NotifyChannel}
+	sh := insertShape{table: p.s.table, payload: p.s.cfg.PayloadType, seed: p.s.lockSeed, notify: p.cfg.NotifyChannel, target: p.s.idempotencyColumns()}
 	n := len(rows)
 	ids := make([]string, n)
 	topics := make([]string, n)
@@ -588,6 +592,13 @@ func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
 	} else if err := p.pgInsert(ctx, sh, args, add); err != nil {
 		return nil, err
 	}
+	if sh.idem && (p.s.scoped() || len(extraNames) > 0) {
+		out, err := p.resolveByScope(ctx, rows, byID)
+		if err != nil {
+			return nil, err
+		}
+		return p.written(out, start), nil
+	}
 	out := make([]Event, n)
 	var missing []string
 	for i, r := range rows {
@@ -624,7 +635,12 @@ func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
 			out[i] = ev
 		}
 	}
-	p.logger.Trace("outbox: events written", watermill.LogFields{"table": p.s.table, "events": n, "took": time.Since(start)})
+	return p.written(out, start), nil
+}
+
+// written logs a finished write and calls OnInserted with the topics of the inserted events.
+func (p *Publisher) written(out []Event, start time.Time) []Event {
+	p.logger.Trace("outbox: events written", watermill.LogFields{"table": p.s.table, "events": len(out), "took": time.Since(start)})
 	if p.cfg.OnInserted != nil {
 		var topics []string
 		for _, ev := range out {
@@ -636,7 +652,7 @@ func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
 			p.cfg.OnInserted(topics)
 		}
 	}
-	return out, nil
+	return out
 }
 
 func (p *Publisher) readStored(ctx context.Context, keys []string, byKey map[string]Event) error {

@@ -83,6 +83,17 @@ type SchemaConfig struct {
 	// whose pages already written keep their fill until rewritten. PostgreSQL only: a
 	// non-zero FillFactor with DialectSQLite is a *ConfigError.
 	FillFactor int
+	// IdempotencyScope names extra columns (declared in ExtraColumns, typically a tenant id)
+	// that form the unique key together with the idempotency key: Migrate builds
+	// UNIQUE (scope columns…, idempotency_key) WHERE idempotency_key IS NOT NULL, so two
+	// tenants may use the same key, and a repeat returns the caller's own tenant's event. An
+	// event with an idempotency key must then set every scope column to a non-NULL value
+	// (*ValidationError before any SQL). Empty (default): keys are unique per table, and a key
+	// held by an event whose extra columns differ from the writer's is an
+	// *IdempotencyConflictError. Changing it on an existing table is an explicit migration
+	// (IdempotencyScopeMigrationSQL); Migrate refuses a mismatch with
+	// ErrIdempotencyScopeMismatch. A name not in ExtraColumns is a *ConfigError.
+	IdempotencyScope []string
 }
 
 // DefaultFillFactor is SchemaConfig.FillFactor's default, in percent.
@@ -176,6 +187,9 @@ func (c SchemaConfig) compile() (*schema, error) {
 		}
 		s.extra[col.Name] = true
 	}
+	if err := s.compileScope(); err != nil {
+		return nil, err
+	}
 	h := fnv.New64a()
 	h.Write([]byte(s.table))
 	s.lockSeed = int64(h.Sum64())
@@ -255,6 +269,7 @@ func (s *schema) statements() []string {
 	for _, col := range s.cfg.ExtraColumns {
 		stmts = append(stmts, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s`, t, pgx.Identifier{col.Name}.Sanitize(), col.Type))
 	}
+	stmts = append(stmts, s.scopeCheckSQL())
 	return append(stmts, s.indexStatements()...)
 }
 
@@ -297,7 +312,7 @@ func (s *schema) setFillFactor() string {
 //
 // Columns (SPEC §2): sequence (identity, delivery order), id (UUID, unique event id), topic,
 // payload (JSONB, JSON or BYTEA), headers (JSONB object of string values), ordering_key (NULL =
-// unordered), idempotency_key (unique), created_at, attempts, last_error, next_attempt_at,
+// unordered), idempotency_key (unique, per table or per SchemaConfig.IdempotencyScope), created_at, attempts, last_error, next_attempt_at,
 // lease_until, leased_by, published_at, dead_lettered_at, delivery_starts (deliveries started
 // since the event's last recorded outcome, see SubscriberConfig.MaxDeliveryStarts). Pending means published_at IS NULL AND
 // dead_lettered_at IS NULL.
@@ -340,7 +355,7 @@ func Migrate(ctx context.Context, db any, cfg SchemaConfig) error {
 		_, err = ex.exec(ctx, script)
 	}
 	if err != nil {
-		return fmt.Errorf("outbox: migrate %s: %w", s.table, err)
+		return fmt.Errorf("outbox: migrate %s: %w", s.table, migrateError(err))
 	}
 	return nil
 }

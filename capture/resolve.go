@@ -3,6 +3,7 @@ package capture
 import (
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"slices"
 	"strings"
 
@@ -136,7 +137,28 @@ func resolve(c *checked, cat *catalog, tg *target) (*resolved, error) {
 			return nil, &outbox.ConfigError{Field: c.field("Extend.Columns"), Reason: fmt.Sprintf("%q is not one of SchemaConfig.ExtraColumns", name), Err: ErrInvalid}
 		}
 	}
+	scopeFromRow(c, byName, tg.cfg.IdempotencyScope)
 	return r, nil
+}
+
+// scopeFromRow fills, for a multi-tenant outbox (SchemaConfig.IdempotencyScope), each scope
+// column that Extend.Columns leaves unset from the captured row's column of the same name, when
+// the row has one: a captured event carries its row's tenant like a published one. The
+// caller's map is never written.
+func scopeFromRow(c *checked, byName map[string]catColumn, scope []string) {
+	for _, col := range scope {
+		if _, set := c.Extend.Columns[col]; set {
+			continue
+		}
+		if _, has := byName[col]; !has {
+			continue
+		}
+		c.Extend.Columns = maps.Clone(c.Extend.Columns)
+		if c.Extend.Columns == nil {
+			c.Extend.Columns = map[string]string{}
+		}
+		c.Extend.Columns[col] = "{row}." + quoteIdent(col)
+	}
 }
 
 // topicFor returns the literal topic of op.

@@ -237,7 +237,15 @@ names one for all.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			d, err := f.open(ctx, false)
+			var (
+				d      *database
+				tables []string // several tables (a --table list or pattern), else nil
+			)
+			if elems, multi := tableList(f.table); multi {
+				d, tables, err = f.openTables(ctx, elems)
+			} else {
+				d, err = f.open(ctx, false)
+			}
 			if err != nil {
 				return err
 			}
@@ -245,6 +253,9 @@ names one for all.`,
 			cfg, err := rf.config(d.schema)
 			if err != nil {
 				return err
+			}
+			if tables != nil {
+				cfg.Schema.Table = ""
 			}
 			stats, err := newRelayStats(of)
 			if err != nil {
@@ -264,13 +275,14 @@ names one for all.`,
 			}
 			logger.Info("outbox relay starting", startFields(cmd, map[string]string{"db": d.url.shown, "to": dest.shown,
 				"delivery-timeout": effectiveDeliveryTimeout(cfg).String()}))
-			return runRelay(ctx, d, cfg, stats.wrap(pub, dest.kind), fcfg, topics, logger, stats)
+			return runRelay(ctx, d, cfg, tables, stats.wrap(pub, dest.kind), fcfg, topics, logger, stats)
 		},
 	}
 	f.register(cmd)
 	rf.register(cmd)
 	of.register(cmd)
 	fl := cmd.Flags()
+	fl.Lookup("table").Usage = "outbox table, optionally schema-qualified on PostgreSQL; or several, comma-separated, each possibly a pattern ('*', '?': \"tenant_*.watermill_outbox\") resolved once at start, relayed by one relay in fair turns"
 	fl.StringVar(&to, "to", "", "destination URL: "+destForms+" (required)")
 	fl.StringSliceVar(&topics, "topics", nil, "topic pattern to relay (exact, \"prefix*\" or \"*\"); repeatable or comma-separated; default \"*\" (all)")
 	aliasFlag(cmd, "topics", "topic")
@@ -284,12 +296,13 @@ names one for all.`,
 	return withEnv(cmd)
 }
 
-// runRelay runs one forwarder per topic pattern (each with its own Subscriber) until ctx ends,
-// then stops them gracefully.
-func runRelay(ctx context.Context, d *database, cfg outbox.SubscriberConfig, pub message.Publisher, fcfg forwarder.Config, topics []string, logger watermill.LoggerAdapter, stats *relayStats) error {
+// runRelay runs one forwarder per topic pattern (each with its own Subscriber, or
+// MultiSubscriber over tables when tables is not nil) until ctx ends, then stops them
+// gracefully.
+func runRelay(ctx context.Context, d *database, cfg outbox.SubscriberConfig, tables []string, pub message.Publisher, fcfg forwarder.Config, topics []string, logger watermill.LoggerAdapter, stats *relayStats) error {
 	var (
 		fwds []*forwarder.Forwarder
-		subs []*outbox.Subscriber
+		subs []relaySubscriber
 	)
 	if d.url.kind == kindSQLite && cfg.Wakeup == nil {
 		// Writers of an SQLite file run in other processes: wake on each write of its log
@@ -308,7 +321,7 @@ func runRelay(ctx context.Context, d *database, cfg outbox.SubscriberConfig, pub
 		}
 	}
 	for _, t := range topics {
-		sub, err := outbox.NewSubscriber(d.handle(), cfg, logger)
+		sub, err := newRelaySubscriber(d, cfg, tables, logger)
 		if err != nil {
 			closeAll()
 			return err
@@ -342,7 +355,12 @@ func runRelay(ctx context.Context, d *database, cfg outbox.SubscriberConfig, pub
 			}
 		}()
 	}
-	stats.serve(runCtx, subs[0], d.handle(), cfg.Schema, runners, logger)
+	ready := cfg.Schema
+	if tables != nil {
+		ready.Table = tables[0]
+		logger.Info("outbox relay serving several tables", watermill.LogFields{"tables": strings.Join(tables, ",")})
+	}
+	stats.serve(runCtx, subs[0], d.handle(), ready, runners, logger)
 	<-runCtx.Done()
 	logger.Info("outbox relay stopping", nil)
 	closeAll()
@@ -353,4 +371,18 @@ func runRelay(ctx context.Context, d *database, cfg outbox.SubscriberConfig, pub
 	}
 	logger.Info("outbox relay stopped", stats.summary(context.WithoutCancel(ctx), subs[0]))
 	return nil
+}
+
+// relaySubscriber is what runRelay needs of a Subscriber or MultiSubscriber.
+type relaySubscriber interface {
+	forwarder.Subscriber
+	Backlog(ctx context.Context) (outbox.Backlog, error)
+}
+
+// newRelaySubscriber returns a Subscriber of cfg, or a MultiSubscriber over tables.
+func newRelaySubscriber(d *database, cfg outbox.SubscriberConfig, tables []string, logger watermill.LoggerAdapter) (relaySubscriber, error) {
+	if tables == nil {
+		return outbox.NewSubscriber(d.handle(), cfg, logger)
+	}
+	return outbox.NewMultiSubscriber(d.handle(), outbox.MultiSubscriberConfig{Tables: tables, Subscriber: cfg}, logger)
 }

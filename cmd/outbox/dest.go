@@ -148,6 +148,13 @@ func openPublisher(ctx context.Context, d destURL, opts destOptions, logger wate
 		if errors.As(err, &ce) && strings.HasPrefix(ce.Field, "PermanentStatuses") {
 			return nil, fmt.Errorf("--webhook-permanent-status: %s", ce.Reason)
 		}
+		if errors.As(err, &ce) && strings.HasPrefix(ce.Field, "Secret") {
+			msg := ce.Reason
+			if ce.Err != nil {
+				msg += ": " + strings.TrimPrefix(ce.Err.Error(), "webhook: ")
+			}
+			return nil, &usageError{fmt.Errorf("--secret: %s", oneLine(msg))}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("webhook --to %s: %s (a private or loopback receiver needs --allow-prefix, e.g. --allow-prefix 127.0.0.0/8)", d.shown, oneLine(err.Error()))
 		}

@@ -102,6 +102,15 @@ func TestDeadListHelp(t *testing.T) {
 	}
 }
 
+// TestRelayShortSecret: a webhook secret the webhook package refuses is a usage error naming
+// --secret and the rule, not a hint about --allow-prefix.
+func TestRelayShortSecret(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "outbox.db")
+	mustRun(t, nil, "migrate", "--db", path)
+	wantFailure(t, cli(t, nil, "relay", "--db", path, "--to", "http://127.0.0.1:9/hook", "--secret", "short", "--allow-prefix", "127.0.0.0/8"),
+		2, "--secret", "5 bytes; at least 16 are required")
+}
+
 // startLine matches the fields of the relay's start line.
 var startLine = regexp.MustCompile(`level=INFO msg="outbox relay starting" (.*)\n`)
 
@@ -116,7 +125,7 @@ func TestRelayStartLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustRun(t, nil, "migrate", "--db", path)
-	p := start(t, []string{"OUTBOX_SECRET=s3cret", "OUTBOX_CONCURRENCY=3"}, "relay", "--db", path, "--to", "http://127.0.0.1:9/hook",
+	p := start(t, []string{"OUTBOX_SECRET=s3cret-of-16-bytes-or-more", "OUTBOX_CONCURRENCY=3"}, "relay", "--db", path, "--to", "http://127.0.0.1:9/hook",
 		"--allow-prefix", "127.0.0.0/8", "--topics", "orders.*", "--dest-topic", "all-orders", "--lease", "10s", "--poll-interval", "50ms")
 	var m []string
 	waitFor(t, 30*time.Second, "the start line", func() bool {

@@ -69,14 +69,17 @@ func BenchmarkObservabilityOverhead(b *testing.B) {
 		b.Logf("rates off %v metrics %v on %v; cpu µs/event off %v metrics %v on %v", rates[0], rates[1], rates[2], cpus[0], cpus[1], cpus[2])
 	})
 	b.Run("write", func(b *testing.B) {
-		var off, on []float64
+		var off, on, cpuOff, cpuOn []float64
 		for range b.N {
 			for r := range 2 * rounds {
+				runtime.GC()
+				cpu0 := cpuTime()
 				rate := obsWrite(b, 2000, abba(r))
+				cpu := float64((cpuTime() - cpu0).Microseconds()) / 2000
 				if abba(r) {
-					on = append(on, rate)
+					on, cpuOn = append(on, rate), append(cpuOn, cpu)
 				} else {
-					off = append(off, rate)
+					off, cpuOff = append(off, rate), append(cpuOff, cpu)
 				}
 			}
 		}
@@ -84,6 +87,9 @@ func BenchmarkObservabilityOverhead(b *testing.B) {
 		b.ReportMetric(mOff, "off-tx/s")
 		b.ReportMetric(mOn, "on-tx/s")
 		b.ReportMetric(mOn/mOff, "on-off-ratio")
+		b.ReportMetric(median(cpuOff), "off-cpu-µs/tx")
+		b.ReportMetric(median(cpuOn), "on-cpu-µs/tx")
+		b.Logf("rates off %v on %v; cpu µs/tx off %v on %v", off, on, cpuOff, cpuOn)
 	})
 }
 

@@ -228,7 +228,7 @@ func (m *MultiSubscriber) Close() error {
 	return nil
 }
 
-// Backlog returns the tables' backlogs added up: Pending, DeadLettered and Unavailable are
+// Backlog returns the tables' backlogs added up: Pending, DeadLettered, Unavailable and Held are
 // sums, OldestPendingAge the largest (one query per table, in turn). Errors: the first
 // table's error, wrapped with its name. Safe for concurrent use, also after Close.
 func (m *MultiSubscriber) Backlog(ctx context.Context) (Backlog, error) {
@@ -241,6 +241,7 @@ func (m *MultiSubscriber) Backlog(ctx context.Context) (Backlog, error) {
 		sum.Pending += b.Pending
 		sum.DeadLettered += b.DeadLettered
 		sum.Unavailable += b.Unavailable
+		sum.Held += b.Held
 		sum.OldestPendingAge = max(sum.OldestPendingAge, b.OldestPendingAge)
 	}
 	return sum, nil

@@ -60,6 +60,26 @@ type PublisherConfig struct {
 	// InjectHeaders stores the caller's trace context (traceparent/tracestate) this way. The
 	// headers are validated like the others. It must be safe for concurrent use and fast.
 	InjectHeaders func(ctx context.Context, set func(key, value string))
+	// OnWrite, when set, is called once at the end of every Publish, PublishEvents, Enqueue
+	// and EnqueueMany call that was given at least one event, with its outcome (WriteInfo);
+	// package metrics' Observer.OnWrite counts written events, validation errors by field and
+	// the call's duration with it. Inside a transaction the events are not committed yet.
+	// It runs synchronously on the caller's goroutine; it must be safe for concurrent use and
+	// fast.
+	OnWrite func(WriteInfo)
+}
+
+// WriteInfo is the outcome of one Publisher call, for PublisherConfig.OnWrite.
+type WriteInfo struct {
+	// Events are the stored events in input order (Duplicate set for an idempotency key that
+	// already existed); nil when Err is set.
+	Events []Event
+	// Duration is the call's time from its start to its return: validation, header
+	// injection, the insert statement(s) and, for EnqueueMany in a transaction, its savepoint.
+	Duration time.Duration
+	// Err is the call's error: nil, a *ValidationError (nothing was written; errors.As gives
+	// the Field), or a database error.
+	Err error
 }
 
 // MaxNotifyTopicBytes is the longest topic sent as a NOTIFY payload (PostgreSQL's limit is
@@ -156,9 +176,12 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 // PublishEvents is Publish with an explicit context, returning the stored event of each message
 // in input order: Duplicate is set, with the stored event's id and columns, for a message whose
 // idempotency key already existed.
-func (p *Publisher) PublishEvents(ctx context.Context, topic string, msgs ...*message.Message) ([]Event, error) {
+func (p *Publisher) PublishEvents(ctx context.Context, topic string, msgs ...*message.Message) (evs []Event, err error) {
 	if len(msgs) == 0 {
 		return nil, nil
+	}
+	if p.cfg.OnWrite != nil {
+		defer p.onWrite(time.Now(), &evs, &err)
 	}
 	rows := make([]row, len(msgs))
 	for i, msg := range msgs {
@@ -186,7 +209,10 @@ func (p *Publisher) Enqueue(ctx context.Context, in EventInput) (Event, error) {
 // transaction the statement runs in a savepoint, so a database error (another unique violation,
 // a constraint of an extra column) leaves the caller's transaction usable. Errors: a
 // *ValidationError before any SQL, or the database error wrapped with context.
-func (p *Publisher) EnqueueMany(ctx context.Context, ins []EventInput) ([]Event, error) {
+func (p *Publisher) EnqueueMany(ctx context.Context, ins []EventInput) (evs []Event, err error) {
+	if p.cfg.OnWrite != nil && len(ins) > 0 {
+		defer p.onWrite(time.Now(), &evs, &err)
+	}
 	rows := make([]row, len(ins))
 	for i, in := range ins {
 		in.Headers = p.injectHeaders(ctx, in.Headers)
@@ -205,7 +231,7 @@ func (p *Publisher) EnqueueMany(ctx context.Context, ins []EventInput) ([]Event,
 	if _, err := p.ex.exec(ctx, "SAVEPOINT outbox_enqueue"); err != nil {
 		return nil, fmt.Errorf("outbox: savepoint: %w", err)
 	}
-	evs, err := p.insert(ctx, rows)
+	evs, err = p.insert(ctx, rows)
 	if err != nil {
 		if _, rbErr := p.ex.exec(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT outbox_enqueue"); rbErr != nil {
 			return nil, errors.Join(err, fmt.Errorf("outbox: rollback to savepoint: %w", rbErr))
@@ -216,6 +242,11 @@ func (p *Publisher) EnqueueMany(ctx context.Context, ins []EventInput) ([]Event,
 		return nil, fmt.Errorf("outbox: release savepoint: %w", err)
 	}
 	return evs, nil
+}
+
+// onWrite calls PublisherConfig.OnWrite with a call's outcome.
+func (p *Publisher) onWrite(start time.Time, evs *[]Event, err *error) {
+	p.cfg.OnWrite(WriteInfo{Events: *evs, Duration: time.Since(start), Err: *err})
 }
 
 // Close does nothing and returns nil: the Publisher owns no resources (the handle is the

@@ -3,8 +3,10 @@ package integration_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,14 +31,18 @@ import (
 // both off; and the write path with trace capture (PublisherConfig.InjectHeaders, a sampled
 // span in ctx) on against off. Rounds alternate the order (ABC CBA …, ABBA for the write
 // path); medians and their ratios are reported (target: on-off-ratio ≥ 0.95 drain, ≥ 0.97
-// write). OUTBOX_BENCH_EVENTS sets the events per drain (default 20000).
+// write). The drain also reports this process's CPU time per event in each mode (getrusage:
+// the relay's and the tracer's goroutines, not the database's), which the machine's load
+// drifts far less than wall-clock rates. OUTBOX_BENCH_EVENTS sets the events per drain
+// (default 20000), OUTBOX_BENCH_ROUNDS the rounds (default 3).
 func BenchmarkObservabilityOverhead(b *testing.B) {
 	n := fwdBenchEnv("OUTBOX_BENCH_EVENTS", 20000)
-	const rounds = 3
+	rounds := fwdBenchEnv("OUTBOX_BENCH_ROUNDS", 3)
 	b.Run("drain", func(b *testing.B) {
 		// Modes: 0 off, 1 metrics only, 2 metrics and tracing; each round runs them in
 		// order, the next round in reverse (ABC CBA …).
 		rates := make([][]float64, 3)
+		cpus := make([][]float64, 3)
 		for range b.N {
 			for r := range rounds {
 				for i := range 3 {
@@ -44,7 +50,9 @@ func BenchmarkObservabilityOverhead(b *testing.B) {
 					if r%2 == 1 {
 						mode = 2 - i
 					}
-					rates[mode] = append(rates[mode], obsDrain(b, n, mode >= 1, mode == 2))
+					rate, cpu := obsDrain(b, n, mode >= 1, mode == 2)
+					rates[mode] = append(rates[mode], rate)
+					cpus[mode] = append(cpus[mode], cpu)
 				}
 			}
 		}
@@ -54,16 +62,24 @@ func BenchmarkObservabilityOverhead(b *testing.B) {
 		b.ReportMetric(on, "on-events/s")
 		b.ReportMetric(met/off, "metrics-off-ratio")
 		b.ReportMetric(on/off, "on-off-ratio")
+		cOff, cMet, cOn := median(cpus[0]), median(cpus[1]), median(cpus[2])
+		b.ReportMetric(cOff, "off-cpu-µs/event")
+		b.ReportMetric(cMet, "metrics-cpu-µs/event")
+		b.ReportMetric(cOn, "on-cpu-µs/event")
+		b.Logf("rates off %v metrics %v on %v; cpu µs/event off %v metrics %v on %v", rates[0], rates[1], rates[2], cpus[0], cpus[1], cpus[2])
 	})
 	b.Run("write", func(b *testing.B) {
-		var off, on []float64
+		var off, on, cpuOff, cpuOn []float64
 		for range b.N {
 			for r := range 2 * rounds {
+				runtime.GC()
+				cpu0 := cpuTime()
 				rate := obsWrite(b, 2000, abba(r))
+				cpu := float64((cpuTime() - cpu0).Microseconds()) / 2000
 				if abba(r) {
-					on = append(on, rate)
+					on, cpuOn = append(on, rate), append(cpuOn, cpu)
 				} else {
-					off = append(off, rate)
+					off, cpuOff = append(off, rate), append(cpuOff, cpu)
 				}
 			}
 		}
@@ -71,6 +87,9 @@ func BenchmarkObservabilityOverhead(b *testing.B) {
 		b.ReportMetric(mOff, "off-tx/s")
 		b.ReportMetric(mOn, "on-tx/s")
 		b.ReportMetric(mOn/mOff, "on-off-ratio")
+		b.ReportMetric(median(cpuOff), "off-cpu-µs/tx")
+		b.ReportMetric(median(cpuOn), "on-cpu-µs/tx")
+		b.Logf("rates off %v on %v; cpu µs/tx off %v on %v", off, on, cpuOff, cpuOn)
 	})
 }
 
@@ -85,8 +104,8 @@ func median(v []float64) float64 {
 }
 
 // obsDrain drains n events to a destination that does nothing, with metrics (observe) and
-// tracing (trace) on or off, and returns events/s.
-func obsDrain(b *testing.B, n int, observe, trace bool) float64 {
+// tracing (trace) on or off, and returns events/s and this process's CPU µs per event.
+func obsDrain(b *testing.B, n int, observe, trace bool) (float64, float64) {
 	b.Helper()
 	pool := pgtest.Require(b)
 	schema := fwdBenchSeed(b, "bench.obs", n, 100)
@@ -111,8 +130,10 @@ func obsDrain(b *testing.B, n int, observe, trace bool) float64 {
 		}
 		hooks = metrics.ComposeHooks(hooks, obs.Hooks())
 	}
+	var tp *sdktrace.TracerProvider
 	if trace {
-		pub = tracing.Publisher(pub, tracing.Config{TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()))})
+		tp = sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+		pub = tracing.Publisher(pub, tracing.Config{TracerProvider: tp})
 	}
 	sub, err := outbox.NewSubscriber(pool, outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, PollInterval: 10 * time.Millisecond, Hooks: hooks}, nil)
 	if err != nil {
@@ -125,6 +146,8 @@ func obsDrain(b *testing.B, n int, observe, trace bool) float64 {
 	if err != nil {
 		b.Fatal(err)
 	}
+	runtime.GC() // the previous drain's garbage is not this one's cost
+	cpu0 := cpuTime()
 	start := time.Now()
 	go func() { _ = f.Run(ctx) }()
 	select {
@@ -132,9 +155,22 @@ func obsDrain(b *testing.B, n int, observe, trace bool) float64 {
 	case <-time.After(5 * time.Minute):
 		b.Fatalf("drain of %d events did not finish: %d delivered", n, delivered.Load())
 	}
-	rate := float64(n) / time.Since(start).Seconds()
+	took := time.Since(start)
+	cpu := cpuTime() - cpu0
 	_ = f.Close()
-	return rate
+	if tp != nil {
+		_ = tp.Shutdown(context.Background())
+	}
+	return float64(n) / took.Seconds(), float64(cpu.Microseconds()) / float64(n)
+}
+
+// cpuTime is this process's user and system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // obsWrite runs txs transactions of one Enqueue each, with a sampled span in ctx, and returns

@@ -11,6 +11,10 @@
 //	sub, _ := outbox.NewSubscriber(pool, cfg, logger)
 //	go obs.SampleBacklog(ctx, sub) // one Backlog query per Config.BacklogInterval
 //	dest = metrics.Publisher(dest, "kafka", rec) // per-call destination latency
+//	go obs.WatchSubscriptions(ctx, runners...)   // relay up, subscriptions running
+//
+// Writers: outbox.PublisherConfig{OnWrite: obs.OnWrite} counts written events, validation
+// errors by field and each call's duration.
 //
 // Labels are bounded: a topic is reported under the first of Config.TopicPatterns it matches
 // (the pattern itself is the label), never an ordering key or event id.
@@ -18,11 +22,13 @@ package metrics
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/health"
 )
 
 // Recorder receives the relay's measurements. topic is already the bounded label (see
@@ -53,7 +59,31 @@ type Recorder interface {
 	// DestinationCall records one call to a destination (see Publisher): its duration and
 	// whether it succeeded.
 	DestinationCall(destination string, d time.Duration, ok bool)
+	// Subscriptions sets how many of the relay's total subscriptions are running (see
+	// Observer.WatchSubscriptions).
+	Subscriptions(running, total int)
+
+	// Written counts one event written by a Publisher (see Observer.OnWrite); duplicate is
+	// true for an idempotency key that already existed (nothing new was stored).
+	Written(topic string, duplicate bool)
+	// WriteInvalid counts one Publisher call refused by validation; field is the
+	// outbox.ValidationError's Field ("topic", "uuid", "payload", "headers", "ordering_key",
+	// "idempotency_key", "extra_columns", "message": a bounded set).
+	WriteInvalid(field string)
+	// WriteCall records one Publisher call: its duration and outcome (OutcomeOK,
+	// OutcomeInvalid or OutcomeError).
+	WriteCall(d time.Duration, outcome string)
 }
+
+// Outcomes of WriteCall.
+const (
+	// OutcomeOK: the call wrote its events (or found them stored already).
+	OutcomeOK = "ok"
+	// OutcomeInvalid: an *outbox.ValidationError refused the call before any SQL.
+	OutcomeInvalid = "invalid"
+	// OutcomeError: the database refused the call.
+	OutcomeError = "error"
+)
 
 // DefaultBacklogInterval is Config.BacklogInterval's default.
 const DefaultBacklogInterval = 15 * time.Second
@@ -192,6 +222,67 @@ func (o *Observer) outage(i outbox.OutageInfo) {
 	o.outages[i.Destination] = n
 	o.mu.Unlock()
 	o.rec.DestinationUnavailable(i.Destination, n > 0)
+}
+
+// OnWrite is a PublisherConfig.OnWrite that records each Publisher call: Written for each of
+// its events under the bounded topic label, WriteInvalid with the field of a validation
+// error, and WriteCall with its duration and outcome. Set it as
+// outbox.PublisherConfig{OnWrite: obs.OnWrite}. Safe for concurrent use.
+func (o *Observer) OnWrite(i outbox.WriteInfo) {
+	outcome := OutcomeOK
+	var ve *outbox.ValidationError
+	switch {
+	case errors.As(i.Err, &ve):
+		outcome = OutcomeInvalid
+		o.rec.WriteInvalid(ve.Field)
+	case i.Err != nil:
+		outcome = OutcomeError
+	}
+	for _, e := range i.Events {
+		o.rec.Written(o.Label(e.Topic), e.Duplicate)
+	}
+	o.rec.WriteCall(i.Duration, outcome)
+}
+
+// WatchSubscriptions keeps Recorder.Subscriptions up to date for runners (one per
+// subscription, as health.Running takes them: a forwarder's Running channel, and a channel
+// closed when its Run returned): it reports 0 of len(runners) at once, then each start and
+// stop as it happens. It returns when every runner has stopped, or when ctx ends (the gauges
+// then keep their last values: give it a context that outlives the runners to see them
+// stop).
+func (o *Observer) WatchSubscriptions(ctx context.Context, runners ...health.Runner) {
+	var (
+		mu      sync.Mutex
+		running int
+		wg      sync.WaitGroup
+	)
+	set := func(delta int) {
+		mu.Lock()
+		defer mu.Unlock()
+		running += delta
+		o.rec.Subscriptions(running, len(runners))
+	}
+	set(0)
+	for _, r := range runners {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case <-r.Running:
+			case <-r.Done:
+				return
+			case <-ctx.Done():
+				return
+			}
+			set(1)
+			select {
+			case <-r.Done:
+				set(-1)
+			case <-ctx.Done():
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // BacklogSource is what SampleBacklog reads; *outbox.Subscriber implements it.

@@ -2,10 +2,13 @@ package metrics
 
 import (
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/health"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -81,5 +84,93 @@ func TestOutageAcrossSubscriptions(t *testing.T) {
 	h.OnOutage(outbox.OutageInfo{Destination: "kafka", Since: start, Ended: time.Now()})
 	if r.down["kafka"] {
 		t.Fatal("destination down after every outage ended")
+	}
+}
+
+type writeRec struct {
+	Recorder
+	mu       sync.Mutex
+	written  []string // topic, or "dup:"+topic
+	invalid  []string
+	outcomes []string
+	subs     [][2]int
+}
+
+func (r *writeRec) Written(topic string, dup bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if dup {
+		topic = "dup:" + topic
+	}
+	r.written = append(r.written, topic)
+}
+func (r *writeRec) WriteInvalid(field string) {
+	r.mu.Lock()
+	r.invalid = append(r.invalid, field)
+	r.mu.Unlock()
+}
+func (r *writeRec) WriteCall(_ time.Duration, outcome string) {
+	r.mu.Lock()
+	r.outcomes = append(r.outcomes, outcome)
+	r.mu.Unlock()
+}
+func (r *writeRec) Subscriptions(running, total int) {
+	r.mu.Lock()
+	r.subs = append(r.subs, [2]int{running, total})
+	r.mu.Unlock()
+}
+
+// TestOnWrite: each call's events under their topic label (duplicates apart), the field of a
+// validation error, and the outcome of every call.
+func TestOnWrite(t *testing.T) {
+	r := &writeRec{Recorder: Multi()}
+	o, _ := New(r, Config{TopicPatterns: []string{"orders.*"}})
+	o.OnWrite(outbox.WriteInfo{Events: []outbox.Event{{Topic: "orders.a"}, {Topic: "x"}, {Topic: "orders.b", Duplicate: true}}})
+	o.OnWrite(outbox.WriteInfo{Err: fmt.Errorf("wrapped: %w", &outbox.ValidationError{Field: "headers"})})
+	o.OnWrite(outbox.WriteInfo{Err: errors.New("connection refused")})
+	if got, want := fmt.Sprint(r.written, r.invalid, r.outcomes), "[orders.* other dup:orders.*] [headers] [ok invalid error]"; got != want {
+		t.Errorf("recorded %s, want %s", got, want)
+	}
+}
+
+// TestWatchSubscriptions: 0 of 2 at once, then each start and stop in order; it returns when
+// both stopped.
+func TestWatchSubscriptions(t *testing.T) {
+	r := &writeRec{Recorder: Multi()}
+	o, _ := New(r, Config{})
+	run1, done1, run2, done2 := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan struct{})
+	returned := make(chan struct{})
+	go func() {
+		defer close(returned)
+		o.WatchSubscriptions(t.Context(), health.Runner{Running: run1, Done: done1}, health.Runner{Running: run2, Done: done2})
+	}()
+	step := func(ch chan struct{}, want string) {
+		t.Helper()
+		if ch != nil {
+			close(ch)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			r.mu.Lock()
+			got := fmt.Sprint(r.subs)
+			r.mu.Unlock()
+			if got == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("subscriptions %s, want %s", got, want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	step(nil, "[[0 2]]")
+	step(run1, "[[0 2] [1 2]]")
+	step(run2, "[[0 2] [1 2] [2 2]]")
+	step(done1, "[[0 2] [1 2] [2 2] [1 2]]")
+	step(done2, "[[0 2] [1 2] [2 2] [1 2] [0 2]]")
+	select {
+	case <-returned:
+	case <-time.After(5 * time.Second):
+		t.Fatal("WatchSubscriptions did not return after both runners stopped")
 	}
 }

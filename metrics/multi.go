@@ -85,3 +85,27 @@ func (m multi) DestinationUnavailable(destination string, down bool) {
 		r.DestinationUnavailable(destination, down)
 	}
 }
+
+func (m multi) Subscriptions(running, total int) {
+	for _, r := range m {
+		r.Subscriptions(running, total)
+	}
+}
+
+func (m multi) Written(topic string, duplicate bool) {
+	for _, r := range m {
+		r.Written(topic, duplicate)
+	}
+}
+
+func (m multi) WriteInvalid(field string) {
+	for _, r := range m {
+		r.WriteInvalid(field)
+	}
+}
+
+func (m multi) WriteCall(d time.Duration, outcome string) {
+	for _, r := range m {
+		r.WriteCall(d, outcome)
+	}
+}

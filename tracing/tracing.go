@@ -22,6 +22,8 @@ package tracing
 import (
 	"context"
 	"strconv"
+	"sync"
+	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
@@ -86,7 +88,7 @@ func Publisher(pub message.Publisher, cfg Config) message.Publisher {
 	if cfg.Propagator == nil {
 		cfg.Propagator = defaultPropagator
 	}
-	p := &tracedPublisher{pub: pub, tracer: cfg.TracerProvider.Tracer(ScopeName), prop: cfg.Propagator}
+	p := &tracedPublisher{pub: pub, tracer: cfg.TracerProvider.Tracer(ScopeName), prop: cfg.Propagator, fields: cfg.Propagator.Fields()}
 	if bp, ok := pub.(forwarder.BatchPublisher); ok {
 		return &tracedBatchPublisher{tracedPublisher: p, bp: bp}
 	}
@@ -97,26 +99,70 @@ type tracedPublisher struct {
 	pub    message.Publisher
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator
+	fields []string // the headers prop reads
+
+	names  sync.Map     // source topic → span name, so that each delivery does not build it
+	nNames atomic.Int64 // entries in names (bounded by maxSpanNames)
+}
+
+// maxSpanNames bounds the span-name cache; topics beyond it get their name built per span.
+const maxSpanNames = 1000
+
+// attrPool holds the attribute slices of span starts: the SDK copies the attributes into the
+// span, so the slice can be reused once Start returned (one allocation less per delivery, and
+// no growth of a slice literal).
+var attrPool = sync.Pool{New: func() any { s := make([]attribute.KeyValue, 0, 6); return &s }}
+
+// spanName returns "outbox deliver <source>", cached per topic.
+func (p *tracedPublisher) spanName(source string) string {
+	if n, ok := p.names.Load(source); ok {
+		return n.(string)
+	}
+	n := "outbox deliver " + source
+	if p.nNames.Load() < maxSpanNames {
+		if _, loaded := p.names.LoadOrStore(source, n); !loaded {
+			p.nNames.Add(1)
+		}
+	}
+	return n
+}
+
+// hasContext reports whether md carries any header the propagator reads: without one,
+// Extract would only copy ctx.
+func (p *tracedPublisher) hasContext(md message.Metadata) bool {
+	for _, f := range p.fields {
+		if _, ok := md[f]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 // start begins msg's delivery span and replaces the trace headers of msg with the span's.
 func (p *tracedPublisher) start(ctx context.Context, topic string, msg *message.Message) (context.Context, trace.Span) {
-	parent := p.prop.Extract(ctx, propagation.MapCarrier(msg.Metadata))
+	parent := ctx
+	if p.hasContext(msg.Metadata) {
+		parent = p.prop.Extract(ctx, propagation.MapCarrier(msg.Metadata))
+	}
 	source := msg.Metadata.Get(outbox.MetadataTopic)
 	if source == "" {
 		source = topic
 	}
-	attrs := []attribute.KeyValue{
+	ap := attrPool.Get().(*[]attribute.KeyValue)
+	attrs := append((*ap)[:0],
 		attribute.String("messaging.system", "outbox"),
 		attribute.String("messaging.operation.type", "send"),
 		attribute.String("messaging.destination.name", topic),
 		attribute.String("messaging.message.id", msg.UUID),
 		attribute.String("outbox.topic", source),
-	}
+	)
 	if a, err := strconv.Atoi(msg.Metadata.Get(outbox.MetadataAttempt)); err == nil {
 		attrs = append(attrs, attribute.Int("outbox.attempt", a))
 	}
-	ctx, span := p.tracer.Start(parent, "outbox deliver "+source, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
+	ctx, span := p.tracer.Start(parent, p.spanName(source), trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
+	clear(attrs) // drop the references to this message's strings
+	*ap = attrs[:0]
+	attrPool.Put(ap)
 	p.prop.Inject(ctx, propagation.MapCarrier(msg.Metadata))
 	return ctx, span
 }

@@ -109,6 +109,7 @@ func (s *relayStats) serve(ctx context.Context, sub metrics.BacklogSource, db an
 		return
 	}
 	go s.obs.SampleBacklog(ctx, sub)
+	go s.obs.WatchSubscriptions(ctx, runners...)
 	h, err := health.Handler(health.Config{
 		Metrics: promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}),
 		Ready:   []health.Check{health.Database(db, schema), health.Running(runners...)},

@@ -146,6 +146,7 @@ type statusJSON struct {
 	OldestPendingAgeSeconds float64     `json:"oldest_pending_age_seconds"`
 	DeadLettered            int64       `json:"dead_lettered"`
 	Unavailable             int64       `json:"unavailable"`
+	Held                    int64       `json:"held"`
 	Topics                  []topicJSON `json:"topics"`
 }
 
@@ -155,6 +156,7 @@ type topicJSON struct {
 	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
 	DeadLettered            int64   `json:"dead_lettered"`
 	Unavailable             int64   `json:"unavailable"`
+	Held                    int64   `json:"held"`
 }
 
 // totalOf is the TOTAL row of status, computed from the per-topic rows (read in one query) so
@@ -166,6 +168,7 @@ func totalOf(topics []topicBacklog) outbox.Backlog {
 		b.Pending += t.Pending
 		b.DeadLettered += t.DeadLettered
 		b.Unavailable += t.Unavailable
+		b.Held += t.Held
 		b.OldestPendingAge = max(b.OldestPendingAge, t.OldestPendingAge)
 	}
 	return b
@@ -173,9 +176,9 @@ func totalOf(topics []topicBacklog) outbox.Backlog {
 
 func printStatus(w io.Writer, total outbox.Backlog, topics []topicBacklog, asJSON bool) error {
 	if asJSON {
-		out := statusJSON{Pending: total.Pending, OldestPendingAgeSeconds: total.OldestPendingAge.Seconds(), DeadLettered: total.DeadLettered, Unavailable: total.Unavailable, Topics: []topicJSON{}}
+		out := statusJSON{Pending: total.Pending, OldestPendingAgeSeconds: total.OldestPendingAge.Seconds(), DeadLettered: total.DeadLettered, Unavailable: total.Unavailable, Held: total.Held, Topics: []topicJSON{}}
 		for _, t := range topics {
-			out.Topics = append(out.Topics, topicJSON{Topic: t.Topic, Pending: t.Pending, OldestPendingAgeSeconds: t.OldestPendingAge.Seconds(), DeadLettered: t.DeadLettered, Unavailable: t.Unavailable})
+			out.Topics = append(out.Topics, topicJSON{Topic: t.Topic, Pending: t.Pending, OldestPendingAgeSeconds: t.OldestPendingAge.Seconds(), DeadLettered: t.DeadLettered, Unavailable: t.Unavailable, Held: t.Held})
 		}
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
@@ -189,6 +192,11 @@ func printStatus(w io.Writer, total outbox.Backlog, topics []topicBacklog, asJSO
 	fmt.Fprintf(tw, "TOTAL\t%d\t%s\t%d\n", total.Pending, formatAge(total.OldestPendingAge), total.DeadLettered)
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if total.Held > 0 {
+		if _, err := fmt.Fprintf(w, "held: %d pending events wait behind a failed or dead-lettered first event of their ordering key (see outbox dead list)\n", total.Held); err != nil {
+			return err
+		}
 	}
 	if total.Unavailable > 0 {
 		var names []string

@@ -273,9 +273,17 @@ names one for all.`,
 			if destTopic != "" {
 				fcfg.Topic = func(string, *message.Message) string { return destTopic }
 			}
-			logger.Info("outbox relay starting", startFields(cmd, map[string]string{"db": d.url.shown, "to": dest.shown,
-				"delivery-timeout": effectiveDeliveryTimeout(cfg).String()}))
-			return runRelay(ctx, d, cfg, tables, stats.wrap(pub, dest.kind), fcfg, topics, logger, stats)
+			tracer, err := newRelayTracer(ctx)
+			if err != nil {
+				return err
+			}
+			defer tracer.close(logger)
+			fields := startFields(cmd, map[string]string{"db": d.url.shown, "to": dest.shown,
+				"delivery-timeout": effectiveDeliveryTimeout(cfg).String()})
+			fields["traces"] = tracesSetting(tracer)
+			logger.Info("outbox relay starting", fields)
+			// Tracing outside the timing: the destination call's duration is the destination's.
+			return runRelay(ctx, d, cfg, tables, tracer.wrap(stats.wrap(pub, dest.kind)), fcfg, topics, logger, stats)
 		},
 	}
 	f.register(cmd)

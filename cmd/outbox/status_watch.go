@@ -56,7 +56,7 @@ func watchStatus(ctx context.Context, w io.Writer, interval time.Duration, read 
 
 func printWatch(w io.Writer, topics []topicBacklog, prev map[string]int64, since time.Duration, havePrev bool) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "TOPIC\tPENDING\tOLDEST PENDING\tDEAD-LETTERED\tUNAVAILABLE\tPENDING Δ/s\t")
+	fmt.Fprintln(tw, "TOPIC\tPENDING\tHELD\tOLDEST PENDING\tDEAD-LETTERED\tUNAVAILABLE\tPENDING Δ/s\t")
 	rate := func(topic string, now int64) string {
 		if !havePrev || since <= 0 {
 			return "-"
@@ -66,11 +66,11 @@ func printWatch(w io.Writer, topics []topicBacklog, prev map[string]int64, since
 	seen := map[string]bool{}
 	for _, t := range topics {
 		seen[t.Topic] = true
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\t\n", t.Topic, t.Pending, formatAge(t.OldestPendingAge), t.DeadLettered, t.Unavailable, rate(t.Topic, t.Pending))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%d\t%s\t\n", t.Topic, t.Pending, t.Held, formatAge(t.OldestPendingAge), t.DeadLettered, t.Unavailable, rate(t.Topic, t.Pending))
 	}
 	for topic, n := range prev { // drained since the last refresh
 		if !seen[topic] && n > 0 {
-			fmt.Fprintf(tw, "%s\t0\t-\t0\t0\t%s\t\n", topic, rate(topic, 0))
+			fmt.Fprintf(tw, "%s\t0\t0\t-\t0\t0\t%s\t\n", topic, rate(topic, 0))
 		}
 	}
 	total := totalOf(topics)
@@ -82,6 +82,6 @@ func printWatch(w io.Writer, topics []topicBacklog, prev map[string]int64, since
 	if havePrev && since > 0 {
 		totalRate = fmt.Sprintf("%+.1f", float64(total.Pending-prevTotal)/since.Seconds())
 	}
-	fmt.Fprintf(tw, "TOTAL\t%d\t%s\t%d\t%d\t%s\t\n", total.Pending, formatAge(total.OldestPendingAge), total.DeadLettered, total.Unavailable, totalRate)
+	fmt.Fprintf(tw, "TOTAL\t%d\t%d\t%s\t%d\t%d\t%s\t\n", total.Pending, total.Held, formatAge(total.OldestPendingAge), total.DeadLettered, total.Unavailable, totalRate)
 	_ = tw.Flush()
 }

@@ -15,7 +15,7 @@ import (
 func TestWatchStatus(t *testing.T) {
 	snaps := [][]topicBacklog{
 		{{Topic: "a", Backlog: outbox.Backlog{Pending: 100, OldestPendingAge: 2 * time.Second}}, {Topic: "b", Backlog: outbox.Backlog{Pending: 10, DeadLettered: 1}}},
-		{{Topic: "a", Backlog: outbox.Backlog{Pending: 40, OldestPendingAge: time.Second}}},
+		{{Topic: "a", Backlog: outbox.Backlog{Pending: 40, Held: 7, OldestPendingAge: time.Second}}},
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var reads int
@@ -42,12 +42,12 @@ func TestWatchStatus(t *testing.T) {
 	for _, l := range strings.Split(strings.TrimSpace(second.String()), "\n") {
 		lines = append(lines, strings.Join(strings.Fields(l), " "))
 	}
-	want := []string{"TOPIC PENDING OLDEST PENDING DEAD-LETTERED UNAVAILABLE PENDING Δ/s", "a 40 1s 0 0 -30.0", "b 0 - 0 0 -5.0", "TOTAL 40 1s 0 0 -35.0"}
+	want := []string{"TOPIC PENDING HELD OLDEST PENDING DEAD-LETTERED UNAVAILABLE PENDING Δ/s", "a 40 7 1s 0 0 -30.0", "b 0 0 - 0 0 -5.0", "TOTAL 40 7 1s 0 0 -35.0"}
 	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
 		t.Errorf("second refresh:\n%s\nwant\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
 	}
 	first := strings.Join(strings.Fields(out), " ")
-	if !strings.Contains(first, "a 100 2s 0 0 - b 10 - 1 0 - TOTAL 110 2s 1 0 -") {
+	if !strings.Contains(first, "a 100 0 2s 0 0 - b 10 0 - 1 0 - TOTAL 110 0 2s 1 0 -") {
 		t.Errorf("first refresh:\n%s", out)
 	}
 }

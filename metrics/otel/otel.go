@@ -27,10 +27,13 @@ type Recorder struct {
 	leaseLost, markFailures, backlogErr  metric.Int64Counter
 	delay, claimDur, markDur             metric.Float64Histogram
 	claimSize                            metric.Int64Histogram
-	pending, deadGauge, unavail          metric.Int64Gauge
+	pending, deadGauge, unavail, held    metric.Int64Gauge
 	oldest                               metric.Float64Gauge
 	destDown                             metric.Int64Gauge
 	destCall                             metric.Float64Histogram
+	relayUp, subsRunning                 metric.Int64Gauge
+	written, writeDup, writeInvalid      metric.Int64Counter
+	writeDur                             metric.Float64Histogram
 }
 
 var _ metrics.Recorder = (*Recorder)(nil)
@@ -81,12 +84,25 @@ func New(mp metric.MeterProvider) (*Recorder, error) {
 	}
 	gauge(&r.pending, "outbox.pending.events", "Events neither published nor dead-lettered (last Backlog sample).")
 	gauge(&r.deadGauge, "outbox.dead_lettered.events", "Dead-lettered events in the table (last Backlog sample).")
+	gauge(&r.held, "outbox.held.events", "Pending events waiting behind a dead-lettered or failed (attempts > 0) head of their ordering key (last Backlog sample).")
 	gauge(&r.unavail, "outbox.unavailable.events", "Pending events last released because their destination was unavailable (last Backlog sample).")
 	if err == nil {
 		r.oldest, err = m.Float64Gauge("outbox.oldest_pending.age", metric.WithDescription("Age of the oldest pending event, database clock (last Backlog sample)."), metric.WithUnit("s"))
 	}
 	if err == nil {
 		r.destDown, err = m.Int64Gauge("outbox.destination.unavailable", metric.WithDescription("1 while a subscription treats the destination as unavailable, else 0."))
+	}
+	counter(&r.written, "outbox.written", "Events written to the outbox table by Publishers (inside a transaction: before its COMMIT).")
+	counter(&r.writeDup, "outbox.write.duplicates", "Events a Publisher was given whose idempotency key existed already (nothing stored).")
+	if err == nil {
+		r.writeInvalid, err = m.Int64Counter("outbox.write.validation_errors", metric.WithDescription("Publisher calls refused by validation before any SQL; attribute field."), metric.WithUnit("{call}"))
+	}
+	hist(&r.writeDur, "outbox.write.duration", "Duration of Publisher calls; attribute outcome ok, invalid or error.", durationBounds)
+	if err == nil {
+		r.relayUp, err = m.Int64Gauge("outbox.relay.up", metric.WithDescription("1 while every subscription of the relay is running, else 0."))
+	}
+	if err == nil {
+		r.subsRunning, err = m.Int64Gauge("outbox.subscriptions.running", metric.WithDescription("Subscriptions of the relay that are running."), metric.WithUnit("{subscription}"))
 	}
 	if err != nil {
 		return nil, err
@@ -155,6 +171,7 @@ func (r *Recorder) Backlog(b outbox.Backlog) {
 	r.deadGauge.Record(ctx, b.DeadLettered)
 	r.oldest.Record(ctx, b.OldestPendingAge.Seconds())
 	r.unavail.Record(ctx, b.Unavailable)
+	r.held.Record(ctx, b.Held)
 }
 
 // BacklogFailed implements metrics.Recorder.
@@ -176,4 +193,33 @@ func (r *Recorder) DestinationUnavailable(destination string, down bool) {
 		v = 1
 	}
 	r.destDown.Record(ctx, v, metric.WithAttributes(attribute.String("destination", destination)))
+}
+
+// Subscriptions implements metrics.Recorder.
+func (r *Recorder) Subscriptions(running, total int) {
+	var up int64
+	if total > 0 && running == total {
+		up = 1
+	}
+	r.relayUp.Record(ctx, up)
+	r.subsRunning.Record(ctx, int64(running))
+}
+
+// Written implements metrics.Recorder.
+func (r *Recorder) Written(topic string, duplicate bool) {
+	if duplicate {
+		r.writeDup.Add(ctx, 1, topicAttr(topic))
+		return
+	}
+	r.written.Add(ctx, 1, topicAttr(topic))
+}
+
+// WriteInvalid implements metrics.Recorder.
+func (r *Recorder) WriteInvalid(field string) {
+	r.writeInvalid.Add(ctx, 1, metric.WithAttributes(attribute.String("field", field)))
+}
+
+// WriteCall implements metrics.Recorder.
+func (r *Recorder) WriteCall(d time.Duration, outcome string) {
+	r.writeDur.Record(ctx, d.Seconds(), metric.WithAttributes(attribute.String("outcome", outcome)))
 }

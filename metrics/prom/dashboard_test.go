@@ -29,6 +29,11 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 	r.DestinationUnavailable("d", true)
 	r.DestinationCall("d", time.Millisecond, true)
 	r.Backlog(outbox.Backlog{})
+	r.Subscriptions(1, 1)
+	r.Written("t", false)
+	r.Written("t", true)
+	r.WriteInvalid("topic")
+	r.WriteCall(time.Millisecond, "ok")
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -29,8 +29,12 @@ type Recorder struct {
 	delay                                *prometheus.HistogramVec
 	claimDur, claimSize, markDur         prometheus.Histogram
 	pending, deadGauge, oldest, unavail  prometheus.Gauge
+	held                                 prometheus.Gauge
 	destDown                             *prometheus.GaugeVec
 	destCall                             *prometheus.HistogramVec
+	relayUp, subsRunning                 prometheus.Gauge
+	written, writeDup, writeInvalid      *prometheus.CounterVec
+	writeDur                             *prometheus.HistogramVec
 
 	byTopic sync.Map // topic → *topicSeries
 }
@@ -75,12 +79,22 @@ func New(reg prometheus.Registerer) (*Recorder, error) {
 		deadGauge:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_dead_lettered_events", Help: "Dead-lettered events in the table (last Backlog sample)."}),
 		oldest:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_oldest_pending_age_seconds", Help: "Age of the oldest pending event, database clock; 0 when nothing is pending (last Backlog sample)."}),
 		unavail:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_unavailable_events", Help: "Pending events last released because their destination was unavailable (last Backlog sample)."}),
+		held:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_held_events", Help: "Pending events waiting behind a dead-lettered or failed (attempts > 0) head of their ordering key (last Backlog sample)."}),
 		destDown:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_destination_unavailable", Help: "1 while a subscription of this relay treats the destination as unavailable, else 0."}, []string{"destination"}),
 		destCall: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "outbox_destination_call_duration_seconds",
 			Help: "Duration of calls to the destination (one message, or one batch for batching destinations); outcome ok or error.", Buckets: DurationBuckets}, []string{"destination", "outcome"}),
+		relayUp:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_up", Help: "1 while every subscription of the relay is running, else 0."}),
+		subsRunning: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_subscriptions_running", Help: "Subscriptions of the relay that are running."}),
+		written:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_written_events_total", Help: "Events written to the outbox table by Publishers (inside a transaction: before its COMMIT)."}, topic),
+		writeDup:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_write_duplicates_total", Help: "Events a Publisher was given whose idempotency key existed already (nothing stored)."}, topic),
+		writeInvalid: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_write_validation_errors_total",
+			Help: "Publisher calls refused by validation before any SQL, by the refused part of the event."}, []string{"field"}),
+		writeDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "outbox_write_duration_seconds",
+			Help: "Duration of Publisher calls (Publish, Enqueue …); outcome ok, invalid or error.", Buckets: DurationBuckets}, []string{"outcome"}),
 	}
-	for _, c := range []prometheus.Collector{r.delivered, r.failed, r.dead, r.unavailable, r.leaseLost, r.markFailures, r.backlogErr,
-		r.delay, r.claimDur, r.claimSize, r.markDur, r.pending, r.deadGauge, r.oldest, r.unavail, r.destDown, r.destCall} {
+	for _, c := range []prometheus.Collector{r.relayUp, r.subsRunning, r.written, r.writeDup, r.writeInvalid, r.writeDur,
+		r.delivered, r.failed, r.dead, r.unavailable, r.leaseLost, r.markFailures, r.backlogErr,
+		r.delay, r.claimDur, r.claimSize, r.markDur, r.pending, r.deadGauge, r.oldest, r.unavail, r.held, r.destDown, r.destCall} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -127,6 +141,7 @@ func (r *Recorder) Backlog(b outbox.Backlog) {
 	r.deadGauge.Set(float64(b.DeadLettered))
 	r.oldest.Set(b.OldestPendingAge.Seconds())
 	r.unavail.Set(float64(b.Unavailable))
+	r.held.Set(float64(b.Held))
 }
 
 // BacklogFailed implements metrics.Recorder.
@@ -148,4 +163,31 @@ func (r *Recorder) DestinationUnavailable(destination string, down bool) {
 		v = 1
 	}
 	r.destDown.WithLabelValues(destination).Set(v)
+}
+
+// Subscriptions implements metrics.Recorder.
+func (r *Recorder) Subscriptions(running, total int) {
+	up := 0.0
+	if total > 0 && running == total {
+		up = 1
+	}
+	r.relayUp.Set(up)
+	r.subsRunning.Set(float64(running))
+}
+
+// Written implements metrics.Recorder.
+func (r *Recorder) Written(topic string, duplicate bool) {
+	if duplicate {
+		r.writeDup.WithLabelValues(topic).Inc()
+		return
+	}
+	r.written.WithLabelValues(topic).Inc()
+}
+
+// WriteInvalid implements metrics.Recorder.
+func (r *Recorder) WriteInvalid(field string) { r.writeInvalid.WithLabelValues(field).Inc() }
+
+// WriteCall implements metrics.Recorder.
+func (r *Recorder) WriteCall(d time.Duration, outcome string) {
+	r.writeDur.WithLabelValues(outcome).Observe(d.Seconds())
 }

@@ -38,26 +38,6 @@ func TestRelayMetrics(t *testing.T) {
 	if err := outbox.Migrate(ctx, pool, schema); err != nil {
 		t.Fatal(err)
 	}
-	pub, err := outbox.NewPublisher(pool, outbox.PublisherConfig{Schema: schema}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	parkedAt := time.Now()
-	for _, in := range []outbox.EventInput{
-		{Topic: "parked", Payload: 0},
-		{Topic: "orders.created", Payload: 1, OrderingKey: "k1"},
-		{Topic: "orders.created", Payload: 2, OrderingKey: "k1"},
-		{Topic: "orders.created", Payload: 3, OrderingKey: "k2"},
-		{Topic: "orders.flaky", Payload: 4},
-		{Topic: "orders.bad", Payload: 5},
-		{Topic: "payments.x", Payload: 6},
-		{Topic: "payments.y", Payload: 7},
-	} {
-		if _, err := pub.Enqueue(ctx, in); err != nil {
-			t.Fatal(err)
-		}
-	}
-
 	reg := prometheus.NewRegistry()
 	pr, err := prom.New(reg)
 	if err != nil {
@@ -73,6 +53,34 @@ func TestRelayMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Writes through OnWrite: 9 events (one a duplicate of an idempotency key), and one call
+	// refused by validation. orders.bad heads key kd: when it is dead-lettered, the event
+	// after it (payload 8) is held.
+	pub, err := outbox.NewPublisher(pool, outbox.PublisherConfig{Schema: schema, OnWrite: obs.OnWrite}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parkedAt := time.Now()
+	for _, in := range []outbox.EventInput{
+		{Topic: "parked", Payload: 0},
+		{Topic: "orders.created", Payload: 1, OrderingKey: "k1"},
+		{Topic: "orders.created", Payload: 2, OrderingKey: "k1"},
+		{Topic: "orders.created", Payload: 3, OrderingKey: "k2"},
+		{Topic: "orders.flaky", Payload: 4},
+		{Topic: "orders.bad", Payload: 5, OrderingKey: "kd"},
+		{Topic: "payments.x", Payload: 6, IdempotencyKey: "once"},
+		{Topic: "payments.y", Payload: 7},
+		{Topic: "orders.created", Payload: 8, OrderingKey: "kd"},
+		{Topic: "payments.x", Payload: 6, IdempotencyKey: "once"},
+	} {
+		if _, err := pub.Enqueue(ctx, in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pub.Enqueue(ctx, outbox.EventInput{Topic: "", Payload: 9}); !errors.Is(err, outbox.ErrValidation) {
+		t.Fatalf("empty topic: %v", err)
+	}
+
 	var mu sync.Mutex
 	var userDelivered int
 	userHooks := outbox.Hooks{OnDelivered: func(outbox.DeliveredInfo) { mu.Lock(); userDelivered++; mu.Unlock() }}
@@ -104,8 +112,14 @@ func TestRelayMetrics(t *testing.T) {
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go func() { _ = fw.Run(runCtx) }()
+	fwDone := make(chan struct{})
+	go func() { defer close(fwDone); _ = fw.Run(runCtx) }()
 	defer fw.Close()
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		obs.WatchSubscriptions(ctx, health.Runner{Name: "forwarder", Running: fw.Running(), Done: fwDone})
+	}()
 
 	h, err := health.Handler(health.Config{Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})})
 	if err != nil {
@@ -151,9 +165,16 @@ func TestRelayMetrics(t *testing.T) {
 		{"outbox_lease_lost_events_total", "", 0},
 		{"outbox_mark_failures_total", "", 0},
 		{"outbox_backlog_sample_failures_total", "", 0},
-		{"outbox_pending_events", "", 1},
+		{"outbox_pending_events", "", 2},
+		{"outbox_held_events", "", 1},
 		{"outbox_dead_lettered_events", "", 1},
 		{"outbox_unavailable_events", "", 0},
+		{"outbox_relay_up", "", 1},
+		{"outbox_subscriptions_running", "", 1},
+		{"outbox_written_events_total", "orders.*", 6},
+		{"outbox_written_events_total", "payments.x", 1},
+		{"outbox_written_events_total", "other", 2},
+		{"outbox_write_duplicates_total", "payments.x", 1},
 	} {
 		if got := value(mfs, c.name, c.topic); got != c.want {
 			t.Errorf("%s{topic=%q} = %v, want %v", c.name, c.topic, got, c.want)
@@ -168,6 +189,12 @@ func TestRelayMetrics(t *testing.T) {
 	// Calls to the destination: 6 delivered, 2 failures of orders.bad, 1 refusal of orders.flaky.
 	if ok, bad := callCount(mfs, "ok"), callCount(mfs, "error"); ok != 6 || bad != 3 {
 		t.Errorf("outbox_destination_call_duration_seconds{destination=sink}: %d ok, %d error; want 6 and 3", ok, bad)
+	}
+	if got := labelled(mfs, "outbox_write_validation_errors_total", "field", "topic"); got != 1 {
+		t.Errorf("outbox_write_validation_errors_total{field=topic} = %v, want 1", got)
+	}
+	if ok, invalid := labelledCount(mfs, "outbox_write_duration_seconds", "outcome", "ok"), labelledCount(mfs, "outbox_write_duration_seconds", "outcome", "invalid"); ok != 10 || invalid != 1 {
+		t.Errorf("outbox_write_duration_seconds: %d ok, %d invalid calls; want 10 and 1", ok, invalid)
 	}
 	if n := histCount(mfs, "outbox_mark_duration_seconds", ""); n == 0 {
 		t.Error("no mark recorded")
@@ -199,9 +226,16 @@ func TestRelayMetrics(t *testing.T) {
 		{"outbox.failed", "orders.*", 1},
 		{"outbox.dead_lettered", "orders.*", 1},
 		{"outbox.unavailable", "orders.*", 1},
-		{"outbox.pending.events", "", 1},
+		{"outbox.pending.events", "", 2},
+		{"outbox.held.events", "", 1},
 		{"outbox.dead_lettered.events", "", 1},
 		{"outbox.unavailable.events", "", 0},
+		{"outbox.relay.up", "", 1},
+		{"outbox.subscriptions.running", "", 1},
+		{"outbox.written", "orders.*", 6},
+		{"outbox.written", "payments.x", 1},
+		{"outbox.written", "other", 2},
+		{"outbox.write.duplicates", "payments.x", 1},
 	} {
 		if got, ok := otelInt(rm, c.name, c.topic); !ok || got != c.want {
 			t.Errorf("otel %s{topic=%q} = %v (found %v), want %v", c.name, c.topic, got, ok, c.want)
@@ -210,6 +244,35 @@ func TestRelayMetrics(t *testing.T) {
 	if got, ok := otelDest(rm, "sink"); !ok || got != 0 {
 		t.Errorf("otel outbox.destination.unavailable{sink} = %v (found %v), want 0", got, ok)
 	}
+	if got, ok := otelPoint(rm, "outbox.write.validation_errors", attribute.Key("field"), "topic"); !ok || got != 1 {
+		t.Errorf("otel outbox.write.validation_errors{field=topic} = %v (found %v), want 1", got, ok)
+	}
+
+	// The relay stops: up 0, no subscription running (the watch ends with its last runner).
+	cancel()
+	<-watched
+	mfs = scrape()
+	if up, n := value(mfs, "outbox_relay_up", ""), value(mfs, "outbox_subscriptions_running", ""); up != 0 || n != 0 {
+		t.Errorf("after stop: outbox_relay_up %v, outbox_subscriptions_running %v; want 0 and 0", up, n)
+	}
+}
+
+func labelled(mfs map[string]*dto.MetricFamily, name, key, val string) float64 {
+	for _, m := range mfs[name].GetMetric() {
+		if label(m, key) == val {
+			return m.Counter.GetValue()
+		}
+	}
+	return -1
+}
+
+func labelledCount(mfs map[string]*dto.MetricFamily, name, key, val string) uint64 {
+	for _, m := range mfs[name].GetMetric() {
+		if label(m, key) == val {
+			return m.Histogram.GetSampleCount()
+		}
+	}
+	return 0
 }
 
 func value(mfs map[string]*dto.MetricFamily, name, topic string) float64 {

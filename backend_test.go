@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"context"
 	"database/sql"
 	"fmt"
 	"os"
@@ -10,10 +11,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver (pure Go)
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/internal/pgtest"
+	"github.com/watermill-outbox/outbox/internal/privatepgbouncer"
 )
 
 // backend is one dialect the behavioural suite runs against: the same test body runs on
@@ -27,15 +30,38 @@ type backend struct {
 	raw *sql.DB
 }
 
-// eachBackend runs fn as a subtest per dialect: "postgresql" and "sqlite".
+// eachBackend runs fn as a subtest per backend: "postgresql", "pgbouncer" (PostgreSQL through
+// a private PgBouncer in transaction pooling mode, pgx exec mode "exec") and "sqlite".
 func eachBackend(t *testing.T, fn func(t *testing.T, b *backend)) {
 	t.Helper()
 	t.Run("postgresql", func(t *testing.T) {
 		fn(t, pgBackend(t))
 	})
+	t.Run("pgbouncer", func(t *testing.T) {
+		fn(t, pgBouncerBackend(t))
+	})
 	t.Run("sqlite", func(t *testing.T) {
 		fn(t, sqliteBackend(t))
 	})
+}
+
+// pgBouncerBackend is the test database through a PgBouncer of its own in transaction pooling
+// mode (the handle given to the outbox is a pool in exec mode, which PgBouncer 1.18 serves;
+// the statement cache is refused there); raw checks go to the server directly.
+func pgBouncerBackend(t *testing.T) *backend {
+	t.Helper()
+	pgtest.Require(t)
+	bn := privatepgbouncer.Start(t, pgtest.DSN())
+	cfg, err := pgxpool.ParseConfig(bn.DSN("default_query_exec_mode=exec"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return &backend{dialect: outbox.DialectPostgreSQL, db: pool, raw: pgtest.StdDB(t)}
 }
 
 // pgBackend is the PostgreSQL backend of the test database (the pool, and database/sql for

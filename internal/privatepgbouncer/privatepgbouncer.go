@@ -159,4 +159,10 @@ func (b *Bouncer) DSN(query string) string {
 }
 
 // Log returns what PgBouncer wrote to its standard output and error so far.
-func (b *Bouncer) Log() string { return b.Log() }
+func (b *Bouncer) Log() string {
+	data, err := os.ReadFile(filepath.Join(b.dir, "out.log"))
+	if err != nil {
+		return fmt.Sprintf("(no PgBouncer log: %v)", err)
+	}
+	return string(data)
+}

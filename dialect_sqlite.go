@@ -418,7 +418,11 @@ RETURNING 0, "sequence", "id", "topic", "payload", "headers", "ordering_key", "c
 // RETURNING that leases it, in one IMMEDIATE transaction so no other writer comes between.
 func (sub *subscription) sqliteClaim(token, q string, paused []string) (items []*item, cursor *string, scanned *int64, err error) {
 	s := sub.s
-	err = withSQLiteRelayTx(sub.ctx, s.db, sub.woken.Load(), func(ex execer) error {
+	// Eager locking for the first claim after a wakeup only (and that batch's marks): a relay
+	// draining a backlog claims back to back and takes its turn like the writers.
+	eager := sub.woken.Swap(false)
+	sub.eagerMarks.Store(eager)
+	err = withSQLiteRelayTx(sub.ctx, s.db, eager, func(ex execer) error {
 		// The clock is read once the write lock is held: BEGIN IMMEDIATE may wait up to the
 		// busy timeout, and a lease computed before that wait could already have expired.
 		now := time.Now()
@@ -462,7 +466,7 @@ func (sub *subscription) sqliteMark(ctx context.Context, token string, m markSet
 	s := sub.s
 	acked, released, failed, errs, jitters := m.acked, m.released, m.failed, m.errs, m.jitters
 	var out []markResult
-	err := withSQLiteRelayTx(ctx, s.db, sub.woken.Load(), func(ex execer) error {
+	err := withSQLiteRelayTx(ctx, s.db, sub.eagerMarks.Load(), func(ex execer) error {
 		now := time.Now() // once the write lock is held (see sqliteClaim)
 		nowUS := micros(now)
 		collect := func(q string, args ...any) error {
@@ -505,13 +509,15 @@ func (sub *subscription) sqliteMark(ctx context.Context, token string, m markSet
 			type u struct {
 				Seq  int64  `json:"s"`
 				Note string `json:"e"`
+				Keep bool   `json:"k"`
 			}
 			us := make([]u, len(m.unavailable))
 			for i := range m.unavailable {
-				us[i] = u{m.unavailable[i], m.notes[i]}
+				us[i] = u{m.unavailable[i], m.notes[i], m.keep[i]}
 			}
-			q := fmt.Sprintf(`UPDATE %[1]s AS o SET "last_error" = f.e, "lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0
-FROM (SELECT value ->> '$.s' AS s, value ->> '$.e' AS e FROM json_each($1)) AS f
+			q := fmt.Sprintf(`UPDATE %[1]s AS o SET "last_error" = f.e, "lease_until" = NULL, "leased_by" = NULL,
+	"delivery_starts" = CASE WHEN f.k THEN o."delivery_starts" ELSE 0 END
+FROM (SELECT value ->> '$.s' AS s, value ->> '$.e' AS e, value ->> '$.k' AS k FROM json_each($1)) AS f
 WHERE o."sequence" = f.s AND o.%[2]s
 RETURNING "sequence", "attempts", NULL, NULL`, s.s.table, strings.ReplaceAll(fence, `AND "`, `AND o."`))
 			if err := collect(q, jsonList(us), token); err != nil {

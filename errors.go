@@ -87,8 +87,10 @@ var ErrNacked = errors.New("outbox: message nacked")
 var ErrLeaseLost = errors.New("outbox: lease lost to another relay")
 
 // ErrPoisonEvent is the cause recorded for an event dead-lettered because its deliveries kept
-// starting without an outcome (see SubscriberConfig.MaxDeliveryStarts).
-var ErrPoisonEvent = errors.New("outbox: poison event: the relay stopped while delivering it every time")
+// starting without an outcome: the relay stopped while delivering it, or the destination never
+// judged it (NotAttempted, e.g. it dropped the connection), every time (see
+// SubscriberConfig.MaxDeliveryStarts).
+var ErrPoisonEvent = errors.New("outbox: poison event: its deliveries kept ending without an outcome (relay stopped, or not attempted)")
 
 // ErrDeliveryTimeout is the cause recorded when a message is neither acked nor nacked within
 // SubscriberConfig.DeliveryTimeout.

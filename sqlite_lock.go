@@ -27,7 +27,8 @@ const sqliteLockRetry = 250 * time.Microsecond
 // withSQLiteRelayTx is withSQLiteTx for a relay's claim or mark on a *sql.DB: with eager set,
 // it takes one connection of the pool, sets PRAGMA busy_timeout = 0 and tries BEGIN IMMEDIATE
 // every sqliteLockRetry for up to the connection's busy timeout, then restores the busy
-// timeout so the pool's other users keep theirs. Without eager, or with any other handle, it
+// timeout before running fn (the pool's other users keep theirs, and fn's statements and
+// COMMIT wait as usual). Without eager, or with any other handle, it
 // is withSQLiteTx.
 func withSQLiteRelayTx(ctx context.Context, ex execer, eager bool, fn func(ex execer) error) (err error) {
 	se, ok := ex.(sqlExecer)
@@ -50,13 +51,23 @@ func withSQLiteRelayTx(ctx context.Context, ex execer, eager bool, fn func(ex ex
 	if _, err := conn.ExecContext(ctx, `PRAGMA busy_timeout = 0`); err != nil {
 		return err
 	}
-	defer func() {
-		if _, rerr := conn.ExecContext(context.WithoutCancel(ctx), fmt.Sprintf(`PRAGMA busy_timeout = %d`, timeoutMS)); rerr != nil {
+	// The busy timeout goes back as soon as the lock is held (or the wait gave up): the
+	// statements and COMMIT run with it, as they would without eager locking (in rollback
+	// journal mode COMMIT itself may wait for readers).
+	restored := false
+	restore := func() error {
+		if restored {
+			return nil
+		}
+		restored = true
+		if _, err := conn.ExecContext(context.WithoutCancel(ctx), fmt.Sprintf(`PRAGMA busy_timeout = %d`, timeoutMS)); err != nil {
 			// The connection must not go back to the pool without its busy timeout.
 			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
-			err = errors.Join(err, rerr)
+			return err
 		}
-	}()
+		return nil
+	}
+	defer func() { err = errors.Join(err, restore()) }()
 	until := time.Now().Add(time.Duration(timeoutMS) * time.Millisecond)
 	for {
 		_, err = conn.ExecContext(ctx, `BEGIN IMMEDIATE`)
@@ -72,6 +83,10 @@ func withSQLiteRelayTx(ctx context.Context, ex execer, eager bool, fn func(ex ex
 		}
 	}
 	if err != nil {
+		return err
+	}
+	if err := restore(); err != nil {
+		_, _ = conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
 		return err
 	}
 	if err := fn(sqlExecer{d: conn, tx: true}); err != nil {

@@ -219,9 +219,10 @@ type subscription struct {
 	lowUnordered, lowKeyed int64
 	lowAge                 int
 	// woken is set when the subscription's last wait ended with a wakeup signal (events were
-	// just committed): SQLite claims and marks then retry for the write lock eagerly
-	// (withSQLiteRelayTx). Atomic: marks may run beside the subscription's goroutine.
-	woken atomic.Bool
+	// just committed): the next SQLite claim, and its batch's marks (eagerMarks), then retry
+	// for the write lock eagerly (withSQLiteRelayTx). Atomic: marks may run beside the
+	// subscription's goroutine.
+	woken, eagerMarks atomic.Bool
 	// contKeys, contFrom, contAfter and contToken are the next claim's continuations
 	// (PostgreSQL): the keys whose run in the last batch (claimed under contToken) held
 	// MaxRunPerKey events and was acked whole, with the run's first and last sequence. The
@@ -421,6 +422,8 @@ type item struct {
 	state  int
 	err    error
 	perm   bool // a failure the destination called permanent: dead-lettered now
+	// notAttempted: released because the destination never judged it (ErrNotAttempted)
+	notAttempted bool
 	// acked is set by the goroutine that sees the Ack, for the flusher (state is read only
 	// once the batch is over); flushed is the flusher's (flushNone, flushWritten,
 	// flushRefused), read by mark after the flusher stopped.
@@ -448,7 +451,7 @@ func (it *item) failed(err error) {
 	it.err = err
 	switch classify(err) {
 	case classNotAttempted:
-		it.state = stateReleased
+		it.state, it.notAttempted = stateReleased, true
 	case classUnavailable:
 		it.state = stateUnavailable
 	case classPermanent:
@@ -1423,6 +1426,7 @@ type markSets struct {
 	acked, released, unavailable, failed []int64
 	abandoned                            []int64 // unanswered at a stop: released, the start uncounted
 	notes, errs                          []string
+	keep                                 []bool // per unavailable: keep delivery_starts (not attempted)
 	perm                                 []bool
 	jitters                              []float64
 }
@@ -1460,10 +1464,21 @@ func (sub *subscription) mark(token string, items []*item) (unconfirmed map[stri
 			}
 			m.acked = append(m.acked, seq)
 		case stateReleased:
+			if it.notAttempted && it.err != nil && sub.ctx.Err() == nil {
+				// Not attempted outside a stop (a dropped connection): released with
+				// last_error noted and its start kept, so an event that always ends so (it
+				// kills its connection) is dead-lettered by MaxDeliveryStarts instead of
+				// being sent again without end and without backoff.
+				m.unavailable = append(m.unavailable, seq)
+				m.notes = append(m.notes, errText(it.err))
+				m.keep = append(m.keep, true)
+				break
+			}
 			m.released = append(m.released, seq)
 		case stateUnavailable:
 			m.unavailable = append(m.unavailable, seq)
 			m.notes = append(m.notes, errText(it.err))
+			m.keep = append(m.keep, false)
 		case stateFailed:
 			m.failed = append(m.failed, seq)
 			m.errs = append(m.errs, errText(it.err))
@@ -1601,7 +1616,8 @@ func (sub *subscription) pgMark(ctx context.Context, token string, m markSets) (
 	UPDATE %[1]s SET "lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0
 	WHERE "sequence" = ANY($2::bigint[]) AND %[5]s RETURNING "sequence", "attempts", NULL::timestamptz AS next, false AS dead
 ), unavailable AS (
-	UPDATE %[1]s o SET "lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0,
+	UPDATE %[1]s o SET "lease_until" = NULL, "leased_by" = NULL,
+		"delivery_starts" = CASE WHEN ($11::bool[])[array_position($7::bigint[], o."sequence")] THEN o."delivery_starts" ELSE 0 END,
 		"last_error" = ($8::text[])[array_position($7::bigint[], o."sequence")]
 	WHERE o."sequence" = ANY($7::bigint[]) AND %[5]s RETURNING o."sequence", o."attempts", NULL::timestamptz AS next, false AS dead
 ), failed AS (
@@ -1622,7 +1638,7 @@ UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM released
 UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM unavailable
 UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM failed`,
 		s.s.table, s.cfg.MaxAttempts, s.cfg.RetryBase.Microseconds(), s.cfg.RetryMax.Microseconds(), fence)
-	args := []any{nonNil(m.acked), nonNil(m.released), nonNil(m.failed), nonNil(m.errs), nonNil(m.jitters), token, nonNil(m.unavailable), nonNil(m.notes), nonNil(m.perm), nonNil(m.abandoned)}
+	args := []any{nonNil(m.acked), nonNil(m.released), nonNil(m.failed), nonNil(m.errs), nonNil(m.jitters), token, nonNil(m.unavailable), nonNil(m.notes), nonNil(m.perm), nonNil(m.abandoned), nonNil(m.keep)}
 	rs, err := s.db.query(ctx, q, s.db.oneShot(args)...)
 	if err != nil {
 		return nil, err

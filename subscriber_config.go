@@ -150,9 +150,11 @@ type SubscriberConfig struct {
 	MarkInterval time.Duration
 	// MaxDeliveryStarts detects poison events: an event whose delivery was started this many
 	// times in a row without any outcome being recorded (no ack, no failure: the relay was
-	// killed, crashed or lost its lease while delivering it each time) is dead-lettered at its
-	// next claim with ErrPoisonEvent instead of being delivered again. A relay that stops
-	// gracefully does not count the deliveries it leaves unanswered. Default 5; at least 1.
+	// killed, crashed or lost its lease while delivering it each time, or the destination
+	// answered NotAttempted each time, e.g. the event made it drop its connection) is
+	// dead-lettered at its next claim with ErrPoisonEvent instead of being delivered again. A
+	// relay that stops gracefully does not count the deliveries it leaves unanswered, nor those
+	// cut short by the stop. Default 5; at least 1.
 	MaxDeliveryStarts int
 
 	takeBack bool // RelayName was set explicitly (see setDefaults)

@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -500,6 +501,47 @@ func TestStopCountsNoAttempt(t *testing.T) {
 				t.Fatalf("round %d: %d events charged an attempt by the stop", round, n)
 			}
 			b.exec(t, fmt.Sprintf(`UPDATE %q SET lease_until = NULL, leased_by = NULL`, schema.Table))
+		}
+	})
+}
+
+// TestNotAttemptedForeverIsPoison: an event whose every delivery ends "not attempted" (say it
+// makes the destination drop its connection each time) is not sent again without end: the
+// releases keep its starts, so MaxDeliveryStarts dead-letters it as a poison event after
+// MaxDeliveryStarts deliveries, with no attempt charged before that.
+func TestNotAttemptedForeverIsPoison(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t)
+		b.publishKeys(t, schema, "t", 0, []string{"p", "p"})
+		cfg := fastCfg(schema)
+		cfg.MaxDeliveryStarts = 3
+		sub := b.newSub(t, cfg)
+		ch, _ := sub.Subscribe(ctx, "t")
+		var rec recorder
+		var first atomic.Int64
+		rec.consume(ch, func(m *message.Message) error {
+			seq, _ := strconv.ParseInt(m.Metadata.Get(outbox.MetadataSequence), 10, 64)
+			first.CompareAndSwap(0, seq)
+			if seq == first.Load() {
+				return outbox.NotAttempted(errors.New("connection reset by peer"))
+			}
+			return nil
+		})
+		pgtest.Eventually(t, 20*time.Second, "the never-attempted event dead-lettered", func() bool {
+			return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE dead_lettered_at IS NOT NULL AND attempts = 1 AND last_error LIKE 'outbox: poison event%%'`, schema.Table)) == 1
+		})
+		// Like any dead letter, it holds its key: the key's next event waits, never delivered.
+		if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NULL AND dead_lettered_at IS NULL AND attempts = 0`, schema.Table)); n != 1 {
+			t.Fatalf("%d events held behind the dead letter, want 1", n)
+		}
+		var tries int
+		for _, d := range rec.all() {
+			if d.seq == first.Load() {
+				tries++
+			}
+		}
+		if tries != 3 {
+			t.Fatalf("the never-attempted event was delivered %d times, want 3 (MaxDeliveryStarts)", tries)
 		}
 	})
 }

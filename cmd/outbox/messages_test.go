@@ -138,7 +138,7 @@ func TestRelayStartLine(t *testing.T) {
 	want := fmt.Sprintf(`allow-prefix=[127.0.0.0/8] amqp-exchange="" backlog-interval=15s batch-size=100 concurrency=3 db=%q debug=false delivery-timeout=5s `+
 		`dest-topic=all-orders exclude=[] http-addr="" lease=10s mark-interval=100ms max-attempts=5 max-delivery-starts=5 metrics-topic=[] `+
 		`poll-interval=50ms relay-name="" retry-base=1s retry-max=5m0s `+
-		`secret=set table=watermill_outbox to=http://127.0.0.1:9/hook topics=[orders.*] trace=false `+
+		`secret=set table=watermill_outbox to=http://127.0.0.1:9/hook topics=[orders.*] trace=false traces=off `+
 		`unavailable-backoff=200ms unavailable-backoff-max=30s unavailable-dead-letter-after=0s webhook-permanent-status=[]`, path)
 	if m[1] != want {
 		t.Fatalf("start line fields\n%s\nwant\n%s", m[1], want)

@@ -311,3 +311,44 @@ func BenchmarkMultiTenantTrickle(b *testing.B) {
 		b.Logf("backlog %d drained in %s; %d trickle events sent, %d received during the drain", backlog, drainTook, sent.Load(), len(lat))
 	}
 }
+
+// TestMultiSubscriberWaitingUsesNoDeliveryTimeout: a consumer that takes 600 ms per message,
+// one at a time, over 4 tables of 3 events with DeliveryTimeout 2 s: no event times out while it
+// waits for its turn in the merge (only the next message is held, so at most one other message
+// is processed while it waits; when each table held one, a message waited for the other three,
+// 1.8 s, and its own 600 ms then overran its timeout).
+func TestMultiSubscriberWaitingUsesNoDeliveryTimeout(t *testing.T) {
+	b := pgBackend(t)
+	tables := tenantTables(t, b, 4)
+	for _, tb := range tables {
+		b.seed(t, outbox.SchemaConfig{Table: tb}, "invoices", 3, []string{""})
+	}
+	cfg := fastCfg(outbox.SchemaConfig{})
+	cfg.DeliveryTimeout = 2 * time.Second
+	cfg.LeaseDuration = 10 * time.Second
+	m, err := outbox.NewMultiSubscriber(b.db, outbox.MultiSubscriberConfig{Tables: tables, Subscriber: cfg}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	ch, err := m.Subscribe(ctx, "invoices")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for got < 12 {
+		select {
+		case msg := <-ch:
+			time.Sleep(600 * time.Millisecond) // a slow destination
+			msg.Ack()
+			got++
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%d of 12 messages in 30 s", got)
+		}
+	}
+	for _, tb := range tables {
+		pgtest.Eventually(t, 10*time.Second, "all published with no attempt charged", func() bool {
+			return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL AND attempts = 0`, tb)) == 3
+		})
+	}
+}

@@ -60,8 +60,11 @@ type Config struct {
 	// path. Do not add Watermill's Retry middleware: the outbox retries with backoff.
 	Middlewares []message.HandlerMiddleware
 
-	// CloseTimeout is how long Close waits for the messages in flight to be answered before it
-	// gives up on them (they stay leased and are delivered again after the lease expires).
+	// CloseTimeout is how long Close (or the end of Run's context) waits for the messages in
+	// flight to be answered before it gives up on them: the batches still out are cut short and
+	// their events released with no attempt counted, and the Subscriber's own
+	// SubscriberConfig.CloseTimeout then applies to unanswered messages; either way they are
+	// delivered again.
 	// Default 30s; negative is a configuration error.
 	CloseTimeout time.Duration
 }

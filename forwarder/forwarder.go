@@ -84,7 +84,8 @@ func New(sub Subscriber, pub message.Publisher, cfg Config, logger watermill.Log
 // Running returns a channel that is closed once Run has subscribed and is forwarding.
 func (f *Forwarder) Running() <-chan struct{} { return f.running }
 
-// Run forwards until ctx ends or Close is called, and then returns nil. It returns an error
+// Run forwards until ctx ends or Close is called, and then returns nil; either way it stops as
+// Close describes (the messages or batches in flight get CloseTimeout to be answered). It returns an error
 // only when it cannot start: ErrAlreadyRunning, ErrClosed, or the Subscriber's error for
 // Config.SubscribeTopic (for example an *outbox.ConfigError for a bad pattern). Failed
 // deliveries never reach the caller: they are retried and dead-lettered by the outbox.
@@ -99,18 +100,33 @@ func (f *Forwarder) Run(ctx context.Context) error {
 		return ErrAlreadyRunning
 	}
 	f.started = true
-	ctx, cancel := context.WithCancel(ctx)
-	f.cancel = cancel
 	if f.batch == nil {
+		// Watermill's Router closes itself gracefully when its context ends.
+		rctx, cancel := context.WithCancel(ctx)
+		f.cancel = cancel
 		f.router = f.newRouter()
+		f.mu.Unlock()
+		defer close(f.done)
+		defer cancel()
+		return f.runRouter(rctx)
 	}
+	// The batch loops run on a context that the caller's does not end: when ctx ends, the
+	// Forwarder stops as Close does (no new batch; the batches in flight get CloseTimeout to
+	// be confirmed), instead of cutting them short and sending them all again.
+	bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	f.cancel = cancel
 	f.mu.Unlock()
-	defer close(f.done)
-	defer cancel()
-	if f.batch == nil {
-		return f.runRouter(ctx)
+	closed := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() { _ = f.Close(); close(closed) })
+	err := func() error {
+		defer close(f.done) // Close waits for it
+		defer cancel()
+		return f.runBatches(bctx)
+	}()
+	if !stop() {
+		<-closed // stopped by ctx: return once Close has released or marked what was out
 	}
-	return f.runBatches(ctx)
+	return err
 }
 
 // Close stops the Forwarder: no new event is taken, the messages in flight get up to

@@ -98,7 +98,7 @@ func (d *shutdownDest) waitStarted(t *testing.T, round int) {
 // Each round: exactly the delivered third is published, the rest released with 0 attempts;
 // afterwards every event is delivered.
 func TestShutdownChargesNoAttempt(t *testing.T) {
-	for _, how := range []string{"watermill-router", "forwarder-router-publisher", "forwarder-batch"} {
+	for _, how := range []string{"watermill-router", "forwarder-router-publisher", "forwarder-batch", "forwarder-batch-ctx"} {
 		t.Run(how, func(t *testing.T) {
 			e := fwdNewEnv(t)
 			cfg := e.subCfg()
@@ -138,6 +138,23 @@ func TestShutdownChargesNoAttempt(t *testing.T) {
 				case "forwarder-batch":
 					f := e.run(sub, dest, forwarder.Config{SubscribeTopic: topic, CloseTimeout: 100 * time.Millisecond})
 					stop = f.Close
+				case "forwarder-batch-ctx":
+					// Stopped by ending Run's context (as `outbox relay` on SIGTERM), not Close.
+					f, err := forwarder.New(sub, dest, forwarder.Config{SubscribeTopic: topic, CloseTimeout: 100 * time.Millisecond}, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					rctx, cancel := context.WithCancel(context.Background())
+					errc := make(chan error, 1)
+					go func() { errc <- f.Run(rctx) }()
+					select {
+					case <-f.Running():
+					case err := <-errc:
+						t.Fatalf("forwarder did not start: %v", err)
+					case <-time.After(10 * time.Second):
+						t.Fatal("forwarder not running after 10s")
+					}
+					stop = func() error { cancel(); return <-errc }
 				}
 				dest.waitStarted(t, r)
 				dest.begin()

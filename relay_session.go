@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -75,8 +76,7 @@ func newRelayExecer(db any, async bool) (execer, error) {
 
 // stdConn takes a connection of a pgx stdlib *sql.DB and returns its *pgx.Conn, which stays
 // reserved to the caller until release (database/sql lends it to nobody else meanwhile; a
-// connection released inside a transaction, after an error, is discarded by the driver's
-// ResetSession).
+// connection released inside a transaction, after an error, is discarded at once).
 func stdConn(ctx context.Context, db *sql.DB) (*pgx.Conn, func(), error) {
 	c, err := db.Conn(ctx)
 	if err != nil {
@@ -95,7 +95,15 @@ func stdConn(ctx context.Context, db *sql.DB) (*pgx.Conn, func(), error) {
 		_ = c.Close()
 		return nil, nil, err
 	}
-	return pc, func() { _ = c.Close() }, nil
+	release := func() {
+		if pc.PgConn().TxStatus() != 'I' {
+			// Left inside a transaction (a statement of the batch failed): discard it now, not
+			// at its next use, so it holds no server connection (or PgBouncer slot) meanwhile.
+			_ = c.Raw(func(any) error { return driver.ErrBadConn })
+		}
+		_ = c.Close()
+	}
+	return pc, release, nil
 }
 
 // relayExecer runs each statement as relayBatch on a connection it takes for the statement.

@@ -312,18 +312,13 @@ func BenchmarkDrain(b *testing.B) {
 	unordered1, unordered2 := med("outbox/unordered/relays=1"), med("outbox/unordered/relays=2")
 	for _, sh := range shapes {
 		o1, o2 := med(fmt.Sprintf("outbox/%s/relays=1", sh.name)), med(fmt.Sprintf("outbox/%s/relays=2", sh.name))
-		ratios := []struct {
+		type ratio struct {
 			name string
 			v    float64
-		}{{"÷raw-r1", o1 / raw1}, {"÷raw-r2", o2 / raw2}, {"÷watermill-sql", o1 / wm}, {"r2÷r1", o2 / o1}}
+		}
+		ratios := []ratio{{"÷raw-r1", o1 / raw1}, {"÷raw-r2", o2 / raw2}, {"÷watermill-sql", o1 / wm}, {"r2÷r1", o2 / o1}}
 		if sh.keys > 0 && unordered1 > 0 {
-			ratios = append(ratios, struct {
-				name string
-				v    float64
-			}{"÷unordered-r1", o1 / unordered1}, struct {
-				name string
-				v    float64
-			}{"÷unordered-r2", o2 / unordered2})
+			ratios = append(ratios, ratio{"÷unordered-r1", o1 / unordered1}, ratio{"÷unordered-r2", o2 / unordered2})
 		}
 		fmt.Fprintf(&table, "%-14s", sh.name)
 		for _, r := range ratios {

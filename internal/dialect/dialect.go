@@ -1,0 +1,366 @@
+// Package dialect is the outbox's SQL layer: one Dialect per database (the packages
+// internal/dialect/postgres, internal/dialect/sqlite and internal/dialect/mysql), each holding
+// the SQL text of its database. The root package keeps every rule that does not depend on the
+// database — validation, splitting runs, delivery, fencing decisions, backoff, hooks — and
+// talks to the database only through this interface. Adding a database is adding a package
+// that implements Dialect and passes the shared suite (internal/dialect/dialecttest and the
+// root package's behavioural suite).
+//
+// Operations are named after what they do and take a params struct, in the manner of River's
+// riverdriver. Every operation runs on the Executor it is given: the caller's transaction for
+// the Publisher's writes, the relay's own handle for claims and marks.
+package dialect
+
+import (
+	"context"
+	"time"
+)
+
+// Rows is a query result.
+type Rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+	Close()
+}
+
+// Executor runs statements on one database handle (a transaction, a connection or a pool).
+type Executor interface {
+	Query(ctx context.Context, sql string, args ...any) (Rows, error)
+	Exec(ctx context.Context, sql string, args ...any) (int64, error)
+	// InTx reports whether statements run inside a caller's transaction.
+	InTx() bool
+	// OneShot returns args for a statement that must be planned for its actual parameters
+	// on every run (pgx: QueryExecModeExec prepended; other drivers: args unchanged).
+	OneShot(args []any) []any
+	// Handle is the handle the Executor wraps (*sql.DB, *sql.Tx, pgx.Tx …), for a dialect
+	// that needs more than statements (a dedicated connection, BEGIN IMMEDIATE).
+	Handle() any
+}
+
+// Payload is the payload column's storage.
+type Payload int
+
+const (
+	// PayloadJSONB is PostgreSQL jsonb (JSON text elsewhere).
+	PayloadJSONB Payload = iota
+	// PayloadBytea is binary (bytea, BLOB, LONGBLOB).
+	PayloadBytea
+	// PayloadJSON is JSON text stored as written.
+	PayloadJSON
+)
+
+// IsJSON reports whether payloads are JSON.
+func (p Payload) IsJSON() bool { return p != PayloadBytea }
+
+// Column is a user-defined column: Name unquoted, Type DDL text.
+type Column struct {
+	Name string
+	Type string
+}
+
+// Table is a validated outbox table: everything a dialect needs to write its SQL.
+type Table struct {
+	// Parts is the table name as configured: [table] or [schema, table], unquoted.
+	Parts []string
+	// IndexBase is the unquoted prefix of index names (short enough for every suffix).
+	IndexBase string
+	Payload   Payload
+	Extra     []Column
+	// Scope holds the idempotency scope columns (SchemaConfig.IdempotencyScope), or none.
+	Scope []string
+	// FillFactor is the PostgreSQL fillfactor; FillDefault is true when it was left to its
+	// default (an existing table keeps its own then).
+	FillFactor  int
+	FillDefault bool
+	// LockSeed seeds the hash of the per-ordering-key write locks (and Migrate's lock).
+	LockSeed int64
+}
+
+// Name is the unquoted table name (its last part).
+func (t *Table) Name() string { return t.Parts[len(t.Parts)-1] }
+
+// Topic is one compiled topic pattern: every topic, an exact name or a prefix.
+type Topic struct {
+	All    bool
+	Prefix bool   // Value is a prefix ("library." of "library.*")
+	Value  string // the exact name or the prefix
+}
+
+// TopicSelection is a subscription's include pattern minus its excluded patterns.
+type TopicSelection struct {
+	Include  Topic
+	Excludes []Topic
+}
+
+// RelayConfig holds the relay settings a claim's and a mark's SQL depend on.
+type RelayConfig struct {
+	BatchSize     int
+	MaxRunPerKey  int
+	KeyScan       int
+	LeaseDuration time.Duration
+	MaxAttempts   int
+	RetryBase     time.Duration
+	RetryMax      time.Duration
+}
+
+// Capabilities says what a dialect can do; the root package and the shared suites read it
+// instead of asking which database this is.
+type Capabilities struct {
+	// Notify: the Publisher can announce commits to listeners in other processes through
+	// the database (PostgreSQL LISTEN/NOTIFY).
+	Notify bool
+	// FlushAcks: acks may be written while a batch is still out (a second writer beside the
+	// marks). SQLite has one writer: its acks wait for the batch's end.
+	FlushAcks bool
+	// Continuations: a claim may lease a key's next run while the marks of its previous run
+	// are still being written (ClaimParams.Cont).
+	Continuations bool
+	// SkipLocked: relays share a table through row locks (FOR UPDATE SKIP LOCKED), and a
+	// claim may lease a key's run partially (ranks come from the claim).
+	SkipLocked bool
+	// DatabaseClock: times (leases, retries, created_at) come from the database's clock;
+	// otherwise from the writer's and the relay's clocks.
+	DatabaseClock bool
+	// SchemaQualified: the table name may be schema-qualified.
+	SchemaQualified bool
+	// FillFactor: SchemaConfig.FillFactor applies.
+	FillFactor bool
+}
+
+// Dialect is one database's SQL. Implementations are safe for concurrent use.
+type Dialect interface {
+	// Name is "postgresql", "sqlite" or "mysql".
+	Name() string
+	Capabilities() Capabilities
+	// Quote quotes the table name (schema-qualified where given) for SQL text and messages.
+	Quote(t *Table) string
+
+	// Schema.
+
+	// Statements returns the idempotent DDL of t, one statement per element (SchemaSQL).
+	Statements(t *Table) []string
+	// Migrate creates or upgrades t, serialised against concurrent Migrates. Errors whose
+	// cause is a conflicting idempotency index are returned as ErrScopeMismatch-wrapped
+	// *ScopeMismatch.
+	Migrate(ctx context.Context, ex Executor, t *Table) error
+	// ScopeMigration returns the statements that move an existing table's idempotency
+	// index to t's scope.
+	ScopeMigration(t *Table) ([]string, error)
+	// TableExists reports whether t exists.
+	TableExists(ctx context.Context, ex Executor, t *Table) (bool, error)
+
+	// Publisher.
+
+	// Insert writes the rows in the caller's transaction, in order, each ordering key's rows
+	// after every earlier committed or in-flight row of that key (per-key commit order),
+	// and returns the inserted events and, for rows whose idempotency key (in its scope)
+	// was already stored, that stored event with Duplicate set. A failed Insert leaves the
+	// caller's transaction as it was before the call where the database allows it.
+	Insert(ctx context.Context, ex Executor, p *InsertParams) ([]Stored, error)
+	// ReadStored reads the stored events of idempotency keys (unscoped table).
+	ReadStored(ctx context.Context, ex Executor, t *Table, keys []string) ([]Stored, error)
+	// ResolveScoped reads, for each probe, the stored event of its idempotency key in its
+	// scope (Scope columns), and whether its extra columns agree (unscoped tables).
+	ResolveScoped(ctx context.Context, ex Executor, t *Table, probes []Probe) ([]Resolved, error)
+
+	// Relay.
+
+	// NewRelay compiles the claim, renew and mark statements of one subscription.
+	NewRelay(t *Table, cfg RelayConfig, sel TopicSelection) Relay
+	// TakeBack releases the unexpired leases of an earlier relay of the same name: tokens
+	// starting with Name, not with TokenPrefix, followed by 12 hex digits, '#', digits.
+	TakeBack(ctx context.Context, ex Executor, t *Table, name, tokenPrefix string) (int64, error)
+
+	// Operations.
+
+	RetryDead(ctx context.Context, ex Executor, t *Table, f DeadFilter) (int64, error)
+	PurgeDead(ctx context.Context, ex Executor, t *Table, f DeadFilter) (int64, error)
+	ListDead(ctx context.Context, ex Executor, t *Table, f DeadFilter, limit int) ([]DeadRow, error)
+	// Cleanup deletes up to batch rows whose column (published_at or dead_lettered_at) is
+	// older than olderThan and returns how many it deleted.
+	Cleanup(ctx context.Context, ex Executor, t *Table, column string, olderThan time.Duration, batch int) (int64, error)
+	Backlog(ctx context.Context, ex Executor, t *Table) (BacklogRow, error)
+	BacklogByTopic(ctx context.Context, ex Executor, t *Table) ([]BacklogRow, error)
+}
+
+// InsertRow is one event to write. Payload is JSON text or binary (Table.Payload); Headers is
+// a JSON object; Extra is a JSON object of extra column values, or nil.
+type InsertRow struct {
+	ID             string
+	Topic          string
+	Payload        []byte
+	Headers        string
+	OrderingKey    *string
+	IdempotencyKey *string
+	Extra          *string
+}
+
+// InsertParams is one Publisher write.
+type InsertParams struct {
+	Table *Table
+	Rows  []InsertRow
+	// ExtraNames are the extra columns any row sets, sorted.
+	ExtraNames []string
+	// Notify is the channel to announce the inserted topics on ("" for none; Capabilities.Notify).
+	Notify string
+	// MaxNotifyTopicBytes: longer topics are announced as "".
+	MaxNotifyTopicBytes int
+}
+
+// Stored is an event as stored: inserted by this call, or found by its idempotency key
+// (Duplicate).
+type Stored struct {
+	Duplicate      bool
+	Sequence       int64
+	ID             string
+	Topic          string
+	OrderingKey    *string
+	IdempotencyKey *string
+	CreatedAt      time.Time
+}
+
+// Probe asks for the stored event of idempotency key Key with extra column values Extra
+// (scope columns for a scoped table), for row Index of a write.
+type Probe struct {
+	Index int            `json:"o"`
+	Key   string         `json:"k"`
+	Extra map[string]any `json:"e"`
+}
+
+// Resolved is the answer to a Probe: Same is false when the stored event's extra columns
+// differ from the probe's (an unscoped table: another tenant's key).
+type Resolved struct {
+	Index int
+	Stored
+	Same bool
+}
+
+// Relay is one subscription's compiled statements. Safe for concurrent use (marks run beside
+// claims).
+type Relay interface {
+	// Claim leases the next batch under p.Token.
+	Claim(ctx context.Context, ex Executor, p *ClaimParams) (*ClaimResult, error)
+	// Renew extends the lease of seqs still held under token and returns how many are.
+	Renew(ctx context.Context, ex Executor, token string, seqs []int64) (int64, error)
+	// Mark writes a batch's outcome, fenced by its token.
+	Mark(ctx context.Context, ex Executor, p *MarkParams) ([]MarkResult, error)
+}
+
+// Continuation is a key whose last run (From..After, leased under ClaimParams.ContToken) was
+// full and acked whole: its next run may be leased while that run's marks are written.
+type Continuation struct {
+	Key   string
+	From  int64
+	After int64
+}
+
+// ClaimParams is one claim.
+type ClaimParams struct {
+	Token string
+	// Limit caps the claim's keyed events (BatchSize, or less during a split).
+	Limit int
+	// Oldest is how many of the oldest claimable keyed events the claim walks.
+	Oldest int
+	// Cursor is where the key skip scan resumes ("" from the start).
+	Cursor string
+	// LowUnordered and LowKeyed: the unordered scan and the keyed walk start at these
+	// sequences.
+	LowUnordered, LowKeyed int64
+	Cont                   []Continuation
+	ContToken              string
+	// Paused topics are left out (outages).
+	Paused []string
+	// Probe, when set, claims at most one event, of these topics only (an outage's probe).
+	Probe []string
+	// Eager asks for the write lock without the busy timeout's backoff (SQLite, right after
+	// a wakeup).
+	Eager bool
+}
+
+// Claimed is one leased event. Rank is the event's place in its key's run (1 = the key's
+// head), 0 for an unordered event, -1 when the claim does not rank (the caller ranks).
+type Claimed struct {
+	Sequence       int64
+	ID             string
+	Topic          string
+	Payload        []byte
+	Headers        string
+	OrderingKey    *string
+	CreatedAt      time.Time
+	Attempts       int
+	LastError      *string
+	Rank           int64
+	DeliveryStarts int
+	Extra          []any
+}
+
+// ClaimResult is a claim's leased events (any order) and what it reports for the next claim:
+// the skip scan's last key and how many keys it saw (nil when it did not run), and how many
+// keys the walk found (-1: not reported).
+type ClaimResult struct {
+	Events  []Claimed
+	Cursor  *string
+	Scanned *int64
+	Walked  int64
+}
+
+// MarkParams is one batch's outcome: the sequences of each outcome with their per-event values
+// (Failed: Errs, Perm, Jitters; Unavailable: Notes, Keep).
+type MarkParams struct {
+	Token                                string
+	Acked, Released, Unavailable, Failed []int64
+	// Abandoned were unanswered at a stop: released, their delivery start uncounted.
+	Abandoned   []int64
+	Notes, Errs []string
+	Keep        []bool
+	Perm        []bool
+	Jitters     []float64
+	// Eager: see ClaimParams.Eager.
+	Eager bool
+}
+
+// MarkResult is one marked event: its attempts after the mark, its next attempt (a retry),
+// whether it was dead-lettered, and the clock the mark used.
+type MarkResult struct {
+	Seq      int64
+	Attempts int
+	Next     *time.Time
+	Dead     bool
+	Now      time.Time
+}
+
+// DeadFilter selects dead-lettered events: any of Topics or IDs, dead-lettered more than
+// OlderThan ago when it is above zero.
+type DeadFilter struct {
+	Topics    []Topic
+	IDs       []string
+	OlderThan time.Duration
+}
+
+// DeadRow is one dead-lettered event.
+type DeadRow struct {
+	Sequence       int64
+	ID             string
+	Topic          string
+	Payload        []byte
+	Headers        string
+	OrderingKey    *string
+	IdempotencyKey *string
+	CreatedAt      time.Time
+	Attempts       int
+	LastError      *string
+	DeadLetteredAt time.Time
+}
+
+// BacklogRow is the Backlog of the table or of one topic. Oldest is the oldest pending event's
+// created_at (zero when none), Now the clock it is measured against.
+type BacklogRow struct {
+	Topic        string
+	Pending      int64
+	Oldest       time.Time
+	DeadLettered int64
+	Now          time.Time
+	Unavailable  int64
+	Held         int64
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"github.com/watermill-outbox/outbox/internal/dialect"
 
 	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jackc/pgx/v5"
@@ -26,25 +27,10 @@ type SQLExecutor interface {
 }
 
 // rows is what the package reads query results through.
-type rows interface {
-	Next() bool
-	Scan(dest ...any) error
-	Err() error
-	Close()
-}
+type rows = dialect.Rows
 
-// execer runs statements on one of the supported handles.
-type execer interface {
-	query(ctx context.Context, sql string, args ...any) (rows, error)
-	exec(ctx context.Context, sql string, args ...any) (int64, error)
-	// inTx reports whether statements run inside a caller's transaction.
-	inTx() bool
-	// oneShot returns args for a statement that must be planned for its actual parameters on
-	// every run (the relay's claim and marks: a cached generic plan scans the whole table for
-	// their array parameters). With pgx it selects pgx.QueryExecModeExec; other drivers get
-	// args unchanged.
-	oneShot(args []any) []any
-}
+// execer runs statements on one of the supported handles (see dialect.Executor).
+type execer = dialect.Executor
 
 func prependExecMode(args []any) []any {
 	return append([]any{pgx.QueryExecModeExec}, args...)
@@ -66,7 +52,7 @@ func newExecer(db any) (execer, error) {
 		return pgxExecer{d: d, tx: tx}, nil
 	case SQLExecutor:
 		_, tx := d.(*sql.Tx)
-		return sqlExecer{d: d, tx: tx, pgx: isPgxStdlib(d)}, nil
+		return dialect.StdSQL{D: d, Tx: tx, Pgx: isPgxStdlib(d)}, nil
 	case wmsql.StdSQLBeginner:
 		return newExecer(d.SQLBeginner)
 	case wmsql.ContextExecutor:
@@ -82,7 +68,7 @@ type pgxExecer struct {
 	tx bool
 }
 
-func (e pgxExecer) query(ctx context.Context, q string, args ...any) (rows, error) {
+func (e pgxExecer) Query(ctx context.Context, q string, args ...any) (rows, error) {
 	r, err := e.d.Query(ctx, q, args...)
 	if err != nil {
 		return nil, err
@@ -90,20 +76,16 @@ func (e pgxExecer) query(ctx context.Context, q string, args ...any) (rows, erro
 	return r, nil
 }
 
-func (e pgxExecer) exec(ctx context.Context, q string, args ...any) (int64, error) {
+func (e pgxExecer) Exec(ctx context.Context, q string, args ...any) (int64, error) {
 	tag, err := e.d.Exec(ctx, q, args...)
 	return tag.RowsAffected(), err
 }
 
-func (e pgxExecer) inTx() bool { return e.tx }
+func (e pgxExecer) InTx() bool { return e.tx }
 
-func (e pgxExecer) oneShot(args []any) []any { return prependExecMode(args) }
+func (e pgxExecer) OneShot(args []any) []any { return prependExecMode(args) }
 
-type sqlExecer struct {
-	d   SQLExecutor
-	tx  bool
-	pgx bool // the pgx stdlib driver: pgx options pass through as arguments
-}
+func (e pgxExecer) Handle() any { return e.d }
 
 // isPgxStdlib reports whether d is a *sql.DB or *sql.Conn of the pgx stdlib driver.
 func isPgxStdlib(d SQLExecutor) bool {
@@ -112,35 +94,6 @@ func isPgxStdlib(d SQLExecutor) bool {
 		return isPgx
 	}
 	return false
-}
-
-type sqlRows struct{ *sql.Rows }
-
-func (r sqlRows) Close() { _ = r.Rows.Close() }
-
-func (e sqlExecer) query(ctx context.Context, q string, args ...any) (rows, error) {
-	r, err := e.d.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, err
-	}
-	return sqlRows{r}, nil
-}
-
-func (e sqlExecer) exec(ctx context.Context, q string, args ...any) (int64, error) {
-	res, err := e.d.ExecContext(ctx, q, args...)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
-}
-
-func (e sqlExecer) inTx() bool { return e.tx }
-
-func (e sqlExecer) oneShot(args []any) []any {
-	if e.pgx {
-		return prependExecMode(args)
-	}
-	return args
 }
 
 type wmExecer struct {
@@ -159,7 +112,7 @@ func (r wmRows) Err() error {
 	return nil
 }
 
-func (e wmExecer) query(ctx context.Context, q string, args ...any) (rows, error) {
+func (e wmExecer) Query(ctx context.Context, q string, args ...any) (rows, error) {
 	r, err := e.d.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, err
@@ -167,7 +120,7 @@ func (e wmExecer) query(ctx context.Context, q string, args ...any) (rows, error
 	return wmRows{r}, nil
 }
 
-func (e wmExecer) exec(ctx context.Context, q string, args ...any) (int64, error) {
+func (e wmExecer) Exec(ctx context.Context, q string, args ...any) (int64, error) {
 	res, err := e.d.ExecContext(ctx, q, args...)
 	if err != nil {
 		return 0, err
@@ -175,6 +128,8 @@ func (e wmExecer) exec(ctx context.Context, q string, args ...any) (int64, error
 	return res.RowsAffected()
 }
 
-func (e wmExecer) inTx() bool { return e.tx }
+func (e wmExecer) InTx() bool { return e.tx }
 
-func (e wmExecer) oneShot(args []any) []any { return args }
+func (e wmExecer) OneShot(args []any) []any { return args }
+
+func (e wmExecer) Handle() any { return e.d }

@@ -3,6 +3,9 @@ package outbox
 import (
 	"database/sql"
 	"fmt"
+	"github.com/watermill-outbox/outbox/internal/dialect"
+	"github.com/watermill-outbox/outbox/internal/dialect/postgres"
+	"github.com/watermill-outbox/outbox/internal/dialect/sqlite"
 	"net/url"
 	"reflect"
 	"strings"
@@ -36,6 +39,18 @@ func (d Dialect) String() string {
 		return "sqlite"
 	}
 	return fmt.Sprintf("Dialect(%d)", int(d))
+}
+
+// impl returns the dialect's SQL layer, nil for an unknown dialect: the one place the root
+// package selects by dialect.
+func (d Dialect) impl() dialect.Dialect {
+	switch d {
+	case DialectPostgreSQL:
+		return postgres.Dialect{}
+	case DialectSQLite:
+		return sqlite.Dialect{}
+	}
+	return nil
 }
 
 // SQLiteDSN returns the data source name to pass to sql.Open("sqlite", …) (modernc.org/sqlite)

@@ -46,7 +46,7 @@ func (sub *subscription) startFlusher(token string, items []*item, prevDone <-ch
 
 func (f *flusher) run() {
 	defer f.wg.Done()
-	if f.sub.s.s.sqlite {
+	if !f.sub.s.s.caps.FlushAcks {
 		// SQLite has one writer: each flush would take the database's write lock beside the
 		// writers' transactions (under Watermill's universal suite, 20 parallel publishers then
 		// waited past the 10 s busy timeout). Its acks are written at the batch's end.
@@ -131,7 +131,7 @@ func (f *flusher) flush() {
 	}
 	done := make(map[int64]bool, len(results))
 	for _, r := range results {
-		done[r.seq] = true
+		done[r.Seq] = true
 	}
 	for _, it := range pick {
 		if done[it.ev.Sequence] {

@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
+	"github.com/watermill-outbox/outbox/internal/dialect"
 	"time"
 
 	"github.com/google/uuid"
@@ -40,34 +40,26 @@ type DeadLetterFilter struct {
 // RetryFilter is the filter of RetryDeadLettered (the same as DeadLetterFilter).
 type RetryFilter = DeadLetterFilter
 
-// deadWhere renders the filter as a condition on dead-lettered, unpublished events.
-func (s *Subscriber) deadWhere(f DeadLetterFilter, args *[]any) (string, error) {
+// deadFilter checks f and returns it in the dialect layer's terms.
+func deadFilter(f DeadLetterFilter) (dialect.DeadFilter, error) {
 	if len(f.Topics) == 0 && len(f.IDs) == 0 {
-		return "", ErrEmptyFilter
+		return dialect.DeadFilter{}, ErrEmptyFilter
 	}
 	if f.OlderThan < 0 {
-		return "", &ConfigError{Field: "DeadLetterFilter.OlderThan", Reason: "must not be negative"}
+		return dialect.DeadFilter{}, &ConfigError{Field: "DeadLetterFilter.OlderThan", Reason: "must not be negative"}
 	}
-	var conds []string
+	out := dialect.DeadFilter{OlderThan: f.OlderThan}
 	for i, p := range f.Topics {
 		tf, err := parseTopicPattern(fmt.Sprintf("DeadLetterFilter.Topics[%d]", i), p)
 		if err != nil {
-			return "", err
+			return dialect.DeadFilter{}, err
 		}
-		conds = append(conds, tf.sql(`"topic"`, args, s.s.sqlite))
+		out.Topics = append(out.Topics, tf.dialect())
 	}
-	if len(f.IDs) > 0 {
-		ids := make([]string, len(f.IDs))
-		for i, id := range f.IDs {
-			ids[i] = id.String()
-		}
-		conds = append(conds, inSQL(s.s, `"id"`, ids, "uuid", args))
+	for _, id := range f.IDs {
+		out.IDs = append(out.IDs, id.String())
 	}
-	w := `"dead_lettered_at" IS NOT NULL AND "published_at" IS NULL AND (` + strings.Join(conds, " OR ") + `)`
-	if f.OlderThan > 0 {
-		w += ` AND "dead_lettered_at" < ` + s.s.agoSQL(f.OlderThan, args)
-	}
-	return w, nil
+	return out, nil
 }
 
 // RetryDeadLettered gives the selected dead-lettered events fresh attempts (attempts = 0, due
@@ -75,13 +67,11 @@ func (s *Subscriber) deadWhere(f DeadLetterFilter, args *[]any) (string, error) 
 // behind them then follow in order. Errors: ErrEmptyFilter, a *ConfigError for a bad pattern
 // or a negative OlderThan, or the database error. Safe for concurrent use, also after Close.
 func (s *Subscriber) RetryDeadLettered(ctx context.Context, f RetryFilter) (int64, error) {
-	var args []any
-	where, err := s.deadWhere(f, &args)
+	df, err := deadFilter(f)
 	if err != nil {
 		return 0, err
 	}
-	q := fmt.Sprintf(`UPDATE %s SET "dead_lettered_at" = NULL, "attempts" = 0, "next_attempt_at" = NULL, "lease_until" = NULL, "leased_by" = NULL WHERE %s`, s.s.table, where)
-	n, err := s.db.exec(ctx, q, args...)
+	n, err := s.s.d.RetryDead(ctx, s.db, s.s.t, df)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: retry dead letters in %s: %w", s.s.table, err)
 	}
@@ -92,12 +82,11 @@ func (s *Subscriber) RetryDeadLettered(ctx context.Context, f RetryFilter) (int6
 // ordering keys are then no longer held: the next event of each key is delivered. Errors as
 // RetryDeadLettered.
 func (s *Subscriber) PurgeDeadLettered(ctx context.Context, f DeadLetterFilter) (int64, error) {
-	var args []any
-	where, err := s.deadWhere(f, &args)
+	df, err := deadFilter(f)
 	if err != nil {
 		return 0, err
 	}
-	n, err := s.db.exec(ctx, fmt.Sprintf(`DELETE FROM %s WHERE %s`, s.s.table, where), args...)
+	n, err := s.s.d.PurgeDead(ctx, s.db, s.s.t, df)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: purge dead letters in %s: %w", s.s.table, err)
 	}
@@ -118,40 +107,21 @@ func (s *Subscriber) ListDeadLettered(ctx context.Context, f DeadLetterFilter, l
 	if limit < 1 || limit > MaxBatchSize {
 		return nil, &ConfigError{Field: "limit", Reason: fmt.Sprintf("%d outside 1..%d", limit, MaxBatchSize)}
 	}
-	var args []any
-	where, err := s.deadWhere(f, &args)
+	df, err := deadFilter(f)
 	if err != nil {
 		return nil, err
 	}
-	payload := s.s.textSQL(`"payload"`)
-	if s.s.cfg.PayloadType == PayloadBytea {
-		payload = `"payload"`
-	}
-	q := fmt.Sprintf(`SELECT "sequence", %s, "topic", %s, %s, "ordering_key", "idempotency_key", "created_at", "attempts", "last_error", "dead_lettered_at"
-FROM %s WHERE %s ORDER BY "dead_lettered_at", "sequence" LIMIT %d`,
-		s.s.textSQL(`"id"`), payload, s.s.textSQL(`"headers"`), s.s.table, where, limit)
-	rs, err := s.db.query(ctx, q, args...)
+	rows, err := s.s.d.ListDead(ctx, s.db, s.s.t, df, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list dead letters in %s: %w", s.s.table, err)
 	}
-	defer rs.Close()
-	var out []DeadLetter
-	for rs.Next() {
-		var (
-			d              DeadLetter
-			id, hdrs       string
-			okey, ikey, le *string
-		)
-		if err := rs.Scan(&d.Sequence, &id, &d.Topic, &d.Payload, &hdrs, &okey, &ikey, s.s.timeDest(&d.CreatedAt), &d.Attempts, &le, s.s.timeDest(&d.DeadLetteredAt)); err != nil {
-			return nil, fmt.Errorf("outbox: list dead letters in %s: %w", s.s.table, err)
-		}
-		d.ID, _ = uuid.Parse(id)
-		_ = json.Unmarshal([]byte(hdrs), &d.Headers)
-		d.OrderingKey, d.IdempotencyKey, d.LastError = deref(okey), deref(ikey), deref(le)
+	out := make([]DeadLetter, 0, len(rows))
+	for _, r := range rows {
+		d := DeadLetter{Event: Event{Sequence: r.Sequence, Topic: r.Topic, Payload: r.Payload, CreatedAt: r.CreatedAt, Attempts: r.Attempts}, DeadLetteredAt: r.DeadLetteredAt}
+		d.ID, _ = uuid.Parse(r.ID)
+		_ = json.Unmarshal([]byte(r.Headers), &d.Headers)
+		d.OrderingKey, d.IdempotencyKey, d.LastError = deref(r.OrderingKey), deref(r.IdempotencyKey), deref(r.LastError)
 		out = append(out, d)
-	}
-	if err := rs.Err(); err != nil {
-		return nil, fmt.Errorf("outbox: list dead letters in %s: %w", s.s.table, err)
 	}
 	return out, nil
 }
@@ -182,17 +152,9 @@ func (s *Subscriber) cleanup(ctx context.Context, col string, olderThan time.Dur
 	if olderThan < 0 {
 		return 0, &ConfigError{Field: "olderThan", Reason: "must not be negative"}
 	}
-	var args []any
-	cutoff := s.s.agoSQL(olderThan, &args)
-	q := fmt.Sprintf(`DELETE FROM %[1]s WHERE "sequence" = ANY(ARRAY(SELECT "sequence" FROM %[1]s WHERE %[2]q < %[4]s ORDER BY %[2]q LIMIT %[3]d))`,
-		s.s.table, col, DefaultCleanupBatch, cutoff)
-	if s.s.sqlite {
-		q = fmt.Sprintf(`DELETE FROM %[1]s WHERE "sequence" IN (SELECT "sequence" FROM %[1]s WHERE %[2]q < %[4]s ORDER BY %[2]q LIMIT %[3]d)`,
-			s.s.table, col, DefaultCleanupBatch, cutoff)
-	}
 	var total int64
 	for {
-		n, err := s.db.exec(ctx, q, args...)
+		n, err := s.s.d.Cleanup(ctx, s.db, s.s.t, col, olderThan, DefaultCleanupBatch)
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("outbox: cleanup %s in %s: %w", col, s.s.table, err)
@@ -233,62 +195,20 @@ type Backlog struct {
 // history: its cost grows with the pending rows (and the dead letters), not with the table.
 // Errors: the database error. Safe for concurrent use, also after Close.
 func (s *Subscriber) Backlog(ctx context.Context) (Backlog, error) {
-	var args []any
-	least := "LEAST"
-	if s.s.sqlite {
-		least = "min" // both arguments are coalesced: SQLite's min(a, NULL) is NULL
-	}
-	// Every count names the predicate of a partial index (keyed_idx, unordered_idx, dead_idx,
-	// key_idx) so that the planner can use it: a predicate that matches none (for example
-	// "published_at IS NULL AND dead_lettered_at IS NULL" alone) made PostgreSQL scan the
-	// whole table, 1.1M rows for 100k pending ones (EXPLAIN, 2026-12-01: 536 ms and 40k
-	// buffers for the unavailable count, 32 ms and 6.7k buffers split as below).
-	//
-	// Held: the candidate heads are the unpublished keyed rows (key_idx) that are dead-lettered
-	// or have attempts > 0 (a filter on those rows' heap tuples: O(pending keyed), no index
-	// holds attempts); each is checked to be its key's head and its held successors counted
-	// by correlated subqueries, one key_idx probe each, so the work beyond the scan is
-	// O(failed heads + held events). Correlated subqueries rather than joins: the planner
-	// misjudges how few candidates survive (attempts > 0 is common in the history it has
-	// statistics for) and hashed every pending keyed row instead (358 ms against 102 ms with
-	// 4.7k buffers on 100k pending + 1M published rows, 10 failed heads).
-	q := fmt.Sprintf(`SELECT
-	(SELECT count(*) FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NULL)
-	+ (SELECT count(*) FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NOT NULL),
-	%[3]s(COALESCE(u.c, k.c), COALESCE(k.c, u.c)),
-	(SELECT count(*) FROM %[1]s WHERE "dead_lettered_at" IS NOT NULL),
-	%[2]s,
-	(SELECT count(*) FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NULL AND "last_error" LIKE 'unavailable: %%')
-	+ (SELECT count(*) FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NOT NULL AND "last_error" LIKE 'unavailable: %%'),
-	(SELECT COALESCE(sum(x.n), 0) FROM (SELECT
-		(SELECT count(*) FROM %[1]s r WHERE r."published_at" IS NULL AND r."ordering_key" = h."ordering_key" AND r."sequence" > h."sequence" AND r."dead_lettered_at" IS NULL) AS n
-		FROM %[1]s h
-		WHERE h."published_at" IS NULL AND h."ordering_key" IS NOT NULL AND (h."dead_lettered_at" IS NOT NULL OR h."attempts" > 0)
-		AND h."sequence" = (SELECT min(e."sequence") FROM %[1]s e WHERE e."published_at" IS NULL AND e."ordering_key" = h."ordering_key")) x)
-FROM (SELECT (SELECT "created_at" FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NULL ORDER BY "sequence" LIMIT 1) AS c) u,
-	(SELECT (SELECT "created_at" FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NOT NULL ORDER BY "sequence" LIMIT 1) AS c) k`,
-		s.s.table, s.s.nowSQL(&args), least)
-	rs, err := s.db.query(ctx, q, args...)
+	r, err := s.s.d.Backlog(ctx, s.db, s.s.t)
 	if err != nil {
 		return Backlog{}, fmt.Errorf("outbox: backlog of %s: %w", s.s.table, err)
 	}
-	defer rs.Close()
-	var (
-		b           Backlog
-		oldest, now time.Time
-	)
-	if rs.Next() {
-		if err := rs.Scan(&b.Pending, (*microTime)(&oldest), &b.DeadLettered, (*microTime)(&now), &b.Unavailable, &b.Held); err != nil {
-			return Backlog{}, fmt.Errorf("outbox: backlog of %s: %w", s.s.table, err)
-		}
+	return backlogOf(r), nil
+}
+
+// backlogOf is the Backlog of a dialect's backlog row.
+func backlogOf(r dialect.BacklogRow) Backlog {
+	b := Backlog{Pending: r.Pending, DeadLettered: r.DeadLettered, Unavailable: r.Unavailable, Held: r.Held}
+	if !r.Oldest.IsZero() {
+		b.OldestPendingAge = max(r.Now.Sub(r.Oldest), 0)
 	}
-	if err := rs.Err(); err != nil {
-		return Backlog{}, fmt.Errorf("outbox: backlog of %s: %w", s.s.table, err)
-	}
-	if !oldest.IsZero() {
-		b.OldestPendingAge = max(now.Sub(oldest), 0)
-	}
-	return b, nil
+	return b
 }
 
 // TopicBacklog is the Backlog of one topic.
@@ -302,42 +222,13 @@ type TopicBacklog struct {
 // every unpublished row (meant for status pages and the command line, not for frequent
 // metrics: use Backlog there). Errors: the database error.
 func (s *Subscriber) BacklogByTopic(ctx context.Context) ([]TopicBacklog, error) {
-	var args []any
-	// failed: each key whose head failed (see Backlog.Held), with the head's sequence.
-	q := fmt.Sprintf(`WITH failed AS (
-	SELECT h."ordering_key" AS k, h."sequence" AS s FROM %[1]s h
-	WHERE h."published_at" IS NULL AND h."ordering_key" IS NOT NULL AND (h."dead_lettered_at" IS NOT NULL OR h."attempts" > 0)
-	AND h."sequence" = (SELECT min(e."sequence") FROM %[1]s e WHERE e."published_at" IS NULL AND e."ordering_key" = h."ordering_key"))
-SELECT o."topic",
-	count(*) FILTER (WHERE o."dead_lettered_at" IS NULL),
-	min(o."created_at") FILTER (WHERE o."dead_lettered_at" IS NULL),
-	count(*) FILTER (WHERE o."dead_lettered_at" IS NOT NULL),
-	%[2]s,
-	count(*) FILTER (WHERE o."dead_lettered_at" IS NULL AND o."last_error" LIKE 'unavailable: %%'),
-	count(*) FILTER (WHERE o."dead_lettered_at" IS NULL AND o."sequence" > f.s)
-FROM %[1]s o LEFT JOIN failed f ON f.k = o."ordering_key"
-WHERE o."published_at" IS NULL GROUP BY o."topic" ORDER BY o."topic"`, s.s.table, s.s.nowSQL(&args))
-	rs, err := s.db.query(ctx, q, args...)
+	rows, err := s.s.d.BacklogByTopic(ctx, s.db, s.s.t)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: backlog by topic of %s: %w", s.s.table, err)
 	}
-	defer rs.Close()
 	var out []TopicBacklog
-	for rs.Next() {
-		var (
-			tb          TopicBacklog
-			oldest, now time.Time
-		)
-		if err := rs.Scan(&tb.Topic, &tb.Pending, (*microTime)(&oldest), &tb.DeadLettered, (*microTime)(&now), &tb.Unavailable, &tb.Held); err != nil {
-			return nil, fmt.Errorf("outbox: backlog by topic of %s: %w", s.s.table, err)
-		}
-		if !oldest.IsZero() {
-			tb.OldestPendingAge = max(now.Sub(oldest), 0)
-		}
-		out = append(out, tb)
-	}
-	if err := rs.Err(); err != nil {
-		return nil, fmt.Errorf("outbox: backlog by topic of %s: %w", s.s.table, err)
+	for _, r := range rows {
+		out = append(out, TopicBacklog{Topic: r.Topic, Backlog: backlogOf(r)})
 	}
 	return out, nil
 }
@@ -350,22 +241,8 @@ func CheckTable(ctx context.Context, db any, cfg SchemaConfig) error {
 	if err != nil {
 		return err
 	}
-	q, arg := `SELECT to_regclass($1) IS NOT NULL`, s.table
-	if s.sqlite {
-		q, arg = `SELECT count(*) > 0 FROM sqlite_master WHERE "type" = 'table' AND "name" = $1 COLLATE NOCASE`, s.tableName
-	}
-	rs, err := ex.query(ctx, q, arg)
+	found, err := s.d.TableExists(ctx, ex, s.t)
 	if err != nil {
-		return fmt.Errorf("outbox: look for table %s: %w", s.table, err)
-	}
-	defer rs.Close()
-	var found bool
-	if rs.Next() {
-		if err := rs.Scan(&found); err != nil {
-			return fmt.Errorf("outbox: look for table %s: %w", s.table, err)
-		}
-	}
-	if err := rs.Err(); err != nil {
 		return fmt.Errorf("outbox: look for table %s: %w", s.table, err)
 	}
 	if !found {

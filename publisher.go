@@ -5,17 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/watermill-outbox/outbox/internal/dialect"
 	"maps"
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 )
 
 // DefaultMaxOrderingKeysPerCall is PublisherConfig.MaxOrderingKeysPerCall's default.
@@ -136,8 +135,8 @@ func NewPublisher(db any, cfg PublisherConfig, logger watermill.LoggerAdapter) (
 	if err != nil {
 		return nil, err
 	}
-	if s.sqlite && cfg.NotifyChannel != "" {
-		return nil, &ConfigError{Field: "PublisherConfig.NotifyChannel", Reason: errNoSQLiteNotify.Error()}
+	if !s.caps.Notify && cfg.NotifyChannel != "" {
+		return nil, &ConfigError{Field: "PublisherConfig.NotifyChannel", Reason: s.caps.Title + " has no LISTEN/NOTIFY: use an in-process wakeup (OnInserted) instead"}
 	}
 	if err := checkHandle(db, cfg.Schema.Dialect); err != nil {
 		return nil, err
@@ -225,20 +224,20 @@ func (p *Publisher) EnqueueMany(ctx context.Context, ins []EventInput) (evs []Ev
 	if len(rows) == 0 {
 		return nil, nil
 	}
-	if !p.ex.inTx() {
+	if !p.ex.InTx() {
 		return p.insert(ctx, rows)
 	}
-	if _, err := p.ex.exec(ctx, "SAVEPOINT outbox_enqueue"); err != nil {
+	if _, err := p.ex.Exec(ctx, "SAVEPOINT outbox_enqueue"); err != nil {
 		return nil, fmt.Errorf("outbox: savepoint: %w", err)
 	}
 	evs, err = p.insert(ctx, rows)
 	if err != nil {
-		if _, rbErr := p.ex.exec(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT outbox_enqueue"); rbErr != nil {
+		if _, rbErr := p.ex.Exec(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT outbox_enqueue"); rbErr != nil {
 			return nil, errors.Join(err, fmt.Errorf("outbox: rollback to savepoint: %w", rbErr))
 		}
 		return nil, err
 	}
-	if _, err := p.ex.exec(ctx, "RELEASE SAVEPOINT outbox_enqueue"); err != nil {
+	if _, err := p.ex.Exec(ctx, "RELEASE SAVEPOINT outbox_enqueue"); err != nil {
 		return nil, fmt.Errorf("outbox: release savepoint: %w", err)
 	}
 	return evs, nil
@@ -359,8 +358,8 @@ func (p *Publisher) finishRow(i int, r row, payload []byte, headers map[string]s
 		if reason := ValidatePayload(payload); reason != "" {
 			return r, &ValidationError{Index: i, Field: "payload", Reason: reason}
 		}
-		if p.s.sqlite && jsonDepth(payload) > sqliteMaxJSONDepth {
-			return r, &ValidationError{Index: i, Field: "payload", Reason: fmt.Sprintf("nested deeper than %d levels, which SQLite's json_valid refuses", sqliteMaxJSONDepth)}
+		if max := p.s.caps.MaxJSONDepth; max > 0 && jsonDepth(payload) > max {
+			return r, &ValidationError{Index: i, Field: "payload", Reason: fmt.Sprintf("nested deeper than %d levels, which %s refuses", max, p.s.caps.JSONDepthRule)}
 		}
 	} else if payload == nil {
 		payload = []byte{}
@@ -408,187 +407,36 @@ func (p *Publisher) finishRow(i int, r row, payload []byte, headers map[string]s
 	return r, nil
 }
 
-// insertSQL caches statements by shape.
-var insertSQL sync.Map // insertShape -> string
-
-type insertShape struct {
-	table   string
-	keys    bool // any ordering key: take the per-key locks
-	idem    bool // any idempotency key: ON CONFLICT + read of stored events
-	payload PayloadType
-	extras  string // comma-joined extra column names, sorted
-	seed    int64
-	single  bool   // one event: scalar parameters instead of arrays
-	notify  string // NOTIFY channel folded into the statement, "" for none
-	target  string // ON CONFLICT columns: the idempotency index's (schema.idempotencyColumns)
-}
-
-func (sh insertShape) build() string {
-	var b strings.Builder
-	payloadType, payloadExpr := "text", "i.payload::jsonb"
-	switch sh.payload {
-	case PayloadBytea:
-		payloadType, payloadExpr = "bytea", "i.payload"
-	case PayloadJSON:
-		payloadType, payloadExpr = "text", "i.payload::json"
-	}
-	if sh.single {
-		// One event (the common Publish): scalar parameters, no array encoding.
-		fmt.Fprintf(&b, "WITH input AS MATERIALIZED (SELECT $1::uuid AS id, $2::text AS topic, $3::%s AS payload, $4::text AS headers, $5::text AS ordering_key, $6::text AS idempotency_key, 1::bigint AS ord)", payloadType)
-	} else {
-		fmt.Fprintf(&b, "WITH input AS MATERIALIZED (SELECT * FROM unnest($1::uuid[], $2::text[], $3::%s[], $4::text[], $5::text[], $6::text[]%s) WITH ORDINALITY AS t(id, topic, payload, headers, ordering_key, idempotency_key%s, ord))",
-			payloadType, map[bool]string{true: ", $7::jsonb[]"}[sh.extras != ""], map[bool]string{true: ", extra"}[sh.extras != ""])
-	}
-	var extras []string
-	if sh.extras != "" {
-		extras = strings.Split(sh.extras, ",")
-	}
-	if sh.keys {
-		// The per-ordering-key lock (SPEC §3.5) sits in a materialized CTE that the INSERT
-		// reads and that yields exactly one row, so every lock is held before the INSERT
-		// draws its first identity value; keys are locked in hash order.
-		fmt.Fprintf(&b, ", locks AS MATERIALIZED (SELECT count(pg_advisory_xact_lock(h)) AS n FROM (SELECT DISTINCT hashtextextended(ordering_key, %d) AS h FROM input WHERE ordering_key IS NOT NULL ORDER BY 1) k)", sh.seed)
-	}
-	returning := `"sequence", "id"::text, "topic", "ordering_key", "idempotency_key", "created_at"`
-	cte := sh.idem || sh.notify != ""
-	if cte {
-		b.WriteString(", ins AS (")
-	} else {
-		b.WriteString(" ")
-	}
-	fmt.Fprintf(&b, `INSERT INTO %s ("id", "topic", "payload", "headers", "ordering_key", "idempotency_key"`, sh.table)
-	for _, c := range extras {
-		b.WriteString(", " + pgx.Identifier{c}.Sanitize())
-	}
-	fmt.Fprintf(&b, ") SELECT i.id, i.topic, %s, i.headers::jsonb, i.ordering_key, i.idempotency_key", payloadExpr)
-	for _, c := range extras {
-		fmt.Fprintf(&b, ", (jsonb_populate_record(NULL::%s, i.extra)).%s", sh.table, pgx.Identifier{c}.Sanitize())
-	}
-	b.WriteString(" FROM input i")
-	if sh.keys {
-		b.WriteString(" CROSS JOIN locks")
-	}
-	b.WriteString(" ORDER BY i.ord")
-	if !cte {
-		b.WriteString(" RETURNING false, " + returning)
-		return b.String()
-	}
-	if sh.idem {
-		b.WriteString(` ON CONFLICT (` + sh.target + `) WHERE "idempotency_key" IS NOT NULL DO NOTHING`)
-	}
-	b.WriteString(` RETURNING ` + returning + `)`)
-	if sh.notify != "" {
-		// One NOTIFY per distinct topic of the inserted events, inside the writer's
-		// transaction: PostgreSQL delivers it at COMMIT and drops it on ROLLBACK. The final
-		// SELECT reads this CTE, or PostgreSQL would never run it.
-		fmt.Fprintf(&b, `, notified AS MATERIALIZED (SELECT count(pg_notify(%s, CASE WHEN octet_length(t.topic) <= %d THEN t.topic ELSE '' END)) AS n FROM (SELECT DISTINCT "topic" FROM ins) t)`,
-			quoteLiteral(sh.notify), MaxNotifyTopicBytes)
-		b.WriteString(` SELECT false, ` + returning + ` FROM ins CROSS JOIN notified`)
-	} else {
-		b.WriteString(` SELECT false, ` + returning + ` FROM ins`)
-	}
-	if !sh.idem {
-		return b.String()
-	}
-	// Events stored before this statement; rows this statement inserted are not visible here,
-	// so nothing is returned twice.
-	fmt.Fprintf(&b, ` UNION ALL SELECT true, o."sequence", o."id"::text, o."topic", o."ordering_key", o."idempotency_key", o."created_at" FROM %s o WHERE o."idempotency_key" IN (SELECT idempotency_key FROM input WHERE idempotency_key IS NOT NULL)`, sh.table)
-	return b.String()
-}
-
-// payloadArgs holds the payload parameters of one insert in the Go type of the column's input
-// type: []byte for BYTEA, string for JSON and JSONB.
-type payloadArgs struct {
-	bytea []([]byte)
-	text  []string
-}
-
-func newPayloads(t PayloadType, n int) payloadArgs {
-	if t == PayloadBytea {
-		return payloadArgs{bytea: make([][]byte, n)}
-	}
-	return payloadArgs{text: make([]string, n)}
-}
-
-func (p payloadArgs) set(i int, b []byte) {
-	if p.bytea != nil {
-		p.bytea[i] = b
-	} else {
-		p.text[i] = string(b)
-	}
-}
-
-func (p payloadArgs) all() any {
-	if p.bytea != nil {
-		return p.bytea
-	}
-	return p.text
-}
-
-func (p payloadArgs) at(i int) any {
-	if p.bytea != nil {
-		return p.bytea[i]
-	}
-	return p.text[i]
-}
-
-// quoteLiteral renders s as a PostgreSQL string literal (standard_conforming_strings on).
-func quoteLiteral(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
-}
-
 func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	sh := insertShape{table: p.s.table, payload: p.s.cfg.PayloadType, seed: p.s.lockSeed, notify: p.cfg.NotifyChannel, target: p.s.idempotencyColumns()}
 	n := len(rows)
-	ids := make([]string, n)
-	topics := make([]string, n)
-	// Every parameter has the Go type of its SQL type, so that each pgx.QueryExecMode encodes
-	// it alike: JSON payloads are strings (text), BYTEA payloads []byte. A []byte sent for a
-	// text parameter is bytea text ("\x7b…") in the exec and simple protocol modes, which
-	// send parameters untyped.
-	payloads := newPayloads(p.s.cfg.PayloadType, n)
-	headers := make([]string, n)
-	okeys := make([]*string, n)
-	ikeys := make([]*string, n)
+	in := &dialect.InsertParams{Table: p.s.t, Rows: make([]dialect.InsertRow, n), Notify: p.cfg.NotifyChannel, MaxNotifyTopicBytes: MaxNotifyTopicBytes}
 	seenID := make(map[uuid.UUID]int, n)
 	distinctKeys := map[string]struct{}{}
-	var extraNames []string
+	idem := false
 	for i, r := range rows {
 		if j, dup := seenID[r.id]; dup {
 			return nil, &ValidationError{Index: i, Field: "uuid", Reason: fmt.Sprintf("same id as event #%d of this call", j)}
 		}
 		seenID[r.id] = i
-		ids[i], topics[i], headers[i] = r.id.String(), r.topic, string(r.headers)
-		payloads.set(i, r.payload)
-		okeys[i], ikeys[i] = r.okey, r.ikey
+		in.Rows[i] = dialect.InsertRow{ID: r.id.String(), Topic: r.topic, Payload: r.payload, Headers: string(r.headers), OrderingKey: r.okey, IdempotencyKey: r.ikey}
 		if r.okey != nil {
-			sh.keys = true
 			distinctKeys[*r.okey] = struct{}{}
 			if len(distinctKeys) > p.cfg.MaxOrderingKeysPerCall {
 				return nil, &ValidationError{Index: i, Field: "ordering_key", Reason: fmt.Sprintf("more than %d distinct ordering keys in one call (PublisherConfig.MaxOrderingKeysPerCall)", p.cfg.MaxOrderingKeysPerCall)}
 			}
 		}
-		if r.ikey != nil {
-			sh.idem = true
-		}
+		idem = idem || r.ikey != nil
 		for c := range r.extra {
-			if !slices.Contains(extraNames, c) {
-				extraNames = append(extraNames, c)
+			if !slices.Contains(in.ExtraNames, c) {
+				in.ExtraNames = append(in.ExtraNames, c)
 			}
 		}
 	}
-	args := []any{ids, topics, payloads.all(), headers, okeys, ikeys}
-	if n == 1 && len(extraNames) == 0 {
-		sh.single = true
-		args = []any{ids[0], topics[0], payloads.at(0), headers[0], okeys[0], ikeys[0]}
-	}
-	if len(extraNames) > 0 {
-		sort.Strings(extraNames)
-		sh.extras = strings.Join(extraNames, ",")
-		extras := make([]*string, n)
+	if len(in.ExtraNames) > 0 {
+		sort.Strings(in.ExtraNames)
 		for i, r := range rows {
 			if len(r.extra) == 0 {
 				continue
@@ -598,9 +446,8 @@ func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
 				return nil, &ValidationError{Index: i, Field: "extra_columns", Reason: err.Error()}
 			}
 			s := string(b)
-			extras[i] = &s
+			in.Rows[i].Extra = &s
 		}
-		args = append(args, extras)
 	}
 	byID := make(map[string]Event, n)
 	byKey := map[string]Event{}
@@ -615,15 +462,14 @@ func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
 		}
 	}
 	start := time.Now()
-	if p.s.sqlite {
-		sort.Strings(extraNames)
-		if err := p.sqliteInsert(ctx, rows, extraNames, add); err != nil {
-			return nil, fmt.Errorf("outbox: insert into %s: %w", p.s.table, err)
-		}
-	} else if err := p.pgInsert(ctx, sh, args, add); err != nil {
-		return nil, err
+	stored, err := p.s.d.Insert(ctx, p.ex, in)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: insert into %s: %w", p.s.table, err)
 	}
-	if sh.idem && (p.s.scoped() || len(extraNames) > 0) {
+	for _, st := range stored {
+		add(storedEvent(st))
+	}
+	if idem && (p.s.scoped() || len(in.ExtraNames) > 0) {
 		out, err := p.resolveByScope(ctx, rows, byID)
 		if err != nil {
 			return nil, err
@@ -633,12 +479,12 @@ func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
 	out := make([]Event, n)
 	var missing []string
 	for i, r := range rows {
-		if ev, ok := byID[ids[i]]; ok {
+		if ev, ok := byID[in.Rows[i].ID]; ok {
 			out[i] = ev
 			continue
 		}
 		if r.ikey == nil {
-			return nil, fmt.Errorf("outbox: insert into %s: event %s not returned", p.s.table, ids[i])
+			return nil, fmt.Errorf("outbox: insert into %s: event %s not returned", p.s.table, in.Rows[i].ID)
 		}
 		ev, ok := byKey[*r.ikey]
 		if !ok {
@@ -687,57 +533,21 @@ func (p *Publisher) written(out []Event, start time.Time) []Event {
 }
 
 func (p *Publisher) readStored(ctx context.Context, keys []string, byKey map[string]Event) error {
-	var args []any
-	q := fmt.Sprintf(`SELECT "sequence", %s, "topic", "ordering_key", "idempotency_key", "created_at" FROM %s WHERE %s`,
-		p.s.textSQL(`"id"`), p.s.table, inSQL(p.s, `"idempotency_key"`, keys, "text", &args))
-	rs, err := p.ex.query(ctx, q, args...)
+	stored, err := p.s.d.ReadStored(ctx, p.ex, p.s.t, keys)
 	if err != nil {
 		return fmt.Errorf("outbox: read stored events: %w", err)
 	}
-	defer rs.Close()
-	for rs.Next() {
-		ev, err := p.scanStored(rs)
-		if err != nil {
-			return fmt.Errorf("outbox: read stored events: %w", err)
-		}
+	for _, st := range stored {
+		ev := storedEvent(st)
 		byKey[ev.IdempotencyKey] = ev
 	}
-	return rs.Err()
+	return nil
 }
 
-// pgInsert runs the PostgreSQL insert statement of shape sh and calls add for every row it
-// returns (inserted events, and stored events of idempotency keys, flagged Duplicate).
-func (p *Publisher) pgInsert(ctx context.Context, sh insertShape, args []any, add func(Event)) error {
-	q, ok := insertSQL.Load(sh)
-	if !ok {
-		q, _ = insertSQL.LoadOrStore(sh, sh.build())
-	}
-	rs, err := p.ex.query(ctx, q.(string), args...)
-	if err != nil {
-		return fmt.Errorf("outbox: insert into %s: %w", p.s.table, err)
-	}
-	defer rs.Close()
-	for rs.Next() {
-		var (
-			ev       Event
-			id       string
-			okey, ik *string
-		)
-		if err := rs.Scan(&ev.Duplicate, &ev.Sequence, &id, &ev.Topic, &okey, &ik, &ev.CreatedAt); err != nil {
-			return fmt.Errorf("outbox: insert into %s: scan: %w", p.s.table, err)
-		}
-		ev.ID, _ = uuid.Parse(id)
-		if okey != nil {
-			ev.OrderingKey = *okey
-		}
-		if ik != nil {
-			ev.IdempotencyKey = *ik
-		}
-		add(ev)
-	}
-	rs.Close()
-	if err := rs.Err(); err != nil {
-		return fmt.Errorf("outbox: insert into %s: %w", p.s.table, err)
-	}
-	return nil
+// storedEvent is the Event of a stored row (no payload: the writer has it).
+func storedEvent(st dialect.Stored) Event {
+	ev := Event{Sequence: st.Sequence, Topic: st.Topic, CreatedAt: st.CreatedAt, Duplicate: st.Duplicate}
+	ev.ID, _ = uuid.Parse(st.ID)
+	ev.OrderingKey, ev.IdempotencyKey = deref(st.OrderingKey), deref(st.IdempotencyKey)
+	return ev
 }

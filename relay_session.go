@@ -130,7 +130,7 @@ func (e relayExecer) send(ctx context.Context, q string, args []any) (pgx.BatchR
 	return br, release, nil
 }
 
-func (e relayExecer) query(ctx context.Context, q string, args ...any) (rows, error) {
+func (e relayExecer) Query(ctx context.Context, q string, args ...any) (rows, error) {
 	br, release, err := e.send(ctx, q, args)
 	if err != nil {
 		return nil, err
@@ -144,7 +144,7 @@ func (e relayExecer) query(ctx context.Context, q string, args ...any) (rows, er
 	return &batchRows{Rows: r, br: br, release: release}, nil
 }
 
-func (e relayExecer) exec(ctx context.Context, q string, args ...any) (int64, error) {
+func (e relayExecer) Exec(ctx context.Context, q string, args ...any) (int64, error) {
 	br, release, err := e.send(ctx, q, args)
 	if err != nil {
 		return 0, err
@@ -160,10 +160,13 @@ func (e relayExecer) exec(ctx context.Context, q string, args ...any) (int64, er
 	return tag.RowsAffected(), err
 }
 
-func (e relayExecer) inTx() bool { return false }
+func (e relayExecer) InTx() bool { return false }
 
 // oneShot returns args unchanged: relayBatch sets plan_cache_mode = force_custom_plan.
-func (e relayExecer) oneShot(args []any) []any { return args }
+func (e relayExecer) OneShot(args []any) []any { return args }
+
+// Handle returns nil: each statement takes its own connection.
+func (e relayExecer) Handle() any { return nil }
 
 // batchRows reads the statement's rows of a relayBatch; when they end it reads the COMMIT's
 // result (an error there is reported by Err) and releases the connection.

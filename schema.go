@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"github.com/watermill-outbox/outbox/internal/dialect"
 	"hash/fnv"
 	"regexp"
 	"strings"
@@ -29,16 +30,6 @@ const (
 	// same TEXT column as PayloadJSONB.
 	PayloadJSON
 )
-
-func (t PayloadType) sqlType() string {
-	switch t {
-	case PayloadBytea:
-		return "BYTEA"
-	case PayloadJSON:
-		return "JSON"
-	}
-	return "JSONB"
-}
 
 // isJSON reports whether payloads are JSON (PayloadJSONB or PayloadJSON).
 func (t PayloadType) isJSON() bool { return t == PayloadJSONB || t == PayloadJSON }
@@ -118,13 +109,11 @@ type schema struct {
 	table     string // quoted, possibly qualified
 	indexBase string // unquoted base for index names
 	tableName string // unquoted table part
-	schemaPfx string // quoted schema part plus ".", or ""
 	lockSeed  int64  // seed of the per-ordering-key advisory lock hash
 	extra     map[string]bool
-	sqlite    bool // DialectSQLite
-	// fillDefault: SchemaConfig.FillFactor was left 0, so only a new table gets the default
-	// (an existing table keeps the fillfactor it has, which an operator may have tuned).
-	fillDefault bool
+	d         dialect.Dialect // the dialect's SQL
+	caps      dialect.Capabilities
+	t         *dialect.Table // the table as the dialect sees it
 }
 
 // Validate checks the configuration and returns a *ConfigError naming the field, or nil.
@@ -146,17 +135,19 @@ func (c SchemaConfig) compile() (*schema, error) {
 			return nil, &ConfigError{Field: "SchemaConfig.Table", Reason: fmt.Sprintf("%q: each part must be 1..63 bytes without NUL", c.Table)}
 		}
 	}
-	if c.Dialect != DialectPostgreSQL && c.Dialect != DialectSQLite {
+	d := c.Dialect.impl()
+	if d == nil {
 		return nil, &ConfigError{Field: "SchemaConfig.Dialect", Reason: fmt.Sprintf("unknown dialect %d", c.Dialect)}
 	}
-	if c.Dialect == DialectSQLite && len(parts) > 1 {
-		return nil, &ConfigError{Field: "SchemaConfig.Table", Reason: fmt.Sprintf("%q: a SQLite table name cannot be schema-qualified", c.Table)}
+	caps := d.Capabilities()
+	if !caps.SchemaQualified && len(parts) > 1 {
+		return nil, &ConfigError{Field: "SchemaConfig.Table", Reason: fmt.Sprintf("%q: a %s table name cannot be schema-qualified", c.Table, caps.Title)}
 	}
 	fillDefault := false
 	switch {
-	case c.Dialect == DialectSQLite:
+	case !caps.FillFactor:
 		if c.FillFactor != 0 {
-			return nil, &ConfigError{Field: "SchemaConfig.FillFactor", Reason: "a fillfactor is a PostgreSQL storage parameter; SQLite has none"}
+			return nil, &ConfigError{Field: "SchemaConfig.FillFactor", Reason: "a fillfactor is a PostgreSQL storage parameter; " + caps.Title + " has none"}
 		}
 	case c.FillFactor == 0:
 		c.FillFactor, fillDefault = DefaultFillFactor, true
@@ -166,10 +157,7 @@ func (c SchemaConfig) compile() (*schema, error) {
 	if c.PayloadType != PayloadJSONB && c.PayloadType != PayloadBytea && c.PayloadType != PayloadJSON {
 		return nil, &ConfigError{Field: "SchemaConfig.PayloadType", Reason: fmt.Sprintf("unknown payload type %d", c.PayloadType)}
 	}
-	s := &schema{cfg: c, table: pgx.Identifier(parts).Sanitize(), tableName: parts[len(parts)-1], extra: map[string]bool{}, sqlite: c.Dialect == DialectSQLite, fillDefault: fillDefault}
-	if len(parts) == 2 {
-		s.schemaPfx = pgx.Identifier{parts[0]}.Sanitize() + "."
-	}
+	s := &schema{cfg: c, tableName: parts[len(parts)-1], extra: map[string]bool{}, d: d, caps: caps}
 	s.indexBase = indexBase(s.tableName)
 	for i, col := range c.ExtraColumns {
 		field := fmt.Sprintf("SchemaConfig.ExtraColumns[%d]", i)
@@ -190,9 +178,17 @@ func (c SchemaConfig) compile() (*schema, error) {
 	if err := s.compileScope(); err != nil {
 		return nil, err
 	}
+	extra := make([]dialect.Column, len(c.ExtraColumns))
+	for i, col := range c.ExtraColumns {
+		extra[i] = dialect.Column{Name: col.Name, Type: col.Type}
+	}
+	s.t = &dialect.Table{Parts: parts, IndexBase: s.indexBase, Payload: dialect.Payload(c.PayloadType), Extra: extra,
+		Scope: c.IdempotencyScope, FillFactor: c.FillFactor, FillDefault: fillDefault}
+	s.table = s.d.Quote(s.t)
 	h := fnv.New64a()
-	h.Write([]byte(s.table))
+	h.Write([]byte(pgx.Identifier(parts).Sanitize()))
 	s.lockSeed = int64(h.Sum64())
+	s.t.LockSeed = s.lockSeed
 	return s, nil
 }
 
@@ -232,79 +228,6 @@ func isRelayOwned(name string) bool {
 	return false
 }
 
-func (s *schema) index(suffix string) string {
-	return pgx.Identifier{s.indexBase + "_" + suffix}.Sanitize()
-}
-
-// statements returns the idempotent DDL, one statement per element.
-func (s *schema) statements() []string {
-	if s.sqlite {
-		return s.sqliteStatements()
-	}
-	t := s.table
-	stmts := []string{
-		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
-	"sequence"         BIGINT GENERATED ALWAYS AS IDENTITY (CACHE 1) PRIMARY KEY,
-	"id"               UUID NOT NULL UNIQUE,
-	"topic"            VARCHAR(255) NOT NULL CHECK ("topic" <> ''),
-	"payload"          %s NOT NULL,
-	"headers"          JSONB NOT NULL DEFAULT '{}',
-	"ordering_key"     VARCHAR(255) NULL CHECK ("ordering_key" <> ''),
-	"idempotency_key"  VARCHAR(255) NULL,
-	"created_at"       TIMESTAMPTZ NOT NULL DEFAULT now(),
-	"attempts"         INT NOT NULL DEFAULT 0,
-	"last_error"       TEXT NULL,
-	"next_attempt_at"  TIMESTAMPTZ NULL,
-	"lease_until"      TIMESTAMPTZ NULL,
-	"leased_by"        TEXT NULL,
-	"published_at"     TIMESTAMPTZ NULL,
-	"dead_lettered_at" TIMESTAMPTZ NULL,
-	"delivery_starts"  INT NOT NULL DEFAULT 0
-) WITH (fillfactor = %d)`, t, s.cfg.PayloadType.sqlType(), s.cfg.FillFactor),
-		s.addDeliveryStarts(),
-	}
-	if !s.fillDefault {
-		stmts = append(stmts, s.setFillFactor())
-	}
-	for _, col := range s.cfg.ExtraColumns {
-		stmts = append(stmts, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s`, t, pgx.Identifier{col.Name}.Sanitize(), col.Type))
-	}
-	stmts = append(stmts, s.scopeCheckSQL())
-	return append(stmts, s.indexStatements()...)
-}
-
-// addDeliveryStarts returns a statement that adds the delivery_starts column to a table
-// created before it existed, unless it has it (ALTER TABLE takes an ACCESS EXCLUSIVE lock even
-// when IF NOT EXISTS finds the column: not worth taking on every start). With a constant
-// default PostgreSQL 11+ adds the column without rewriting the table.
-func (s *schema) addDeliveryStarts() string {
-	body := fmt.Sprintf(`BEGIN IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '%s'::regclass AND attname = 'delivery_starts' AND NOT attisdropped) THEN ALTER TABLE %s ADD COLUMN "delivery_starts" INT NOT NULL DEFAULT 0; END IF; END`,
-		strings.ReplaceAll(s.table, "'", "''"), s.table)
-	tag := dollarQuote(body, "ds")
-	return "DO " + tag + body + tag
-}
-
-// dollarQuote returns a dollar-quote tag ("$name$", "$name0$" …) that body does not contain (a
-// table name may hold '$').
-func dollarQuote(body, name string) string {
-	tag := "$" + name + "$"
-	for i := 0; strings.Contains(body, tag); i++ {
-		tag = fmt.Sprintf("$%s%d$", name, i)
-	}
-	return tag
-}
-
-// setFillFactor returns a statement that sets the configured fillfactor on an existing table
-// unless it has it already (ALTER TABLE … SET takes a SHARE UPDATE EXCLUSIVE lock, which waits
-// for a running VACUUM: not worth taking on every start).
-func (s *schema) setFillFactor() string {
-	ff := s.cfg.FillFactor
-	body := fmt.Sprintf(`BEGIN IF NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = '%s'::regclass AND 'fillfactor=%d' = ANY(coalesce(reloptions, '{}'))) THEN ALTER TABLE %s SET (fillfactor = %d); END IF; END`,
-		strings.ReplaceAll(s.table, "'", "''"), ff, s.table, ff)
-	tag := dollarQuote(body, "ff")
-	return "DO " + tag + body + tag
-}
-
 // SchemaSQL returns the outbox table's DDL for its dialect (PostgreSQL by default) as one script of statements ending in
 // ';', for users' own migration tools (golang-migrate, goose, atlas). Every statement is
 // idempotent (IF NOT EXISTS; for SQLite, extra columns are part of CREATE TABLE, and Migrate
@@ -322,7 +245,7 @@ func SchemaSQL(cfg SchemaConfig) (string, error) {
 		return "", err
 	}
 	var b strings.Builder
-	for _, st := range s.statements() {
+	for _, st := range s.d.Statements(s.t) {
 		b.WriteString(st)
 		b.WriteString(";\n")
 	}
@@ -340,21 +263,7 @@ func Migrate(ctx context.Context, db any, cfg SchemaConfig) error {
 	if err != nil {
 		return err
 	}
-	if s.sqlite {
-		return s.sqliteMigrate(ctx, ex)
-	}
-	script := fmt.Sprintf("SELECT pg_advisory_xact_lock(%d);\n", s.lockSeed)
-	for _, st := range s.statements() {
-		script += st + ";\n"
-	}
-	// A parameterless multi-statement script runs in one round trip through the simple query
-	// protocol, which runs it as one implicit transaction (or inside the caller's).
-	if pe, ok := ex.(pgxExecer); ok {
-		_, err = pe.d.Exec(ctx, script, pgx.QueryExecModeSimpleProtocol)
-	} else {
-		_, err = ex.exec(ctx, script)
-	}
-	if err != nil {
+	if err := s.d.Migrate(ctx, ex, s.t); err != nil {
 		return fmt.Errorf("outbox: migrate %s: %w", s.table, migrateError(err))
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/watermill-outbox/outbox/internal/dialect"
 	"math/rand/v2"
 	"sort"
 	"strconv"
@@ -84,7 +85,7 @@ func NewSubscriber(db any, cfg SubscriberConfig, logger watermill.LoggerAdapter)
 	if err != nil {
 		return nil, err
 	}
-	if ex.inTx() {
+	if ex.InTx() {
 		return nil, &ConfigError{Field: "db", Reason: "the subscriber needs a pool or DB, not a transaction", Err: ErrUnsupportedDB}
 	}
 	if _, single := db.(*pgx.Conn); single {
@@ -179,12 +180,11 @@ func (s *Subscriber) selection(topic string) (topicSelection, error) {
 
 // subscription is one Subscribe call's poll loop.
 type subscription struct {
-	s        *Subscriber
-	sel      topicSelection
-	claimSQL string
-	leaseSQL string // SQLite: the UPDATE that leases what claimSQL selected
-	args     []any  // filter parameters, from $4 on
-	cursor   string
+	s     *Subscriber
+	sel   topicSelection
+	relay dialect.Relay // the dialect's claim, renew and mark statements
+	// cursor is where the next claim's key skip scan resumes.
+	cursor string
 	// oldest is how many of the oldest claimable keyed events the next claim walks and locks
 	// (SKIP LOCKED) to find its keys (PostgreSQL): about twice the keys the last full batch
 	// needed, so a concurrent relay's walk skips only those keys and finds others; doubled (up
@@ -240,11 +240,9 @@ type subscription struct {
 	// after the events before them. Written by the mark goroutine before marking is closed.
 	unconfirmed map[string]bool
 
-	// probeSQL is claimSQL for one event of the topics of an outage (see outage.go); outages
-	// are the destinations found unavailable, by UnavailableError.Destination.
-	probeSQL  string
-	pausedSQL string
-	outages   map[string]*outage
+	// outages are the destinations found unavailable, by UnavailableError.Destination (see
+	// outage.go); their topics are left out of claims but for one probe event at a time.
+	outages map[string]*outage
 	// retryDue is the earliest time (relay clock, UnixNano; 0 = none) at which an event this
 	// relay failed is due again, so the relay polls then instead of after PollInterval.
 	retryDue atomic.Int64
@@ -271,25 +269,8 @@ func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscr
 		return nil, err
 	}
 	sub := &subscription{s: s, sel: sel, oldest: s.cfg.BatchSize, walked: -1}
-	args := []any{nil, nil, nil}
-	// Paused topics (outages) are one more parameter of pausedSQL and probeSQL: $3 on SQLite
-	// (a JSON array), the last one on PostgreSQL (a text array, after the claim's other
-	// parameters). claimSQL, used while nothing is paused, has no such test: on SQLite it is
-	// a json_each per row examined, run while the claim holds the database's write lock.
-	if s.s.sqlite {
-		filter := sel.sql(`"topic"`, &args, true)
-		sub.claimSQL = s.buildSQLiteClaimSQL(filter, s.cfg.BatchSize)
-		sub.pausedSQL = s.buildSQLiteClaimSQL(filter+` AND "topic" NOT IN (SELECT value FROM json_each($3))`, s.cfg.BatchSize)
-		sub.probeSQL = s.buildSQLiteClaimSQL(filter+` AND "topic" IN (SELECT value FROM json_each($3))`, 1)
-		sub.leaseSQL = s.buildSQLiteLeaseSQL()
-	} else {
-		filter := sel.sql(`"topic"`, &args, false)
-		paused := len(args) + 10
-		sub.claimSQL = s.buildClaimSQL(filter, len(args)+1, s.cfg.BatchSize)
-		sub.pausedSQL = s.buildClaimSQL(filter+fmt.Sprintf(` AND NOT ("topic" = ANY($%d::text[]))`, paused), len(args)+1, s.cfg.BatchSize)
-		sub.probeSQL = s.buildClaimSQL(filter+fmt.Sprintf(` AND "topic" = ANY($%d::text[])`, paused), len(args)+1, 1)
-	}
-	sub.args = args[3:]
+	sub.relay = s.s.d.NewRelay(s.s.t, dialect.RelayConfig{BatchSize: s.cfg.BatchSize, MaxRunPerKey: s.cfg.MaxRunPerKey, KeyScan: s.cfg.KeyScan,
+		LeaseDuration: s.cfg.LeaseDuration, MaxAttempts: s.cfg.MaxAttempts, RetryBase: s.cfg.RetryBase, RetryMax: s.cfg.RetryMax}, sel.dialect())
 	sub.ctx, sub.cancel = context.WithCancel(ctx)
 	sub.deliveries, sub.stopDeliveries = context.WithCancel(context.WithoutCancel(ctx))
 	return sub, nil
@@ -654,7 +635,7 @@ func (sub *subscription) confirm(items []*item) {
 // the first one keeping them all.
 func (sub *subscription) continueRuns(token string, deliver []*item) {
 	sub.contKeys, sub.contAfter, sub.contFrom, sub.contToken = sub.contKeys[:0], sub.contAfter[:0], sub.contFrom[:0], token
-	if sub.s.s.sqlite || sub.ctx.Err() != nil {
+	if !sub.s.s.caps.Continuations || sub.ctx.Err() != nil {
 		return
 	}
 	type run struct {
@@ -767,178 +748,6 @@ func splitRuns(items []*item) (deliver, release []*item) {
 	return deliver, release
 }
 
-// buildClaimSQL returns the PostgreSQL claim of up to batch events; filter selects topics
-// (with the paused-topics parameter at oldestParam+9).
-func (s *Subscriber) buildClaimSQL(filter string, oldestParam, batch int) string {
-	t := s.s.table
-	pending := `"published_at" IS NULL AND "dead_lettered_at" IS NULL`
-	claimable := `("next_attempt_at" IS NULL OR "next_attempt_at" <= now()) AND ("lease_until" IS NULL OR "lease_until" < now())`
-	// The primary-key lookups (key heads, run members) test the topic on an expression, never
-	// on the bare column, so that no plan can serve them from the (topic, sequence) index: it
-	// holds every published event of the topic, and with stale statistics (a new or
-	// fast-growing table) the planner read the topic's whole history there on every claim (3 ms
-	// of a 3.5 ms claim at 10,000 published rows, growing with the table). The ordered scans
-	// (oldest keyed events, unordered events) keep the bare column: their row estimates, which
-	// pick the partial pending indexes, need the column's statistics.
-	pkFilter := strings.ReplaceAll(filter, `"topic"`, `("topic" || '')`)
-	hfilter := strings.ReplaceAll(filter, `"topic"`, `(h."topic" || '')`)
-	payload := `o."payload"::text`
-	if s.s.cfg.PayloadType == PayloadBytea {
-		payload = `o."payload"`
-	}
-	var extra, uextra strings.Builder
-	for _, c := range s.s.cfg.ExtraColumns {
-		extra.WriteString(", o." + pgx.Identifier{c.Name}.Sanitize())
-		uextra.WriteString(", u." + pgx.Identifier{c.Name}.Sanitize())
-	}
-	run, keyScan := min(s.cfg.MaxRunPerKey, batch), s.cfg.KeyScan
-	// Key lookups are written as row comparisons on ("ordering_key", "sequence") so that only the
-	// key index can serve them: with a plain "ordering_key" = k the planner may walk the
-	// primary key past every published event of the key.
-	//
-	// Keys come from three places:
-	//   - cont: the previous batch's keys whose run was full and acked whole
-	//     (subscription.contKeys, with the run's first and last sequence and the batch's
-	//     token). Their next run may be leased while that batch's marks are still being
-	//     written, since the events before it are this relay's own and already delivered: the
-	//     key's first unpublished event (looked up from the run's first sequence, not from the
-	//     key's start, so the published events' index entries are not stepped over) must be
-	//     either after the run (the marks landed) or leased under that token with at least a
-	//     third of LeaseDuration left. The run is then the events after the old run's last,
-	//     every one locked by primary key. Without this a relay's hot keys waited for their
-	//     marks before each claim (a claim beside the marks found them all still leased).
-	//     Continued keys' runs are read from here only (the walk still locks and counts
-	//     their oldest rows), in age order with the walked keys' runs: by the sequence of
-	//     the key's next event, so a continued key does not go before older events of other
-	//     keys (read first, one hot key filling every batch held an older key's event back
-	//     behind its whole backlog).
-	//   - walk: the oldest claimable keyed events, locked before their LIMIT (SKIP LOCKED), so
-	//     a second relay claiming at the same moment finds other keys instead of the first
-	//     relay's whole candidate list (those row locks end with the statement). A walked key
-	//     is claimable when its oldest walked event is its head, the first unpublished event
-	//     of the key in the key index (a LIMIT 1 lookup, run per key as a one-time filter of
-	//     the key's run scan, so a blocked key costs one index row: reading a blocked key's
-	//     run window instead cost 72-94 ms per claim over 1,000 keys whose heads were backing
-	//     off; as NOT EXISTS it was planned as a sequential scan). Such a head needs no other
-	//     check and no second lock: the walk checked and locked it.
-	//   - scanned: a bounded skip scan of the key index after a cursor, for keys whose
-	//     claimable head sits behind blocked keys' events (dead-lettered or backing off) that
-	//     fill the walk. Its heads are checked by one primary-key lookup each (LIMIT 1 keeps it
-	//     a per-row lookup: as a join it was planned as a sequential scan on a table without
-	//     statistics). It runs only when the walk was full or started above sequence 0
-	//     (a one-time filter: otherwise the recursive scan is never executed): a walk that
-	//     ended before its LIMIT saw every claimable keyed event not locked by another claim,
-	//     so every claimable head is among its rows. The skip scan starts each key at the
-	//     key's first index entry, which under a long-open snapshot means every entry of the
-	//     key's events published since that snapshot (no VACUUM or kill_prior_tuple can
-	//     remove them): in a claim of 77 events with a snapshot held for a minute at 1,000
-	//     events/s over 100 keys it read 19,082 of the claim's 50,013 buffers.
-	// runs reads the continued keys' and the claimable walked keys' runs in head order, then
-	// the scanned keys' runs, and stops at $runLimit rows (BatchSize, or
-	// subscription.splitLimit during a split): the nested loops run lazily under that LIMIT,
-	// so a claim reads about that many rows of runs
-	// (reading every walked key's run first took 110 ms per claim over 1,000 keys with 1,000
-	// events each). OFFSET 0 keeps the ordered subqueries from being flattened into the join.
-	// Run members other than walked heads are then locked by primary key with their own
-	// ORDER BY … LIMIT … FOR UPDATE SKIP LOCKED, and only the gap-free start of each run is
-	// leased (a member's rank equals the number of its key's members locked up to it): when
-	// another relay holds a key's head, this claim leases nothing of that key instead of
-	// stranding its later events.
-	//
-	// Materialized CTEs and arrays of primary keys keep every step from being re-run per row
-	// (a nested loop over a re-scanned head search took seconds under concurrent claims).
-	// Each leased row's rank comes from a join of the UPDATE's rows with picked
-	// (array_position per row was quadratic in the batch), so splitRuns checks the runs
-	// independently of the SQL that built them.
-	//
-	// $runLimit caps the keyed events of the claim (BatchSize, or subscription.splitLimit).
-	//
-	// The last row of the result carries the skip scan's last key and how many keys it saw:
-	// the next claim resumes after that key, so every key is looked at within a few polls
-	// however many keys are blocked before it. It also carries how many keys the walk found
-	// (subscription.walked).
-	//
-	// Per-key order under SKIP LOCKED (see FACTS of the project): key heads are found under
-	// the statement's snapshot, never by a per-key LIMIT 1 FOR UPDATE SKIP LOCKED (that hands
-	// out a key's second event when its head is locked); a row changed after the snapshot is
-	// re-checked by PostgreSQL when it is locked and dropped, and the Go side keeps only
-	// gap-free runs (splitRuns). Unordered events are locked by their own scan.
-	return fmt.Sprintf(`WITH RECURSIVE skip(k, seq) AS (
-	(SELECT "ordering_key", "sequence" FROM %[1]s WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL AND "ordering_key" > $1 ORDER BY "ordering_key", "sequence" LIMIT 1)
-	UNION ALL
-	SELECT n."ordering_key", n."sequence" FROM skip s CROSS JOIN LATERAL (SELECT "ordering_key", "sequence" FROM %[1]s WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL AND "ordering_key" > s.k ORDER BY "ordering_key", "sequence" LIMIT 1) n
-), walked AS MATERIALIZED (
-	SELECT "ordering_key", "sequence" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NOT NULL AND %[3]s AND %[4]s
-		AND "sequence" >= $%[17]d ORDER BY "sequence" LIMIT $%[12]d FOR UPDATE SKIP LOCKED
-), walk AS MATERIALIZED (
-	SELECT "ordering_key" AS k, min("sequence") AS s FROM walked GROUP BY 1
-), scanned AS MATERIALIZED (
-	SELECT k, seq FROM skip WHERE (SELECT count(*) FROM walked) >= $%[12]d OR $%[17]d > 0 LIMIT %[6]d
-), cont AS MATERIALIZED (
-	SELECT c.k, n."sequence" AS s FROM unnest($%[18]d::text[], $%[19]d::bigint[], $%[22]d::bigint[]) AS c(k, a, f) CROSS JOIN LATERAL (
-		SELECT h."sequence", h."leased_by", h."lease_until" FROM %[1]s h WHERE h."published_at" IS NULL AND h."ordering_key" IS NOT NULL
-		AND (h."ordering_key", h."sequence") >= (c.k, c.f) AND (h."ordering_key", h."sequence") <= (c.k, 9223372036854775807)
-		ORDER BY h."ordering_key", h."sequence" LIMIT 1) h CROSS JOIN LATERAL (
-		SELECT n."sequence" FROM %[1]s n WHERE n."published_at" IS NULL AND n."ordering_key" IS NOT NULL
-		AND (n."ordering_key", n."sequence") > (c.k, c.a) AND (n."ordering_key", n."sequence") <= (c.k, 9223372036854775807)
-		ORDER BY n."ordering_key", n."sequence" LIMIT 1) n
-	WHERE h."sequence" > c.a OR (h."leased_by" = $%[20]d AND h."lease_until" > now() + $%[21]d * interval '1 microsecond')
-), sheads AS MATERIALIZED (
-	SELECT h."ordering_key" AS k, h."sequence" AS seq FROM (
-		SELECT x.seq FROM scanned x WHERE NOT EXISTS (SELECT 1 FROM walk w WHERE w.k = x.k) AND NOT (x.k = ANY(COALESCE($%[18]d::text[], '{}')))
-	) x CROSS JOIN LATERAL (
-		SELECT "ordering_key", "sequence" FROM %[1]s h WHERE h."sequence" = x.seq AND h."dead_lettered_at" IS NULL
-		AND (h."next_attempt_at" IS NULL OR h."next_attempt_at" <= now()) AND (h."lease_until" IS NULL OR h."lease_until" < now()) AND %[7]s LIMIT 1) h
-), runs AS MATERIALIZED (
-	SELECT w.k, r."sequence", r.rn, w.pri FROM (
-		SELECT k, s, 1 AS pri FROM walk WHERE NOT (k = ANY(COALESCE($%[18]d::text[], '{}')))
-		UNION ALL
-		SELECT k, s, 0 FROM cont
-		ORDER BY s OFFSET 0) w CROSS JOIN LATERAL (
-		SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM %[1]s
-		WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
-		AND ("ordering_key", "sequence") >= (w.k, w.s) AND ("ordering_key", "sequence") <= (w.k, 9223372036854775807)
-		AND (w.pri = 0 OR (SELECT e."sequence" FROM %[1]s e WHERE e."published_at" IS NULL AND e."ordering_key" IS NOT NULL
-			AND (e."ordering_key", e."sequence") >= (w.k, 0) AND (e."ordering_key", e."sequence") <= (w.k, w.s)
-			ORDER BY e."ordering_key", e."sequence" LIMIT 1) = w.s)
-		ORDER BY "ordering_key", "sequence" LIMIT %[8]d) r
-	UNION ALL
-	SELECT c.k, r."sequence", r.rn, 0 FROM (SELECT k, seq FROM sheads ORDER BY seq OFFSET 0) c CROSS JOIN LATERAL (
-		SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM %[1]s
-		WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
-		AND ("ordering_key", "sequence") >= (c.k, c.seq) AND ("ordering_key", "sequence") <= (c.k, 9223372036854775807)
-		ORDER BY "ordering_key", "sequence" LIMIT %[8]d) r
-	LIMIT $%[14]d
-), keyed AS (
-	SELECT "sequence" FROM %[1]s WHERE "sequence" = ANY(ARRAY(SELECT "sequence" FROM runs WHERE rn > 1 OR pri = 0)) AND %[2]s AND %[3]s AND %[13]s
-	ORDER BY "sequence" LIMIT %[5]d FOR UPDATE SKIP LOCKED
-), locked AS (
-	SELECT "sequence" FROM keyed
-	UNION ALL
-	SELECT "sequence" FROM runs WHERE rn = 1 AND pri = 1
-), unordered AS (
-	SELECT "sequence" FROM %[1]s WHERE %[2]s AND "ordering_key" IS NULL AND %[3]s AND %[4]s AND "sequence" >= $%[16]d
-	ORDER BY "sequence" LIMIT %[5]d FOR UPDATE SKIP LOCKED
-), picked AS MATERIALIZED (
-	SELECT "sequence", rn FROM (
-		SELECT r."sequence", r.rn, count(*) OVER (PARTITION BY r.k ORDER BY r.rn) AS locked
-		FROM runs r JOIN locked l ON l."sequence" = r."sequence"
-	) x WHERE x.locked = x.rn
-	UNION ALL
-	SELECT "sequence", 0 FROM unordered
-	ORDER BY 1 LIMIT %[5]d
-), upd AS (
-	UPDATE %[1]s o SET "lease_until" = now() + $2 * interval '1 microsecond', "leased_by" = $3, "delivery_starts" = o."delivery_starts" + 1
-	WHERE o."sequence" = ANY(ARRAY(SELECT "sequence" FROM picked))
-	RETURNING o."sequence", o."id"::text AS id, o."topic", %[9]s AS payload, o."headers"::text AS headers, o."ordering_key", o."created_at", o."attempts", o."last_error", o."delivery_starts"%[10]s
-)
-SELECT false, u."sequence", u.id, u."topic", u.payload, u.headers, u."ordering_key", u."created_at", u."attempts", u."last_error", p.rn, u."delivery_starts"%[15]s, NULL::text, NULL::bigint, NULL::bigint
-FROM upd u JOIN picked p ON p."sequence" = u."sequence"
-UNION ALL
-SELECT true%[11]s, (SELECT max(k) FROM scanned), (SELECT count(*) FROM scanned), (SELECT count(*) FROM walk)`,
-		t, pending, claimable, filter, batch, keyScan, hfilter, run, payload, extra.String(), strings.Repeat(", NULL", 11+len(s.s.cfg.ExtraColumns)), oldestParam, pkFilter, oldestParam+1, uextra.String(), oldestParam+2, oldestParam+3, oldestParam+4, oldestParam+5, oldestParam+6, oldestParam+7, oldestParam+8)
-}
-
 // claim leases the next batch, leaving the topics of outages out. more reports that the key
 // skip scan stopped at its KeyScan bound, so keys after the cursor are still unexamined and the
 // next poll should not wait.
@@ -946,29 +755,25 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	s := sub.s
 	began := time.Now()
 	sub.walked = -1
-	var (
-		cursor  *string
-		scanned *int64
-	)
-	q, paused := sub.claimSQL, sub.pausedTopics(began)
-	if len(paused) > 0 {
-		q = sub.pausedSQL
-	} else {
-		paused = nil // claimSQL has no paused-topics parameter
+	p := &dialect.ClaimParams{Token: token, Limit: s.cfg.BatchSize, Oldest: sub.oldest, Cursor: sub.cursor,
+		LowUnordered: sub.lowUnordered, LowKeyed: sub.lowKeyed, ContToken: sub.contToken, Paused: sub.pausedTopics(began)}
+	if sub.splitFor > 0 {
+		p.Limit = sub.splitLimit
 	}
-	if s.s.sqlite {
-		items, cursor, scanned, err = sub.sqliteClaim(token, q, paused)
-	} else {
-		limit := s.cfg.BatchSize
-		if sub.splitFor > 0 {
-			limit = sub.splitLimit
-		}
-		items, cursor, scanned, err = sub.pgClaim(q, token, sub.cursor, sub.oldest, limit, sub.lowUnordered, sub.lowKeyed,
-			sub.contKeys, sub.contAfter, sub.contToken, sub.contFrom, paused)
+	for i, k := range sub.contKeys {
+		p.Cont = append(p.Cont, dialect.Continuation{Key: k, From: sub.contFrom[i], After: sub.contAfter[i]})
 	}
+	// Eager locking (SQLite) for the first claim after a wakeup only, and that batch's marks:
+	// a relay draining a backlog claims back to back and takes its turn like the writers.
+	p.Eager = sub.woken.Swap(false)
+	sub.eagerMarks.Store(p.Eager)
+	res, err := sub.relay.Claim(sub.ctx, s.db, p)
 	if err != nil {
 		return nil, false, fmt.Errorf("outbox: claim from %s: %w", s.s.table, err)
 	}
+	sub.walked = res.Walked
+	items = sub.itemsOf(res.Events)
+	cursor, scanned := res.Cursor, res.Scanned
 	sort.Slice(items, func(i, j int) bool { return items[i].ev.Sequence < items[j].ev.Sequence })
 	if len(sub.contKeys) > 0 {
 		// The claim reads continuation keys' runs only after their previous events, never
@@ -1029,22 +834,6 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	return items, more, nil
 }
 
-// pgClaim runs a PostgreSQL claim statement (buildClaimSQL) with its parameters.
-func (sub *subscription) pgClaim(q, token, cursor string, oldest, limit int, lowUnordered, lowKeyed int64,
-	contKeys []string, contAfter []int64, contToken string, contFrom []int64, paused []string) ([]*item, *string, *int64, error) {
-	s := sub.s
-	args := append([]any{cursor, s.cfg.LeaseDuration.Microseconds(), token}, sub.args...)
-	args = append(args, oldest, limit, lowUnordered, lowKeyed, contKeys, contAfter, contToken, (s.cfg.LeaseDuration / 3).Microseconds(), contFrom)
-	if paused != nil { // pausedSQL and probeSQL only
-		args = append(args, paused)
-	}
-	rs, err := s.db.query(sub.ctx, q, s.db.oneShot(args)...)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	return sub.scanClaimed(rs)
-}
-
 // probeClaim leases one event of o's topics (the oldest claimable, in key order like any
 // claim), or none.
 func (sub *subscription) probeClaim(token string, o *outage) ([]*item, error) {
@@ -1053,18 +842,12 @@ func (sub *subscription) probeClaim(token string, o *outage) ([]*item, error) {
 	for t := range o.topics {
 		topics = append(topics, t)
 	}
-	var (
-		items []*item
-		err   error
-	)
-	if sub.s.s.sqlite {
-		items, _, _, err = sub.sqliteClaim(token, sub.probeSQL, topics)
-	} else {
-		items, _, _, err = sub.pgClaim(sub.probeSQL, token, "", 16, 1, 0, 0, nil, nil, "", nil, topics)
-	}
+	// The oldest 16 keyed events are walked for the one event leased.
+	res, err := sub.relay.Claim(sub.ctx, sub.s.db, &dialect.ClaimParams{Token: token, Limit: 1, Oldest: 16, Probe: topics})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: probe claim from %s: %w", sub.s.s.table, err)
 	}
+	items := sub.itemsOf(res.Events)
 	if h := sub.s.cfg.Hooks.OnClaim; h != nil {
 		h(ClaimInfo{Events: len(items), Duration: time.Since(began), Probe: true})
 	}
@@ -1089,70 +872,25 @@ func rankRuns(items []*item) {
 	}
 }
 
-// scanClaimed reads a claim's rows: the leased events (in any order) and, when the claim
-// statement reports it, a marker row with the key skip scan's last key and key count.
-func (sub *subscription) scanClaimed(rs rows) (items []*item, cursor *string, scanned *int64, err error) {
-	s := sub.s
-	defer rs.Close()
-	for rs.Next() {
-		var (
-			marker    bool
-			seq       *int64
-			id, hdrs  *string
-			topic     *string
-			okey, le  *string
-			created   time.Time
-			attempts  *int
-			rank      *int64
-			starts    *int
-			walked    *int64
-			payload   []byte
-			extraVals = make([]any, len(s.s.cfg.ExtraColumns))
-		)
-		dest := []any{&marker, &seq, &id, &topic, &payload, &hdrs, &okey, (*microTime)(&created), &attempts, &le, &rank, &starts}
-		for i := range extraVals {
-			dest = append(dest, &extraVals[i])
-		}
-		dest = append(dest, &cursor, &scanned, &walked)
-		if err := rs.Scan(dest...); err != nil {
-			return nil, nil, nil, fmt.Errorf("scan: %w", err)
-		}
-		if marker {
-			if walked != nil {
-				sub.walked = *walked
-			}
-			continue
-		}
-		ev := Event{Sequence: *seq, Topic: *topic, Payload: payload, CreatedAt: created, Attempts: *attempts}
-		if starts != nil {
-			ev.DeliveryStarts = *starts
-		}
-		ev.ID, _ = uuid.Parse(*id)
-		if err := json.Unmarshal([]byte(*hdrs), &ev.Headers); err != nil {
+// itemsOf returns the items of a claim's leased events.
+func (sub *subscription) itemsOf(evs []dialect.Claimed) []*item {
+	items := make([]*item, 0, len(evs))
+	for _, c := range evs {
+		ev := Event{Sequence: c.Sequence, Topic: c.Topic, Payload: c.Payload, CreatedAt: c.CreatedAt, Attempts: c.Attempts,
+			DeliveryStarts: c.DeliveryStarts, OrderingKey: deref(c.OrderingKey), LastError: deref(c.LastError)}
+		ev.ID, _ = uuid.Parse(c.ID)
+		if err := json.Unmarshal([]byte(c.Headers), &ev.Headers); err != nil {
 			ev.Headers = map[string]string{"outbox-headers-error": err.Error()}
 		}
-		if okey != nil {
-			ev.OrderingKey = *okey
-		}
-		if le != nil {
-			ev.LastError = *le
-		}
-		if len(extraVals) > 0 {
-			ev.Extra = make(map[string]any, len(extraVals))
-			for i, c := range s.s.cfg.ExtraColumns {
-				ev.Extra[c.Name] = extraVals[i]
+		if len(c.Extra) > 0 {
+			ev.Extra = make(map[string]any, len(c.Extra))
+			for i, col := range sub.s.s.cfg.ExtraColumns {
+				ev.Extra[col.Name] = c.Extra[i]
 			}
 		}
-		it := &item{ev: &ev, rank: -1}
-		if rank != nil {
-			it.rank = *rank
-		}
-		items = append(items, it)
+		items = append(items, &item{ev: &ev, rank: c.Rank})
 	}
-	if err := rs.Err(); err != nil {
-		return nil, nil, nil, err
-	}
-	return items, cursor, scanned, nil
+	return items
 }
 
 // newMessage builds the Watermill message of an event (SPEC §4.2).
@@ -1376,13 +1114,6 @@ func (sub *subscription) renewWhileOut(token string, items []*item, lost func(),
 	for i, it := range items {
 		seqs[i] = it.ev.Sequence
 	}
-	q := fmt.Sprintf(`UPDATE %s SET "lease_until" = now() + $1 * interval '1 microsecond' WHERE "sequence" = ANY($2::bigint[]) AND "leased_by" = $3 AND "published_at" IS NULL`, s.s.table)
-	args := func() []any { return s.db.oneShot([]any{s.cfg.LeaseDuration.Microseconds(), seqs, token}) }
-	if s.s.sqlite {
-		q = fmt.Sprintf(`UPDATE %s SET "lease_until" = $1 WHERE "sequence" IN (SELECT value FROM json_each($2)) AND "leased_by" = $3 AND "published_at" IS NULL`, s.s.table)
-		list := jsonList(seqs)
-		args = func() []any { return []any{micros(time.Now().Add(s.cfg.LeaseDuration)), list, token} }
-	}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -1398,7 +1129,7 @@ func (sub *subscription) renewWhileOut(token string, items []*item, lost func(),
 				ctx, cancel := context.WithTimeout(context.Background(), s.cfg.LeaseDuration/3)
 				// Rows whose acks the flusher wrote are no longer leased: expect the rest.
 				fl.mu.Lock()
-				n, err := s.db.exec(ctx, q, args()...)
+				n, err := sub.relay.Renew(ctx, s.db, token, seqs)
 				want := int64(len(seqs) - fl.written)
 				fl.mu.Unlock()
 				cancel()
@@ -1500,7 +1231,7 @@ func (sub *subscription) mark(token string, items []*item) (unconfirmed map[stri
 	written := make(map[int64]bool, len(results))
 	if err == nil {
 		for _, r := range results {
-			written[r.seq] = true
+			written[r.Seq] = true
 		}
 	}
 	for _, seq := range m.acked {
@@ -1524,11 +1255,9 @@ func (sub *subscription) writeMarks(token string, m markSets) (results []markRes
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(sub.ctx), 30*time.Second)
 	defer cancel()
 	began := time.Now()
-	if sub.s.s.sqlite {
-		results, err = sub.sqliteMark(ctx, token, m)
-	} else {
-		results, err = sub.pgMark(ctx, token, m)
-	}
+	results, err = sub.relay.Mark(ctx, sub.s.db, &dialect.MarkParams{Token: token, Acked: m.acked, Released: m.released,
+		Unavailable: m.unavailable, Failed: m.failed, Abandoned: m.abandoned, Notes: m.notes, Errs: m.errs, Keep: m.keep,
+		Perm: m.perm, Jitters: m.jitters, Eager: sub.eagerMarks.Load()})
 	if h := sub.s.cfg.Hooks.OnMark; h != nil {
 		h(MarkInfo{Events: len(m.acked) + len(m.released) + len(m.unavailable) + len(m.failed), Duration: time.Since(began), Err: err})
 	}
@@ -1554,7 +1283,7 @@ func (sub *subscription) leaseLost(token string, n int) {
 func (sub *subscription) reportMarks(results []markResult, byseq map[int64]*item, ackOnly bool) {
 	s := sub.s
 	for _, r := range results {
-		it := byseq[r.seq]
+		it := byseq[r.Seq]
 		ev := it.ev
 		state := stateAcked
 		if !ackOnly {
@@ -1564,13 +1293,13 @@ func (sub *subscription) reportMarks(results []markResult, byseq map[int64]*item
 		case stateAcked:
 			s.logger.Debug("outbox: delivered", watermill.LogFields{"event_id": ev.ID.String(), "topic": ev.Topic})
 			if h := s.cfg.Hooks.OnDelivered; h != nil {
-				h(DeliveredInfo{EventID: ev.ID.String(), Topic: ev.Topic, Attempts: r.attempts + 1, Delay: r.now.Sub(ev.CreatedAt)})
+				h(DeliveredInfo{EventID: ev.ID.String(), Topic: ev.Topic, Attempts: r.Attempts + 1, Delay: r.Now.Sub(ev.CreatedAt)})
 			}
 		case stateFailed:
 			derr := &DeliveryError{EventID: ev.ID.String(), Topic: ev.Topic, Err: it.err}
-			info := FailedInfo{EventID: ev.ID.String(), Topic: ev.Topic, Attempts: r.attempts, Err: derr, At: r.now}
-			fields := watermill.LogFields{"event_id": ev.ID.String(), "topic": ev.Topic, "attempts": r.attempts}
-			if r.dead {
+			info := FailedInfo{EventID: ev.ID.String(), Topic: ev.Topic, Attempts: r.Attempts, Err: derr, At: r.Now}
+			fields := watermill.LogFields{"event_id": ev.ID.String(), "topic": ev.Topic, "attempts": r.Attempts}
+			if r.Dead {
 				if it.perm {
 					fields["permanent"] = true
 				}
@@ -1580,10 +1309,10 @@ func (sub *subscription) reportMarks(results []markResult, byseq map[int64]*item
 				}
 				continue
 			}
-			if r.next != nil {
-				info.NextAttemptAt = *r.next
-				fields["next_attempt_at"] = *r.next
-				sub.noteRetry(r.now, *r.next)
+			if r.Next != nil {
+				info.NextAttemptAt = *r.Next
+				fields["next_attempt_at"] = *r.Next
+				sub.noteRetry(r.Now, *r.Next)
 			}
 			s.logWarn("outbox: delivery failed, will retry", derr, fields)
 			if h := s.cfg.Hooks.OnFailed; h != nil {
@@ -1594,79 +1323,8 @@ func (sub *subscription) reportMarks(results []markResult, byseq map[int64]*item
 }
 
 // markResult is one row a mark wrote: the event's attempts and, for a failure, when it is tried
-// again or whether it was dead-lettered; now is the clock the mark used.
-type markResult struct {
-	seq      int64
-	attempts int
-	next     *time.Time
-	dead     bool
-	now      time.Time
-}
-
-// pgMark is PostgreSQL's mark: one statement, database clock.
-func (sub *subscription) pgMark(ctx context.Context, token string, m markSets) ([]markResult, error) {
-	s := sub.s
-	// Join-free updates in one statement (a join with the parameter arrays is planned as a
-	// nested loop over both arrays). Every update is fenced by the batch's token.
-	fence := `"leased_by" = $6 AND "published_at" IS NULL`
-	q := fmt.Sprintf(`WITH acked AS (
-	UPDATE %[1]s SET "published_at" = now(), "lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0
-	WHERE "sequence" = ANY($1::bigint[]) AND %[5]s RETURNING "sequence", "attempts", NULL::timestamptz AS next, false AS dead
-), released AS (
-	UPDATE %[1]s SET "lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0
-	WHERE "sequence" = ANY($2::bigint[]) AND %[5]s RETURNING "sequence", "attempts", NULL::timestamptz AS next, false AS dead
-), unavailable AS (
-	UPDATE %[1]s o SET "lease_until" = NULL, "leased_by" = NULL,
-		"delivery_starts" = CASE WHEN ($11::bool[])[array_position($7::bigint[], o."sequence")] THEN o."delivery_starts" ELSE 0 END,
-		"last_error" = ($8::text[])[array_position($7::bigint[], o."sequence")]
-	WHERE o."sequence" = ANY($7::bigint[]) AND %[5]s RETURNING o."sequence", o."attempts", NULL::timestamptz AS next, false AS dead
-), failed AS (
-	UPDATE %[1]s o SET "attempts" = o."attempts" + 1,
-		"last_error" = ($4::text[])[array_position($3::bigint[], o."sequence")],
-		"dead_lettered_at" = CASE WHEN o."attempts" + 1 >= %[2]d OR ($9::bool[])[array_position($3::bigint[], o."sequence")] THEN now() END,
-		"next_attempt_at" = CASE WHEN o."attempts" + 1 < %[2]d AND NOT ($9::bool[])[array_position($3::bigint[], o."sequence")]
-			THEN now() + LEAST(%[3]d * power(2::float8, LEAST(o."attempts", 62)), %[4]d::float8)
-			* ($5::float8[])[array_position($3::bigint[], o."sequence")] * interval '1 microsecond' END,
-		"lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0
-	WHERE o."sequence" = ANY($3::bigint[]) AND %[5]s RETURNING o."sequence", o."attempts", o."next_attempt_at" AS next, o."dead_lettered_at" IS NOT NULL AS dead
-), abandoned AS (
-	UPDATE %[1]s SET "delivery_starts" = GREATEST("delivery_starts" - 1, 0), "lease_until" = NULL, "leased_by" = NULL
-	WHERE "sequence" = ANY($10::bigint[]) AND %[5]s RETURNING "sequence"
-)
-SELECT "sequence", "attempts", next, dead, now() FROM acked
-UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM released
-UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM unavailable
-UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM failed`,
-		s.s.table, s.cfg.MaxAttempts, s.cfg.RetryBase.Microseconds(), s.cfg.RetryMax.Microseconds(), fence)
-	args := []any{nonNil(m.acked), nonNil(m.released), nonNil(m.failed), nonNil(m.errs), nonNil(m.jitters), token, nonNil(m.unavailable), nonNil(m.notes), nonNil(m.perm), nonNil(m.abandoned), nonNil(m.keep)}
-	rs, err := s.db.query(ctx, q, s.db.oneShot(args)...)
-	if err != nil {
-		return nil, err
-	}
-	var results []markResult
-	for rs.Next() {
-		var r markResult
-		if err := rs.Scan(&r.seq, &r.attempts, &r.next, &r.dead, &r.now); err != nil {
-			rs.Close()
-			return nil, err
-		}
-		results = append(results, r)
-	}
-	rs.Close()
-	if err := rs.Err(); err != nil {
-		return nil, err
-	}
-	return results, nil
-}
-
-// nonNil returns vals, or an empty slice for nil (pgx sends a nil slice as NULL, and
-// "= ANY(NULL)" matches nothing but also makes array_position NULL).
-func nonNil[T any](vals []T) []T {
-	if vals == nil {
-		return []T{}
-	}
-	return vals
-}
+// next or whether it was dead-lettered, with the clock the mark used.
+type markResult = dialect.MarkResult
 
 // WarnLogger is an optional extension of watermill.LoggerAdapter (which has no WARN level in
 // v1.5): a logger given to NewSubscriber that implements it receives failed deliveries at

@@ -2,8 +2,6 @@ package outbox
 
 import (
 	"context"
-	"fmt"
-	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -26,25 +24,9 @@ func (sub *subscription) takeBack() {
 		return
 	}
 	name := s.cfg.RelayName + "#"
-	var q string
-	var args []any
-	if s.s.sqlite {
-		hex := strings.Repeat("[0-9a-f]", 12)
-		q = fmt.Sprintf(`UPDATE %s SET "lease_until" = NULL, "leased_by" = NULL
-WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "lease_until" > $3
-AND substr("leased_by", 1, length($1)) = $1 AND substr("leased_by", 1, length($2)) <> $2
-AND substr("leased_by", length($1) + 1) GLOB '%s#[0-9]*'`, s.s.table, hex)
-		args = []any{name, s.tokenPrefix, micros(time.Now())}
-	} else {
-		q = fmt.Sprintf(`UPDATE %s SET "lease_until" = NULL, "leased_by" = NULL
-WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "lease_until" > now()
-AND starts_with("leased_by", $1) AND NOT starts_with("leased_by", $2)
-AND substr("leased_by", length($1) + 1) ~ '^[0-9a-f]{12}#[0-9]+$'`, s.s.table)
-		args = s.db.oneShot([]any{name, s.tokenPrefix})
-	}
 	ctx, cancel := context.WithTimeout(sub.ctx, 30*time.Second)
 	defer cancel()
-	n, err := s.db.exec(ctx, q, args...)
+	n, err := s.s.d.TakeBack(ctx, s.db, s.s.t, name, s.tokenPrefix)
 	switch {
 	case err != nil:
 		if sub.ctx.Err() == nil {

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"fmt"
+	"github.com/watermill-outbox/outbox/internal/dialect"
 	"strings"
 )
 
@@ -37,21 +38,15 @@ func parseTopicPattern(field, pattern string) (topicFilter, error) {
 	return topicFilter{exact: pattern}, nil
 }
 
-// sql renders the filter as a condition on column col, appending its parameter to args.
-func (f topicFilter) sql(col string, args *[]any, sqlite bool) string {
+// dialect returns the filter in the dialect layer's terms.
+func (f topicFilter) dialect() dialect.Topic {
 	switch {
 	case f.all:
-		return "true"
+		return dialect.Topic{All: true}
 	case f.isPfx:
-		*args = append(*args, f.prefix)
-		if sqlite {
-			return fmt.Sprintf("substr(%[1]s, 1, length($%[2]d)) = $%[2]d", col, len(*args))
-		}
-		return fmt.Sprintf("starts_with(%s, $%d)", col, len(*args))
-	default:
-		*args = append(*args, f.exact)
-		return fmt.Sprintf("%s = $%d", col, len(*args))
+		return dialect.Topic{Prefix: true, Value: f.prefix}
 	}
+	return dialect.Topic{Value: f.exact}
 }
 
 // Match reports whether topic is selected by the filter.
@@ -72,13 +67,13 @@ type topicSelection struct {
 	excludes []topicFilter
 }
 
-// sql renders the selection as a condition on col; parameters are appended to args.
-func (s topicSelection) sql(col string, args *[]any, sqlite bool) string {
-	cond := s.include.sql(col, args, sqlite)
+// dialect returns the selection in the dialect layer's terms.
+func (s topicSelection) dialect() dialect.TopicSelection {
+	out := dialect.TopicSelection{Include: s.include.dialect()}
 	for _, e := range s.excludes {
-		cond += " AND NOT " + e.sql(col, args, sqlite)
+		out.Excludes = append(out.Excludes, e.dialect())
 	}
-	return cond
+	return out
 }
 
 func (s topicSelection) match(topic string) bool {

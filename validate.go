@@ -91,10 +91,6 @@ func checkJSONForPostgres(b []byte) string {
 	return ""
 }
 
-// sqliteMaxJSONDepth is the deepest nesting SQLite's JSON functions accept (json_valid is false
-// beyond it; see JSON_MAX_DEPTH in https://www.sqlite.org/json1.html).
-const sqliteMaxJSONDepth = 1000
-
 // jsonDepth returns the deepest nesting of arrays and objects in valid JSON b.
 func jsonDepth(b []byte) int {
 	depth, deepest := 0, 0

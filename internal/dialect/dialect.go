@@ -126,6 +126,12 @@ type Capabilities struct {
 	SchemaQualified bool
 	// FillFactor: SchemaConfig.FillFactor applies.
 	FillFactor bool
+	// Title is the database's name in messages ("SQLite").
+	Title string
+	// MaxJSONDepth is the deepest JSON nesting the database accepts (0: no limit the
+	// Publisher checks), and JSONDepthRule what refuses deeper payloads, for the error.
+	MaxJSONDepth  int
+	JSONDepthRule string
 }
 
 // Dialect is one database's SQL. Implementations are safe for concurrent use.

@@ -1,4 +1,4 @@
-package outbox
+package sqlite
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/watermill-outbox/outbox/internal/dialect"
 )
 
 // sqliteLockRetry is how often a woken relay tries again for SQLite's write lock while a
@@ -24,20 +26,16 @@ import (
 // retry on every poll could keep the lock from writers sleeping in the busy handler.
 const sqliteLockRetry = 250 * time.Microsecond
 
-// withSQLiteRelayTx is withSQLiteTx for a relay's claim or mark on a *sql.DB: with eager set,
+// withRelayTx is dialect.WithTx for a relay's claim or mark on a *sql.DB: with eager set,
 // it takes one connection of the pool, sets PRAGMA busy_timeout = 0 and tries BEGIN IMMEDIATE
 // every sqliteLockRetry for up to the connection's busy timeout, then restores the busy
 // timeout before running fn (the pool's other users keep theirs, and fn's statements and
 // COMMIT wait as usual). Without eager, or with any other handle, it
-// is withSQLiteTx.
-func withSQLiteRelayTx(ctx context.Context, ex execer, eager bool, fn func(ex execer) error) (err error) {
-	se, ok := ex.(sqlExecer)
-	if !ok || ex.inTx() || !eager {
-		return withSQLiteTx(ctx, ex, fn)
-	}
-	db, ok := se.d.(*sql.DB)
-	if !ok {
-		return withSQLiteTx(ctx, ex, fn)
+// is dialect.WithTx.
+func withRelayTx(ctx context.Context, ex dialect.Executor, eager bool, fn func(ex dialect.Executor) error) (err error) {
+	db, ok := ex.Handle().(*sql.DB)
+	if !ok || ex.InTx() || !eager {
+		return dialect.WithTx(ctx, ex, nil, fn)
 	}
 	conn, err := db.Conn(ctx)
 	if err != nil {
@@ -89,7 +87,7 @@ func withSQLiteRelayTx(ctx context.Context, ex execer, eager bool, fn func(ex ex
 		_, _ = conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
 		return err
 	}
-	if err := fn(sqlExecer{d: conn, tx: true}); err != nil {
+	if err := fn(dialect.StdSQL{D: conn, Tx: true}); err != nil {
 		_, _ = conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
 		return err
 	}

@@ -1,0 +1,88 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/watermill-outbox/outbox/internal/dialect"
+)
+
+// deadWhere renders a dead-letter filter as a condition on dead-lettered, unpublished events.
+func deadWhere(f dialect.DeadFilter, p params) string {
+	var conds []string
+	for _, tp := range f.Topics {
+		conds = append(conds, topicCond(`"topic"`, tp, p))
+	}
+	if len(f.IDs) > 0 {
+		conds = append(conds, `"id" = ANY(`+p.add("id", f.IDs)+`::uuid[])`)
+	}
+	w := `"dead_lettered_at" IS NOT NULL AND "published_at" IS NULL AND (` + strings.Join(conds, " OR ") + `)`
+	if f.OlderThan > 0 {
+		w += ` AND "dead_lettered_at" < now() - ` + p.add("ago", f.OlderThan.Microseconds()) + ` * interval '1 microsecond'`
+	}
+	return w
+}
+
+// RetryDead implements dialect.Dialect.
+func (Dialect) RetryDead(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.DeadFilter) (int64, error) {
+	p := params{}
+	return exec(ctx, ex, `UPDATE `+dialect.DoubleQuote(t.Parts...)+` SET "dead_lettered_at" = NULL, "attempts" = 0, "next_attempt_at" = NULL, "lease_until" = NULL, "leased_by" = NULL WHERE `+deadWhere(f, p), p, false)
+}
+
+// PurgeDead implements dialect.Dialect.
+func (Dialect) PurgeDead(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.DeadFilter) (int64, error) {
+	p := params{}
+	return exec(ctx, ex, `DELETE FROM `+dialect.DoubleQuote(t.Parts...)+` WHERE `+deadWhere(f, p), p, false)
+}
+
+// ListDead implements dialect.Dialect.
+func (Dialect) ListDead(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.DeadFilter, limit int) ([]dialect.DeadRow, error) {
+	p := params{}
+	payload := `"payload"::text`
+	if t.Payload == dialect.PayloadBytea {
+		payload = `"payload"`
+	}
+	q := fmt.Sprintf(`SELECT "sequence", "id"::text, "topic", %s, "headers"::text, "ordering_key", "idempotency_key", "created_at", "attempts", "last_error", "dead_lettered_at"
+FROM %s WHERE %s ORDER BY "dead_lettered_at", "sequence" LIMIT %d`, payload, dialect.DoubleQuote(t.Parts...), deadWhere(f, p), limit)
+	rs, err := query(ctx, ex, q, p, false)
+	if err != nil {
+		return nil, err
+	}
+	return dialect.ScanDead(rs)
+}
+
+// Cleanup implements dialect.Dialect.
+func (Dialect) Cleanup(ctx context.Context, ex dialect.Executor, t *dialect.Table, column string, olderThan time.Duration, batch int) (int64, error) {
+	q := fmt.Sprintf(`DELETE FROM %[1]s WHERE "sequence" = ANY(ARRAY(SELECT "sequence" FROM %[1]s WHERE %[2]s < now() - @ago * interval '1 microsecond' ORDER BY %[2]s LIMIT %[3]d))`,
+		dialect.DoubleQuote(t.Parts...), dialect.DoubleQuote(column), batch)
+	return exec(ctx, ex, q, params{"ago": olderThan.Microseconds()}, false)
+}
+
+// Backlog implements dialect.Dialect.
+func (Dialect) Backlog(ctx context.Context, ex dialect.Executor, t *dialect.Table) (dialect.BacklogRow, error) {
+	rs, err := ex.Query(ctx, dialect.BacklogSQL(dialect.DoubleQuote(t.Parts...), "now()", "LEAST"))
+	if err != nil {
+		return dialect.BacklogRow{}, err
+	}
+	return dialect.ScanBacklog(rs)
+}
+
+// BacklogByTopic implements dialect.Dialect.
+func (Dialect) BacklogByTopic(ctx context.Context, ex dialect.Executor, t *dialect.Table) ([]dialect.BacklogRow, error) {
+	rs, err := ex.Query(ctx, dialect.BacklogByTopicSQL(dialect.DoubleQuote(t.Parts...), "now()"))
+	if err != nil {
+		return nil, err
+	}
+	return dialect.ScanBacklogByTopic(rs)
+}
+
+// TableExists implements dialect.Dialect.
+func (Dialect) TableExists(ctx context.Context, ex dialect.Executor, t *dialect.Table) (bool, error) {
+	rs, err := ex.Query(ctx, `SELECT to_regclass($1) IS NOT NULL`, dialect.DoubleQuote(t.Parts...))
+	if err != nil {
+		return false, err
+	}
+	return dialect.ScanOne[bool](rs)
+}

@@ -1,0 +1,207 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/watermill-outbox/outbox/internal/dialect"
+)
+
+// insertSQL caches insert statements by shape.
+var insertSQL sync.Map // insertShape -> string
+
+type insertShape struct {
+	table   string
+	keys    bool // any ordering key: take the per-key locks
+	idem    bool // any idempotency key: ON CONFLICT + read of stored events
+	payload dialect.Payload
+	extras  string // comma-joined extra column names, sorted
+	seed    int64
+	single  bool   // one event: scalar parameters instead of arrays
+	notify  string // NOTIFY channel folded into the statement, "" for none
+	target  string // ON CONFLICT columns: the idempotency index's
+	maxNote int    // longest topic announced by name
+}
+
+func (sh insertShape) build() string {
+	var b strings.Builder
+	payloadType, payloadExpr := "text", "i.payload::jsonb"
+	switch sh.payload {
+	case dialect.PayloadBytea:
+		payloadType, payloadExpr = "bytea", "i.payload"
+	case dialect.PayloadJSON:
+		payloadType, payloadExpr = "text", "i.payload::json"
+	}
+	if sh.single {
+		// One event (the common Publish): scalar parameters, no array encoding.
+		fmt.Fprintf(&b, "WITH input AS MATERIALIZED (SELECT $1::uuid AS id, $2::text AS topic, $3::%s AS payload, $4::text AS headers, $5::text AS ordering_key, $6::text AS idempotency_key, 1::bigint AS ord)", payloadType)
+	} else {
+		fmt.Fprintf(&b, "WITH input AS MATERIALIZED (SELECT * FROM unnest($1::uuid[], $2::text[], $3::%s[], $4::text[], $5::text[], $6::text[]%s) WITH ORDINALITY AS t(id, topic, payload, headers, ordering_key, idempotency_key%s, ord))",
+			payloadType, map[bool]string{true: ", $7::jsonb[]"}[sh.extras != ""], map[bool]string{true: ", extra"}[sh.extras != ""])
+	}
+	var extras []string
+	if sh.extras != "" {
+		extras = strings.Split(sh.extras, ",")
+	}
+	if sh.keys {
+		// The per-ordering-key lock (SPEC §3.5) sits in a materialized CTE that the INSERT
+		// reads and that yields exactly one row, so every lock is held before the INSERT
+		// draws its first identity value; keys are locked in hash order.
+		fmt.Fprintf(&b, ", locks AS MATERIALIZED (SELECT count(pg_advisory_xact_lock(h)) AS n FROM (SELECT DISTINCT hashtextextended(ordering_key, %d) AS h FROM input WHERE ordering_key IS NOT NULL ORDER BY 1) k)", sh.seed)
+	}
+	returning := `"sequence", "id"::text, "topic", "ordering_key", "idempotency_key", "created_at"`
+	cte := sh.idem || sh.notify != ""
+	if cte {
+		b.WriteString(", ins AS (")
+	} else {
+		b.WriteString(" ")
+	}
+	fmt.Fprintf(&b, `INSERT INTO %s ("id", "topic", "payload", "headers", "ordering_key", "idempotency_key"`, sh.table)
+	for _, c := range extras {
+		b.WriteString(", " + dialect.DoubleQuote(c))
+	}
+	fmt.Fprintf(&b, ") SELECT i.id, i.topic, %s, i.headers::jsonb, i.ordering_key, i.idempotency_key", payloadExpr)
+	for _, c := range extras {
+		fmt.Fprintf(&b, ", (jsonb_populate_record(NULL::%s, i.extra)).%s", sh.table, dialect.DoubleQuote(c))
+	}
+	b.WriteString(" FROM input i")
+	if sh.keys {
+		b.WriteString(" CROSS JOIN locks")
+	}
+	b.WriteString(" ORDER BY i.ord")
+	if !cte {
+		b.WriteString(" RETURNING false, " + returning)
+		return b.String()
+	}
+	if sh.idem {
+		b.WriteString(` ON CONFLICT (` + sh.target + `) WHERE "idempotency_key" IS NOT NULL DO NOTHING`)
+	}
+	b.WriteString(` RETURNING ` + returning + `)`)
+	if sh.notify != "" {
+		// One NOTIFY per distinct topic of the inserted events, inside the writer's
+		// transaction: PostgreSQL delivers it at COMMIT and drops it on ROLLBACK. The final
+		// SELECT reads this CTE, or PostgreSQL would never run it.
+		fmt.Fprintf(&b, `, notified AS MATERIALIZED (SELECT count(pg_notify(%s, CASE WHEN octet_length(t.topic) <= %d THEN t.topic ELSE '' END)) AS n FROM (SELECT DISTINCT "topic" FROM ins) t)`,
+			dialect.QuoteLiteral(sh.notify), sh.maxNote)
+		b.WriteString(` SELECT false, ` + returning + ` FROM ins CROSS JOIN notified`)
+	} else {
+		b.WriteString(` SELECT false, ` + returning + ` FROM ins`)
+	}
+	if !sh.idem {
+		return b.String()
+	}
+	// Events stored before this statement; rows this statement inserted are not visible here,
+	// so nothing is returned twice.
+	fmt.Fprintf(&b, ` UNION ALL SELECT true, o."sequence", o."id"::text, o."topic", o."ordering_key", o."idempotency_key", o."created_at" FROM %s o WHERE o."idempotency_key" IN (SELECT idempotency_key FROM input WHERE idempotency_key IS NOT NULL)`, sh.table)
+	return b.String()
+}
+
+// Insert implements dialect.Dialect: one statement (per-key advisory locks, INSERT, ON CONFLICT
+// DO NOTHING, NOTIFY and the read of stored events by idempotency key).
+func (Dialect) Insert(ctx context.Context, ex dialect.Executor, p *dialect.InsertParams) ([]dialect.Stored, error) {
+	t := p.Table
+	sh := insertShape{table: dialect.DoubleQuote(t.Parts...), payload: t.Payload, seed: t.LockSeed, notify: p.Notify,
+		target: dialect.IdempotencyColumns(t), maxNote: p.MaxNotifyTopicBytes, extras: strings.Join(p.ExtraNames, ",")}
+	n := len(p.Rows)
+	ids, topics, headers := make([]string, n), make([]string, n), make([]string, n)
+	okeys, ikeys, extras := make([]*string, n), make([]*string, n), make([]*string, n)
+	// Every parameter has the Go type of its SQL type, so that each pgx.QueryExecMode encodes
+	// it alike: JSON payloads are strings (text), BYTEA payloads []byte. A []byte sent for a
+	// text parameter is bytea text ("\x7b…") in the exec and simple protocol modes, which
+	// send parameters untyped.
+	var bytea [][]byte
+	var text []string
+	if t.Payload == dialect.PayloadBytea {
+		bytea = make([][]byte, n)
+	} else {
+		text = make([]string, n)
+	}
+	for i, r := range p.Rows {
+		ids[i], topics[i], headers[i], okeys[i], ikeys[i], extras[i] = r.ID, r.Topic, r.Headers, r.OrderingKey, r.IdempotencyKey, r.Extra
+		if bytea != nil {
+			bytea[i] = r.Payload
+		} else {
+			text[i] = string(r.Payload)
+		}
+		sh.keys = sh.keys || r.OrderingKey != nil
+		sh.idem = sh.idem || r.IdempotencyKey != nil
+	}
+	var args []any
+	switch {
+	case n == 1 && sh.extras == "":
+		sh.single = true
+		var payload any
+		if bytea != nil {
+			payload = bytea[0]
+		} else {
+			payload = text[0]
+		}
+		args = []any{ids[0], topics[0], payload, headers[0], okeys[0], ikeys[0]}
+	case bytea != nil:
+		args = []any{ids, topics, bytea, headers, okeys, ikeys}
+	default:
+		args = []any{ids, topics, text, headers, okeys, ikeys}
+	}
+	if sh.extras != "" {
+		args = append(args, extras)
+	}
+	q, ok := insertSQL.Load(sh)
+	if !ok {
+		q, _ = insertSQL.LoadOrStore(sh, sh.build())
+	}
+	rs, err := ex.Query(ctx, q.(string), args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rs.Close()
+	var out []dialect.Stored
+	for rs.Next() {
+		var st dialect.Stored
+		if err := rs.Scan(&st.Duplicate, &st.Sequence, &st.ID, &st.Topic, &st.OrderingKey, &st.IdempotencyKey, &st.CreatedAt); err != nil {
+			return nil, fmt.Errorf("scan: %w", err)
+		}
+		out = append(out, st)
+	}
+	return out, rs.Err()
+}
+
+// ReadStored implements dialect.Dialect.
+func (Dialect) ReadStored(ctx context.Context, ex dialect.Executor, t *dialect.Table, keys []string) ([]dialect.Stored, error) {
+	rs, err := ex.Query(ctx, `SELECT "sequence", "id"::text, "topic", "ordering_key", "idempotency_key", "created_at" FROM `+dialect.DoubleQuote(t.Parts...)+` WHERE "idempotency_key" = ANY($1::text[])`, keys)
+	if err != nil {
+		return nil, err
+	}
+	return dialect.ScanStoredRows(rs)
+}
+
+// ResolveScoped implements dialect.Dialect: one statement joining the probes (a JSON array) with
+// the table by (scope columns, key); for an unscoped table it also compares every extra column
+// the probe sets (as text in the column's type).
+func (Dialect) ResolveScoped(ctx context.Context, ex dialect.Executor, t *dialect.Table, probes []dialect.Probe) ([]dialect.Resolved, error) {
+	q := dialect.DoubleQuote(t.Parts...)
+	val := func(c string) string {
+		return fmt.Sprintf(`(jsonb_populate_record(NULL::%s, i.e)).%s`, q, dialect.DoubleQuote(c))
+	}
+	var match string
+	for _, c := range t.Scope {
+		match += fmt.Sprintf(` AND o.%s = %s`, dialect.DoubleQuote(c), val(c))
+	}
+	same := "true"
+	if len(t.Scope) == 0 {
+		var conds []string
+		for _, col := range t.Extra {
+			conds = append(conds, fmt.Sprintf(`(NOT (i.e ? %s) OR o.%s::text IS NOT DISTINCT FROM %s::text)`, dialect.QuoteLiteral(col.Name), dialect.DoubleQuote(col.Name), val(col.Name)))
+		}
+		if len(conds) > 0 {
+			same = strings.Join(conds, " AND ")
+		}
+	}
+	rs, err := ex.Query(ctx, fmt.Sprintf(`SELECT i.o, o."sequence", o."id"::text, o."topic", o."ordering_key", o."idempotency_key", o."created_at", %s FROM jsonb_to_recordset($1::jsonb) AS i(o int, k text, e jsonb) JOIN %s o ON o."idempotency_key" = i.k%s`,
+		same, q, match), dialect.JSONList(probes))
+	if err != nil {
+		return nil, err
+	}
+	return dialect.ScanResolved(rs)
+}

@@ -1,0 +1,150 @@
+package postgres
+
+import (
+	"context"
+	"strconv"
+	"strings"
+
+	"github.com/watermill-outbox/outbox/internal/dialect"
+)
+
+// claimOrder is the order in which composeClaim joins claim.sql's fragments into one WITH
+// RECURSIVE statement (each may read those before it).
+var claimOrder = []string{"skip", "walked", "walk", "scanned", "cont", "sheads", "runs", "keyed", "locked", "unordered", "picked", "upd"}
+
+// relay is one subscription's compiled statements.
+type relay struct {
+	t                                 *dialect.Table
+	cfg                               dialect.RelayConfig
+	claim, paused, probe, renew, mark *dialect.Stmt
+	topics                            params // the topic filter's parameters
+}
+
+// NewRelay implements dialect.Dialect.
+func (Dialect) NewRelay(t *dialect.Table, cfg dialect.RelayConfig, sel dialect.TopicSelection) dialect.Relay {
+	r := &relay{t: t, cfg: cfg, topics: params{}}
+	filter := selectionCond(`"topic"`, sel, r.topics)
+	// Paused topics (outages) are one more parameter of the paused and probe statements; the
+	// claim used while nothing is paused has no such test.
+	r.claim = dialect.Compile(composeClaim(t, cfg, filter, cfg.BatchSize), dialect.Dollar)
+	r.paused = dialect.Compile(composeClaim(t, cfg, filter+` AND NOT ("topic" = ANY(@paused::text[]))`, cfg.BatchSize), dialect.Dollar)
+	r.probe = dialect.Compile(composeClaim(t, cfg, filter+` AND "topic" = ANY(@paused::text[])`, 1), dialect.Dollar)
+	vars := map[string]string{"t": dialect.DoubleQuote(t.Parts...), "fence": `"leased_by" = @token AND "published_at" IS NULL`,
+		"max_attempts": strconv.Itoa(cfg.MaxAttempts), "retry_base_us": strconv.FormatInt(cfg.RetryBase.Microseconds(), 10),
+		"retry_max_us": strconv.FormatInt(cfg.RetryMax.Microseconds(), 10)}
+	r.mark = dialect.Compile(dialect.Fill(markParts["mark"], vars), dialect.Dollar)
+	r.renew = dialect.Compile(dialect.Fill(markParts["renew"], vars), dialect.Dollar)
+	return r
+}
+
+// composeClaim builds the claim of up to batch events from claim.sql's fragments; filter selects
+// the topics.
+func composeClaim(t *dialect.Table, cfg dialect.RelayConfig, filter string, batch int) string {
+	payload := `o."payload"::text`
+	if t.Payload == dialect.PayloadBytea {
+		payload = `o."payload"`
+	}
+	var extra, uextra strings.Builder
+	for _, c := range t.Extra {
+		extra.WriteString(", o." + dialect.DoubleQuote(c.Name))
+		uextra.WriteString(", u." + dialect.DoubleQuote(c.Name))
+	}
+	vars := map[string]string{
+		"t":         dialect.DoubleQuote(t.Parts...),
+		"pending":   `"published_at" IS NULL AND "dead_lettered_at" IS NULL`,
+		"claimable": `("next_attempt_at" IS NULL OR "next_attempt_at" <= now()) AND ("lease_until" IS NULL OR "lease_until" < now())`,
+		"filter":    filter,
+		// See the keyed fragment: primary-key lookups test the topic on an expression.
+		"pkfilter": strings.ReplaceAll(filter, `"topic"`, `("topic" || '')`),
+		"hfilter":  strings.ReplaceAll(filter, `"topic"`, `(h."topic" || '')`),
+		"batch":    strconv.Itoa(batch),
+		"keyscan":  strconv.Itoa(cfg.KeyScan),
+		"run":      strconv.Itoa(min(cfg.MaxRunPerKey, batch)),
+		"payload":  payload,
+		"extra":    extra.String(),
+		"uextra":   uextra.String(),
+		"nulls":    strings.Repeat(", NULL", 11+len(t.Extra)),
+	}
+	parts := make([]string, len(claimOrder))
+	for i, name := range claimOrder {
+		parts[i] = dialect.Fill(claimParts[name], vars)
+	}
+	return "WITH RECURSIVE " + strings.Join(parts, ",\n") + "\n" + dialect.Fill(claimParts["result"], vars)
+}
+
+// Claim implements dialect.Relay.
+func (r *relay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.ClaimParams) (*dialect.ClaimResult, error) {
+	st := r.claim
+	named := params{
+		"cursor": p.Cursor, "lease_us": r.cfg.LeaseDuration.Microseconds(), "token": p.Token,
+		"oldest": p.Oldest, "run_limit": p.Limit, "low_unordered": p.LowUnordered, "low_keyed": p.LowKeyed,
+		"cont_token": p.ContToken, "cont_margin_us": (r.cfg.LeaseDuration / 3).Microseconds(),
+	}
+	var keys []string
+	var after, from []int64
+	if len(p.Cont) > 0 {
+		keys, after, from = make([]string, len(p.Cont)), make([]int64, len(p.Cont)), make([]int64, len(p.Cont))
+		for i, c := range p.Cont {
+			keys[i], after[i], from[i] = c.Key, c.After, c.From
+		}
+	}
+	named["cont_keys"], named["cont_after"], named["cont_from"] = keys, after, from
+	switch {
+	case p.Probe != nil:
+		st, named["paused"] = r.probe, p.Probe
+	case len(p.Paused) > 0:
+		st, named["paused"] = r.paused, p.Paused
+	}
+	for k, v := range r.topics {
+		named[k] = v
+	}
+	rs, err := ex.Query(ctx, st.SQL, ex.OneShot(st.Args(named))...)
+	if err != nil {
+		return nil, err
+	}
+	return dialect.ScanClaimed(rs, len(r.t.Extra))
+}
+
+// Renew implements dialect.Relay.
+func (r *relay) Renew(ctx context.Context, ex dialect.Executor, token string, seqs []int64) (int64, error) {
+	return ex.Exec(ctx, r.renew.SQL, ex.OneShot(r.renew.Args(params{"lease_us": r.cfg.LeaseDuration.Microseconds(), "seqs": seqs, "token": token}))...)
+}
+
+// Mark implements dialect.Relay.
+func (r *relay) Mark(ctx context.Context, ex dialect.Executor, m *dialect.MarkParams) ([]dialect.MarkResult, error) {
+	named := params{"acked": nonNil(m.Acked), "released": nonNil(m.Released), "failed": nonNil(m.Failed), "errs": nonNil(m.Errs),
+		"jitters": nonNil(m.Jitters), "token": m.Token, "unavailable": nonNil(m.Unavailable), "notes": nonNil(m.Notes),
+		"perm": nonNil(m.Perm), "abandoned": nonNil(m.Abandoned), "keep": nonNil(m.Keep)}
+	rs, err := ex.Query(ctx, r.mark.SQL, ex.OneShot(r.mark.Args(named))...)
+	if err != nil {
+		return nil, err
+	}
+	defer rs.Close()
+	var out []dialect.MarkResult
+	for rs.Next() {
+		var res dialect.MarkResult
+		if err := rs.Scan(&res.Seq, &res.Attempts, &res.Next, &res.Dead, &res.Now); err != nil {
+			return nil, err
+		}
+		out = append(out, res)
+	}
+	return out, rs.Err()
+}
+
+// nonNil returns vals, or an empty slice for nil (pgx sends a nil slice as NULL, and
+// "= ANY(NULL)" matches nothing but also makes array_position NULL).
+func nonNil[T any](vals []T) []T {
+	if vals == nil {
+		return []T{}
+	}
+	return vals
+}
+
+// TakeBack implements dialect.Dialect.
+func (Dialect) TakeBack(ctx context.Context, ex dialect.Executor, t *dialect.Table, name, tokenPrefix string) (int64, error) {
+	q := `UPDATE ` + dialect.DoubleQuote(t.Parts...) + ` SET "lease_until" = NULL, "leased_by" = NULL
+WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "lease_until" > now()
+AND starts_with("leased_by", @name) AND NOT starts_with("leased_by", @prefix)
+AND substr("leased_by", length(@name) + 1) ~ '^[0-9a-f]{12}#[0-9]+$'`
+	return exec(ctx, ex, q, params{"name": name, "prefix": tokenPrefix}, true)
+}

@@ -1,0 +1,75 @@
+package sqlite
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/watermill-outbox/outbox/internal/dialect"
+)
+
+// deadWhere renders a dead-letter filter as a condition on dead-lettered, unpublished events.
+func deadWhere(f dialect.DeadFilter, args *[]any) string {
+	var conds []string
+	for _, tp := range f.Topics {
+		conds = append(conds, topicCond(`"topic"`, tp, args))
+	}
+	if len(f.IDs) > 0 {
+		conds = append(conds, `"id" IN (SELECT value FROM json_each(`+param(args, dialect.JSONList(f.IDs))+`))`)
+	}
+	w := `"dead_lettered_at" IS NOT NULL AND "published_at" IS NULL AND (` + strings.Join(conds, " OR ") + `)`
+	if f.OlderThan > 0 {
+		w += ` AND "dead_lettered_at" < ` + param(args, micros(time.Now().Add(-f.OlderThan)))
+	}
+	return w
+}
+
+// RetryDead implements dialect.Dialect.
+func (Dialect) RetryDead(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.DeadFilter) (int64, error) {
+	var args []any
+	return ex.Exec(ctx, `UPDATE `+quote(t)+` SET "dead_lettered_at" = NULL, "attempts" = 0, "next_attempt_at" = NULL, "lease_until" = NULL, "leased_by" = NULL WHERE `+deadWhere(f, &args), args...)
+}
+
+// PurgeDead implements dialect.Dialect.
+func (Dialect) PurgeDead(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.DeadFilter) (int64, error) {
+	var args []any
+	return ex.Exec(ctx, `DELETE FROM `+quote(t)+` WHERE `+deadWhere(f, &args), args...)
+}
+
+// ListDead implements dialect.Dialect.
+func (Dialect) ListDead(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.DeadFilter, limit int) ([]dialect.DeadRow, error) {
+	var args []any
+	q := fmt.Sprintf(`SELECT "sequence", "id", "topic", "payload", "headers", "ordering_key", "idempotency_key", "created_at", "attempts", "last_error", "dead_lettered_at"
+FROM %s WHERE %s ORDER BY "dead_lettered_at", "sequence" LIMIT %d`, quote(t), deadWhere(f, &args), limit)
+	rs, err := ex.Query(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	return dialect.ScanDead(rs)
+}
+
+// Cleanup implements dialect.Dialect.
+func (Dialect) Cleanup(ctx context.Context, ex dialect.Executor, t *dialect.Table, column string, olderThan time.Duration, batch int) (int64, error) {
+	q := fmt.Sprintf(`DELETE FROM %[1]s WHERE "sequence" IN (SELECT "sequence" FROM %[1]s WHERE %[2]s < $1 ORDER BY %[2]s LIMIT %[3]d)`,
+		quote(t), dialect.DoubleQuote(column), batch)
+	return ex.Exec(ctx, q, micros(time.Now().Add(-olderThan)))
+}
+
+// Backlog implements dialect.Dialect.
+func (Dialect) Backlog(ctx context.Context, ex dialect.Executor, t *dialect.Table) (dialect.BacklogRow, error) {
+	rs, err := ex.Query(ctx, dialect.BacklogSQL(quote(t), "$1", "min"), micros(time.Now()))
+	if err != nil {
+		return dialect.BacklogRow{}, err
+	}
+	return dialect.ScanBacklog(rs)
+}
+
+// BacklogByTopic implements dialect.Dialect.
+func (Dialect) BacklogByTopic(ctx context.Context, ex dialect.Executor, t *dialect.Table) ([]dialect.BacklogRow, error) {
+	rs, err := ex.Query(ctx, dialect.BacklogByTopicSQL(quote(t), "$1"), micros(time.Now()))
+	if err != nil {
+		return nil, err
+	}
+	return dialect.ScanBacklogByTopic(rs)
+}

@@ -1,0 +1,265 @@
+package sqlite
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/watermill-outbox/outbox/internal/dialect"
+)
+
+// relay is one subscription's compiled statements.
+type relay struct {
+	t                    *dialect.Table
+	cfg                  dialect.RelayConfig
+	claim, paused, probe string
+	lease                string
+	args                 []any // the topic filter's parameters, from $4 on
+}
+
+// NewRelay implements dialect.Dialect. The claim's parameters are $1 the relay's clock
+// (microseconds), $2 the key cursor, $3 the paused (or probed) topics as a JSON array, then the
+// topic filter's. Paused topics are tested only by the paused and probe statements: in the
+// claim used while nothing is paused, a json_each per row examined would run while the claim
+// holds the database's write lock.
+func (Dialect) NewRelay(t *dialect.Table, cfg dialect.RelayConfig, sel dialect.TopicSelection) dialect.Relay {
+	r := &relay{t: t, cfg: cfg}
+	args := []any{nil, nil, nil}
+	filter := topicCond(`"topic"`, sel.Include, &args)
+	for _, e := range sel.Excludes {
+		filter += " AND NOT " + topicCond(`"topic"`, e, &args)
+	}
+	r.args = args[3:]
+	r.claim = claimSQL(t, cfg, filter, cfg.BatchSize)
+	r.paused = claimSQL(t, cfg, filter+` AND "topic" NOT IN (SELECT value FROM json_each($3))`, cfg.BatchSize)
+	r.probe = claimSQL(t, cfg, filter+` AND "topic" IN (SELECT value FROM json_each($3))`, 1)
+	var extra strings.Builder
+	for _, c := range t.Extra {
+		extra.WriteString(", " + dialect.DoubleQuote(c.Name))
+	}
+	// The leasing half: $1 the lease end (microseconds), $2 the fencing token, $3 the selected
+	// sequences (a JSON array); it returns the rows in the layout dialect.ScanClaimed reads.
+	r.lease = fmt.Sprintf(`UPDATE %s SET "lease_until" = $1, "leased_by" = $2, "delivery_starts" = "delivery_starts" + 1 WHERE "sequence" IN (SELECT value FROM json_each($3))
+RETURNING 0, "sequence", "id", "topic", "payload", "headers", "ordering_key", "created_at", "attempts", "last_error", NULL, "delivery_starts"%s, NULL, NULL, NULL`, quote(t), extra.String())
+	return r
+}
+
+// claimSQL is the selecting half of the SQLite claim; Claim leases what it selects in the same
+// (IMMEDIATE) transaction. It mirrors the PostgreSQL claim without SKIP LOCKED (SQLite's single
+// writer): candidate keys are those of the oldest claimable keyed events plus a bounded skip
+// scan of the key index after the cursor (so keys behind blocked ones are reached within a few
+// polls); each key's head is claimable (not dead-lettered, due, not leased) or the key is
+// skipped; up to MaxRunPerKey events of each key are read from its head, BatchSize in all, and
+// only the gap-free claimable start of each run is kept. Unordered events come from their own
+// partial index (INDEXED BY: the planner would otherwise pick the topic index and read every
+// event of the topic). The last row carries the skip scan's last key and how many keys it saw.
+// The relay ranks each key's events in Go (1 for the head). CROSS JOIN fixes the join order
+// (SQLite's planner hint): each head drives primary-key lookups, never a scan of the topic
+// index per head.
+func claimSQL(t *dialect.Table, cfg dialect.RelayConfig, filter string, batch int) string {
+	claimable := fmt.Sprintf(`o."dead_lettered_at" IS NULL AND (o."next_attempt_at" IS NULL OR o."next_attempt_at" <= $1) AND (o."lease_until" IS NULL OR o."lease_until" < $1) AND %s`,
+		strings.ReplaceAll(filter, `"topic"`, `o."topic"`))
+	unpublishedKeyed := `"published_at" IS NULL AND "ordering_key" IS NOT NULL`
+	return fmt.Sprintf(`WITH RECURSIVE skip(k) AS (
+	SELECT (SELECT min("ordering_key") FROM %[1]s WHERE %[2]s AND "ordering_key" > $2)
+	UNION ALL
+	SELECT (SELECT min("ordering_key") FROM %[1]s WHERE %[2]s AND "ordering_key" > skip.k) FROM skip WHERE skip.k IS NOT NULL
+	LIMIT %[6]d
+), scanned AS MATERIALIZED (
+	SELECT k FROM skip WHERE k IS NOT NULL
+), oldest AS MATERIALIZED (
+	SELECT DISTINCT "ordering_key" AS k FROM (SELECT o."ordering_key" FROM %[1]s o INDEXED BY %[7]s
+		WHERE o."published_at" IS NULL AND o."ordering_key" IS NOT NULL AND %[3]s ORDER BY o."sequence" LIMIT %[4]d)
+), heads AS MATERIALIZED (
+	SELECT c.k, (SELECT min("sequence") FROM %[1]s WHERE %[2]s AND "ordering_key" = c.k) AS seq
+	FROM (SELECT k FROM oldest UNION SELECT k FROM scanned) c
+), ok_heads AS MATERIALIZED (
+	SELECT h.k, h.seq FROM heads h CROSS JOIN %[1]s o ON o."sequence" = h.seq WHERE %[3]s ORDER BY h.seq LIMIT %[4]d
+), cand AS MATERIALIZED (
+	SELECT o."sequence", o."ordering_key", CASE WHEN %[3]s THEN 0 ELSE 1 END AS bad
+	FROM ok_heads h CROSS JOIN %[1]s o ON o."sequence" IN (
+		SELECT x."sequence" FROM %[1]s x WHERE x."published_at" IS NULL AND x."ordering_key" IS NOT NULL AND x."ordering_key" = h.k ORDER BY x."sequence" LIMIT %[5]d)
+	LIMIT %[4]d
+), picked AS MATERIALIZED (
+	SELECT "sequence" FROM (SELECT "sequence", sum(bad) OVER (PARTITION BY "ordering_key" ORDER BY "sequence") AS bad FROM cand) WHERE bad = 0
+	UNION ALL
+	SELECT "sequence" FROM (SELECT o."sequence" FROM %[1]s o INDEXED BY %[8]s WHERE o."published_at" IS NULL AND o."ordering_key" IS NULL AND %[3]s ORDER BY o."sequence" LIMIT %[4]d)
+	ORDER BY 1 LIMIT %[4]d
+)
+SELECT "sequence", NULL, NULL FROM picked
+UNION ALL
+SELECT NULL, (SELECT max(k) FROM scanned), (SELECT count(*) FROM scanned)`,
+		quote(t), unpublishedKeyed, claimable, batch, min(cfg.MaxRunPerKey, batch), cfg.KeyScan, index(t, "keyed_idx"), index(t, "unordered_idx"))
+}
+
+// Claim implements dialect.Relay: the selection and an UPDATE … RETURNING that leases it, in
+// one IMMEDIATE transaction so no other writer comes between. Ranks are left to the caller.
+func (r *relay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.ClaimParams) (*dialect.ClaimResult, error) {
+	q, topics := r.claim, p.Paused
+	switch {
+	case p.Probe != nil:
+		q, topics = r.probe, p.Probe
+	case len(p.Paused) > 0:
+		q = r.paused
+	}
+	res := &dialect.ClaimResult{Walked: -1}
+	err := withRelayTx(ctx, ex, p.Eager, func(ex dialect.Executor) error {
+		// The clock is read once the write lock is held: BEGIN IMMEDIATE may wait up to the
+		// busy timeout, and a lease computed before that wait could already have expired.
+		now := time.Now()
+		rs, err := ex.Query(ctx, q, append([]any{micros(now), p.Cursor, dialect.JSONList(topics)}, r.args...)...)
+		if err != nil {
+			return err
+		}
+		var seqs []int64
+		for rs.Next() {
+			var (
+				seq, sc *int64
+				c       *string
+			)
+			if err := rs.Scan(&seq, &c, &sc); err != nil {
+				rs.Close()
+				return err
+			}
+			if seq != nil {
+				seqs = append(seqs, *seq)
+			} else {
+				res.Cursor, res.Scanned = c, sc
+			}
+		}
+		rs.Close()
+		if err := rs.Err(); err != nil || len(seqs) == 0 {
+			return err
+		}
+		rs, err = ex.Query(ctx, r.lease, micros(now.Add(r.cfg.LeaseDuration)), p.Token, dialect.JSONList(seqs))
+		if err != nil {
+			return err
+		}
+		leased, err := dialect.ScanClaimed(rs, len(r.t.Extra))
+		if err != nil {
+			return err
+		}
+		res.Events = leased.Events
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// Renew implements dialect.Relay.
+func (r *relay) Renew(ctx context.Context, ex dialect.Executor, token string, seqs []int64) (int64, error) {
+	return ex.Exec(ctx, fmt.Sprintf(`UPDATE %s SET "lease_until" = $1 WHERE "sequence" IN (SELECT value FROM json_each($2)) AND "leased_by" = $3 AND "published_at" IS NULL`, quote(r.t)),
+		micros(time.Now().Add(r.cfg.LeaseDuration)), dialect.JSONList(seqs), token)
+}
+
+// Mark implements dialect.Relay: one transaction of fenced UPDATEs (the same rules as the
+// PostgreSQL mark statement), with the relay's clock.
+func (r *relay) Mark(ctx context.Context, ex dialect.Executor, m *dialect.MarkParams) ([]dialect.MarkResult, error) {
+	t := quote(r.t)
+	var out []dialect.MarkResult
+	err := withRelayTx(ctx, ex, m.Eager, func(ex dialect.Executor) error {
+		now := time.Now() // once the write lock is held (see Claim)
+		nowUS := micros(now)
+		collect := func(q string, args ...any) error {
+			rs, err := ex.Query(ctx, q, args...)
+			if err != nil {
+				return err
+			}
+			defer rs.Close()
+			for rs.Next() {
+				var (
+					res        dialect.MarkResult
+					next, dead *int64
+				)
+				if err := rs.Scan(&res.Seq, &res.Attempts, &next, &dead); err != nil {
+					return err
+				}
+				if next != nil {
+					t := time.UnixMicro(*next).UTC()
+					res.Next = &t
+				}
+				res.Dead, res.Now = dead != nil, now
+				out = append(out, res)
+			}
+			return rs.Err()
+		}
+		fence := `"leased_by" = $2 AND "published_at" IS NULL`
+		ofence := `o."leased_by" = $2 AND o."published_at" IS NULL`
+		if len(m.Acked) > 0 {
+			if err := collect(fmt.Sprintf(`UPDATE %s SET "published_at" = $3, "lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0 WHERE "sequence" IN (SELECT value FROM json_each($1)) AND %s RETURNING "sequence", "attempts", NULL, NULL`,
+				t, fence), dialect.JSONList(m.Acked), m.Token, nowUS); err != nil {
+				return err
+			}
+		}
+		if len(m.Released) > 0 {
+			if err := collect(fmt.Sprintf(`UPDATE %s SET "lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0 WHERE "sequence" IN (SELECT value FROM json_each($1)) AND %s RETURNING "sequence", "attempts", NULL, NULL`,
+				t, fence), dialect.JSONList(m.Released), m.Token); err != nil {
+				return err
+			}
+		}
+		if len(m.Unavailable) > 0 {
+			type u struct {
+				Seq  int64  `json:"s"`
+				Note string `json:"e"`
+				Keep bool   `json:"k"`
+			}
+			us := make([]u, len(m.Unavailable))
+			for i := range m.Unavailable {
+				us[i] = u{m.Unavailable[i], m.Notes[i], m.Keep[i]}
+			}
+			q := fmt.Sprintf(`UPDATE %[1]s AS o SET "last_error" = f.e, "lease_until" = NULL, "leased_by" = NULL,
+	"delivery_starts" = CASE WHEN f.k THEN o."delivery_starts" ELSE 0 END
+FROM (SELECT value ->> '$.s' AS s, value ->> '$.e' AS e, value ->> '$.k' AS k FROM json_each($1)) AS f
+WHERE o."sequence" = f.s AND %[2]s
+RETURNING "sequence", "attempts", NULL, NULL`, t, ofence)
+			if err := collect(q, dialect.JSONList(us), m.Token); err != nil {
+				return err
+			}
+		}
+		if len(m.Failed) > 0 {
+			type f struct {
+				Seq    int64   `json:"s"`
+				Err    string  `json:"e"`
+				Jitter float64 `json:"j"`
+				Perm   bool    `json:"p"`
+			}
+			fs := make([]f, len(m.Failed))
+			for i := range m.Failed {
+				fs[i] = f{m.Failed[i], m.Errs[i], m.Jitters[i], m.Perm[i]}
+			}
+			q := fmt.Sprintf(`UPDATE %[1]s AS o SET "attempts" = o."attempts" + 1, "last_error" = f.e,
+	"dead_lettered_at" = CASE WHEN o."attempts" + 1 >= %[2]d OR f.p THEN $3 END,
+	"next_attempt_at" = CASE WHEN o."attempts" + 1 < %[2]d AND NOT f.p THEN $3 + CAST(min(%[3]d * power(2.0, min(o."attempts", 62)), %[4]d.0) * f.j AS INTEGER) END,
+	"lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0
+FROM (SELECT value ->> '$.s' AS s, value ->> '$.e' AS e, value ->> '$.j' AS j, value ->> '$.p' AS p FROM json_each($1)) AS f
+WHERE o."sequence" = f.s AND %[5]s
+RETURNING "sequence", "attempts", "next_attempt_at", "dead_lettered_at"`,
+				t, r.cfg.MaxAttempts, r.cfg.RetryBase.Microseconds(), r.cfg.RetryMax.Microseconds(), ofence)
+			if err := collect(q, dialect.JSONList(fs), m.Token, nowUS); err != nil {
+				return err
+			}
+		}
+		if len(m.Abandoned) > 0 {
+			// Unanswered at a stop: released, and the start does not count.
+			if _, err := ex.Exec(ctx, fmt.Sprintf(`UPDATE %s SET "delivery_starts" = max("delivery_starts" - 1, 0), "lease_until" = NULL, "leased_by" = NULL WHERE "sequence" IN (SELECT value FROM json_each($1)) AND %s`,
+				t, fence), dialect.JSONList(m.Abandoned), m.Token); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// TakeBack implements dialect.Dialect.
+func (Dialect) TakeBack(ctx context.Context, ex dialect.Executor, t *dialect.Table, name, tokenPrefix string) (int64, error) {
+	hex := strings.Repeat("[0-9a-f]", 12)
+	q := fmt.Sprintf(`UPDATE %s SET "lease_until" = NULL, "leased_by" = NULL
+WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "lease_until" > $3
+AND substr("leased_by", 1, length($1)) = $1 AND substr("leased_by", 1, length($2)) <> $2
+AND substr("leased_by", length($1) + 1) GLOB '%s#[0-9]*'`, quote(t), hex)
+	return ex.Exec(ctx, q, name, tokenPrefix, micros(time.Now()))
+}

@@ -220,7 +220,7 @@ type subscription struct {
 	lowAge                 int
 	// woken is set when the subscription's last wait ended with a wakeup signal (events were
 	// just committed): the next SQLite claim, and its batch's marks (eagerMarks), then retry
-	// for the write lock eagerly (withSQLiteRelayTx). Atomic: marks may run beside the
+	// for the write lock eagerly (see ClaimParams.Eager). Atomic: marks may run beside the
 	// subscription's goroutine.
 	woken, eagerMarks atomic.Bool
 	// contKeys, contFrom, contAfter and contToken are the next claim's continuations

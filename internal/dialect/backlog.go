@@ -187,3 +187,23 @@ func IndexStatements(t *Table, table string) []string {
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("topic", "sequence")`, index("topic_idx"), table),
 	}
 }
+
+// ResolveConds returns the conditions of a ResolveScoped statement: match joins a stored event
+// to its probe by the scope columns (val(c) is the probe's value of column c), and same tells
+// whether an unscoped table's stored event agrees with every extra column the probe sets
+// (agree(c) for column c; truth when there are none). A scoped table's events always agree:
+// the scope is part of the match.
+func ResolveConds(t *Table, quote func(string) string, val func(string) string, agree func(Column) string, truth string) (match, same string) {
+	for _, c := range t.Scope {
+		match += " AND o." + quote(c) + " = " + val(c)
+	}
+	same = truth
+	if len(t.Scope) == 0 && len(t.Extra) > 0 {
+		conds := make([]string, len(t.Extra))
+		for i, col := range t.Extra {
+			conds[i] = agree(col)
+		}
+		same = strings.Join(conds, " AND ")
+	}
+	return match, same
+}

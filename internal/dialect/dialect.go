@@ -146,9 +146,8 @@ type Dialect interface {
 
 	// Statements returns the idempotent DDL of t, one statement per element (SchemaSQL).
 	Statements(t *Table) []string
-	// Migrate creates or upgrades t, serialised against concurrent Migrates. Errors whose
-	// cause is a conflicting idempotency index are returned as ErrScopeMismatch-wrapped
-	// *ScopeMismatch.
+	// Migrate creates or upgrades t, serialised against concurrent Migrates. A table whose
+	// idempotency index does not match t.Scope is a *ScopeMismatch (possibly wrapped).
 	Migrate(ctx context.Context, ex Executor, t *Table) error
 	// ScopeMigration returns the statements that move an existing table's idempotency
 	// index to t's scope.
@@ -160,9 +159,10 @@ type Dialect interface {
 
 	// Insert writes the rows in the caller's transaction, in order, each ordering key's rows
 	// after every earlier committed or in-flight row of that key (per-key commit order),
-	// and returns the inserted events and, for rows whose idempotency key (in its scope)
-	// was already stored, that stored event with Duplicate set. A failed Insert leaves the
-	// caller's transaction as it was before the call where the database allows it.
+	// and returns the inserted events; it may also return, for rows whose idempotency key (in
+	// its scope) was already stored, that stored event with Duplicate set (the caller reads
+	// the others with ReadStored or ResolveScoped). A failed Insert leaves the caller's
+	// transaction as it was before the call where the database allows it.
 	Insert(ctx context.Context, ex Executor, p *InsertParams) ([]Stored, error)
 	// ReadStored reads the stored events of idempotency keys (unscoped table).
 	ReadStored(ctx context.Context, ex Executor, t *Table, keys []string) ([]Stored, error)

@@ -184,20 +184,9 @@ func (Dialect) ResolveScoped(ctx context.Context, ex dialect.Executor, t *dialec
 	val := func(c string) string {
 		return fmt.Sprintf(`(jsonb_populate_record(NULL::%s, i.e)).%s`, q, dialect.DoubleQuote(c))
 	}
-	var match string
-	for _, c := range t.Scope {
-		match += fmt.Sprintf(` AND o.%s = %s`, dialect.DoubleQuote(c), val(c))
-	}
-	same := "true"
-	if len(t.Scope) == 0 {
-		var conds []string
-		for _, col := range t.Extra {
-			conds = append(conds, fmt.Sprintf(`(NOT (i.e ? %s) OR o.%s::text IS NOT DISTINCT FROM %s::text)`, dialect.QuoteLiteral(col.Name), dialect.DoubleQuote(col.Name), val(col.Name)))
-		}
-		if len(conds) > 0 {
-			same = strings.Join(conds, " AND ")
-		}
-	}
+	match, same := dialect.ResolveConds(t, func(c string) string { return dialect.DoubleQuote(c) }, val, func(col dialect.Column) string {
+		return fmt.Sprintf(`(NOT (i.e ? %s) OR o.%s::text IS NOT DISTINCT FROM %s::text)`, dialect.QuoteLiteral(col.Name), dialect.DoubleQuote(col.Name), val(col.Name))
+	}, "true")
 	rs, err := ex.Query(ctx, fmt.Sprintf(`SELECT i.o, o."sequence", o."id"::text, o."topic", o."ordering_key", o."idempotency_key", o."created_at", %s FROM jsonb_to_recordset($1::jsonb) AS i(o int, k text, e jsonb) JOIN %s o ON o."idempotency_key" = i.k%s`,
 		same, q, match), dialect.JSONList(probes))
 	if err != nil {

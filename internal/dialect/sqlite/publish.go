@@ -105,20 +105,9 @@ func (Dialect) ReadStored(ctx context.Context, ex dialect.Executor, t *dialect.T
 // holds the same value (IS).
 func (Dialect) ResolveScoped(ctx context.Context, ex dialect.Executor, t *dialect.Table, probes []dialect.Probe) ([]dialect.Resolved, error) {
 	val := func(c string) string { return fmt.Sprintf(`(j.value ->> '$.e."%s"')`, c) }
-	var match string
-	for _, c := range t.Scope {
-		match += fmt.Sprintf(` AND o.%s = %s`, dialect.DoubleQuote(c), val(c))
-	}
-	same := "1"
-	if len(t.Scope) == 0 {
-		var conds []string
-		for _, col := range t.Extra {
-			conds = append(conds, fmt.Sprintf(`(json_type(j.value, '$.e."%s"') IS NULL OR o.%s IS %s)`, col.Name, dialect.DoubleQuote(col.Name), val(col.Name)))
-		}
-		if len(conds) > 0 {
-			same = strings.Join(conds, " AND ")
-		}
-	}
+	match, same := dialect.ResolveConds(t, func(c string) string { return dialect.DoubleQuote(c) }, val, func(col dialect.Column) string {
+		return fmt.Sprintf(`(json_type(j.value, '$.e."%s"') IS NULL OR o.%s IS %s)`, col.Name, dialect.DoubleQuote(col.Name), val(col.Name))
+	}, "1")
 	rs, err := ex.Query(ctx, fmt.Sprintf(`SELECT j.value ->> '$.o', o."sequence", o."id", o."topic", o."ordering_key", o."idempotency_key", o."created_at", %s FROM json_each($1) j JOIN %s o ON o."idempotency_key" = (j.value ->> '$.k')%s`,
 		same, quote(t), match), dialect.JSONList(probes))
 	if err != nil {

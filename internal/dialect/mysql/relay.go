@@ -1,0 +1,597 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/watermill-outbox/outbox/internal/dialect"
+)
+
+// relay is one subscription's compiled statements.
+type relay struct {
+	t      *dialect.Table
+	n      names
+	cfg    dialect.RelayConfig
+	filter string // the topic selection on `topic`, parameters in filterArgs
+	fargs  []any
+	cols   string // the columns of a claimed event, in scanClaimed's order
+}
+
+// NewRelay compiles the claim, renew and mark statements of one subscription.
+func (*Dialect) NewRelay(t *dialect.Table, cfg dialect.RelayConfig, sel dialect.TopicSelection) dialect.Relay {
+	r := &relay{t: t, n: namesOf(t), cfg: cfg}
+	r.filter = selectionSQL(sel, "o.`topic`", &r.fargs)
+	cols := "o.`sequence`, o.`id`, o.`topic`, o.`payload`, o.`headers`, o.`ordering_key`, o.`created_at`, o.`attempts`, o.`last_error`, o.`delivery_starts`"
+	for _, c := range t.Extra {
+		cols += ", o." + ident(c.Name)
+	}
+	r.cols = cols
+	return r
+}
+
+// claimable is the condition under which an event may be leased now (besides being pending):
+// due and not leased by a live relay (database clock).
+const claimable = "(o.`next_attempt_at` IS NULL OR o.`next_attempt_at` <= UTC_TIMESTAMP(6)) AND (o.`lease_until` IS NULL OR o.`lease_until` < UTC_TIMESTAMP(6))"
+
+// topicsSQL adds the Paused (left out) and Probe (only these) topics of a claim.
+func topicsSQL(p *dialect.ClaimParams, args *[]any) string {
+	var s string
+	if len(p.Probe) > 0 {
+		s += " AND " + listSQL("o.`topic`", p.Probe, args)
+	}
+	if len(p.Paused) > 0 {
+		s += " AND NOT " + listSQL("o.`topic`", p.Paused, args)
+	}
+	return s
+}
+
+// keyHead is a candidate key of a claim: its head (lowest unpublished sequence) and, for a
+// walked key, the lowest sequence the walk locked.
+type keyHead struct {
+	key    string
+	head   int64
+	walked int64 // 0 for a key of the skip scan
+}
+
+// Claim leases the next batch under p.Token in one READ COMMITTED transaction of a few short
+// statements (MySQL has no UPDATE … RETURNING, so what is leased is read in the transaction):
+//
+//  1. walk: the p.Oldest oldest claimable pending keyed events (topic filter, from
+//     p.LowKeyed), locked FOR UPDATE SKIP LOCKED, so a relay claiming at the same moment
+//     walks past them to other keys;
+//  2. heads (a plain read, after the walk, so it sees at least what the walk saw): each walked
+//     key's head, the lowest sequence among its unpublished events (dead-lettered ones
+//     included): the key is a candidate when that is the event the walk locked. When the walk
+//     was full or started above 0, also a skip scan of the key index after p.Cursor over up to
+//     KeyScan keys (a recursive CTE, one index dive per key), so keys whose head sits behind
+//     other keys' blocked events are reached; a scanned key is a candidate when its head is
+//     claimable and in the topic filter. Heads are never looked up with a per-key LIMIT 1 FOR
+//     UPDATE SKIP LOCKED (which would hand out a key's second event when its head is locked);
+//  3. runs (a plain read): up to MaxRunPerKey unpublished events of each candidate key from
+//     its head, in head order, p.Limit rows in all (a recursive CTE, one index dive per event);
+//  4. lock: the run members by primary key, FOR UPDATE SKIP LOCKED, with the pending and
+//     claimable conditions checked again on the latest row version; a key keeps the gap-free
+//     start of its run (a member skipped or changed meanwhile ends the run there), so when
+//     another relay holds a key's head nothing of that key is leased;
+//  5. unordered: the BatchSize oldest claimable pending unordered events (from
+//     p.LowUnordered), FOR UPDATE SKIP LOCKED;
+//  6. lease the first BatchSize events of 4 and 5 by sequence (lease_until, leased_by,
+//     delivery_starts + 1).
+//
+// Per-key order needs no more than that because Insert's key locks make one key's events
+// commit in sequence order: no event of a key becomes visible before an earlier one of the
+// same key. Ranks are 1 for a key's head, 2, 3 … along its run, 0 for unordered events.
+// Continuations (p.Cont) are not implemented. Cursor and Scanned report the skip scan when it
+// ran; Walked is the number of distinct keys the walk found.
+func (r *relay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.ClaimParams) (*dialect.ClaimResult, error) {
+	res := &dialect.ClaimResult{}
+	err := inTx(ctx, ex, sql.LevelReadCommitted, func(q querier) error {
+		res = &dialect.ClaimResult{}
+		return r.claim(ctx, q, p, res)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+func (r *relay) claim(ctx context.Context, q querier, p *dialect.ClaimParams, res *dialect.ClaimResult) error {
+	batch := r.cfg.BatchSize
+	if len(p.Probe) > 0 {
+		batch = 1
+	}
+	limit := min(max(p.Limit, 0), batch)
+	run := min(r.cfg.MaxRunPerKey, batch)
+	oldest := max(p.Oldest, 1)
+
+	// 1. The walk.
+	args := append([]any{p.LowKeyed}, r.fargs...)
+	walk := "SELECT o.`sequence`, o.`ordering_key` FROM " + r.n.table + " o FORCE INDEX (" + r.n.pending + ")" +
+		" WHERE o.`outbox_pending` = 1 AND o.`sequence` >= ? AND " + claimable + " AND " + r.filter + topicsSQL(p, &args) +
+		" ORDER BY o.`sequence` LIMIT " + itoa(oldest) + " FOR UPDATE SKIP LOCKED"
+	rs, err := q.query(ctx, walk, args...)
+	if err != nil {
+		return fmt.Errorf("walk: %w", err)
+	}
+	walkedMin := map[string]int64{}
+	var walkOrder []string
+	nWalk := 0
+	err = scanEach(rs, func(rs dialect.Rows) error {
+		var (
+			seq int64
+			k   string
+		)
+		if err := rs.Scan(&seq, &k); err != nil {
+			return err
+		}
+		nWalk++
+		if _, ok := walkedMin[k]; !ok {
+			walkedMin[k] = seq
+			walkOrder = append(walkOrder, k)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("walk: %w", err)
+	}
+	res.Walked = int64(len(walkOrder))
+
+	// 2. Heads.
+	scan := nWalk >= oldest || p.LowKeyed > 0
+	var cands []keyHead
+	if len(walkOrder) > 0 || scan {
+		cands, err = r.heads(ctx, q, p, walkOrder, walkedMin, scan, res)
+		if err != nil {
+			return fmt.Errorf("heads: %w", err)
+		}
+	}
+	sort.Slice(cands, func(i, j int) bool { return cands[i].head < cands[j].head })
+	if len(cands) > limit {
+		cands = cands[:limit]
+	}
+
+	// 3. Runs.
+	type member struct {
+		key  string
+		seq  int64
+		rank int64
+	}
+	var members []member
+	if len(cands) > 0 && limit > 0 {
+		type seed struct {
+			K string `json:"k"`
+			S int64  `json:"s"`
+		}
+		seeds := make([]seed, len(cands))
+		for i, c := range cands {
+			seeds[i] = seed{c.key, c.head}
+		}
+		js, _ := json.Marshal(seeds)
+		// Each step is one index dive on (outbox_key, sequence); the seed order (the head
+		// order) is kept by sorting on the seed's ordinal.
+		stmt := "WITH RECURSIVE r (i, k, s, n) AS (\n" +
+			"\tSELECT j.i, j.k, j.s, 1 FROM JSON_TABLE(?, '$[*]' COLUMNS (i FOR ORDINALITY, k VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.k', s BIGINT PATH '$.s')) j\n" +
+			"\tUNION ALL\n" +
+			"\tSELECT r.i, r.k, (SELECT MIN(o.`sequence`) FROM " + r.n.table + " o WHERE o.`outbox_key` = r.k AND o.`sequence` > r.s), r.n + 1 FROM r WHERE r.s IS NOT NULL AND r.n < ?\n" +
+			") SELECT k, s, n FROM r WHERE s IS NOT NULL ORDER BY i, n"
+		rs, err := q.query(ctx, stmt, string(js), run)
+		if err != nil {
+			return fmt.Errorf("runs: %w", err)
+		}
+		err = scanEach(rs, func(rs dialect.Rows) error {
+			var m member
+			if err := rs.Scan(&m.key, &m.seq, &m.rank); err != nil {
+				return err
+			}
+			if len(members) < limit {
+				members = append(members, m)
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("runs: %w", err)
+		}
+	}
+
+	// 4. Lock the runs; keep each key's gap-free start.
+	events := map[int64]dialect.Claimed{}
+	var picked []int64
+	if len(members) > 0 {
+		seqs := make([]int64, len(members))
+		for i, m := range members {
+			seqs[i] = m.seq
+		}
+		var largs []any
+		stmt := "SELECT " + r.cols + " FROM " + r.n.table + " o WHERE " + listSQL("o.`sequence`", seqs, &largs) +
+			" AND o.`published_at` IS NULL AND o.`dead_lettered_at` IS NULL AND " + claimable +
+			" ORDER BY o.`sequence` FOR UPDATE SKIP LOCKED"
+		if err := r.scanClaimed(ctx, q, stmt, largs, events); err != nil {
+			return fmt.Errorf("lock runs: %w", err)
+		}
+		broken := map[string]bool{}
+		for _, m := range members {
+			ev, ok := events[m.seq]
+			if broken[m.key] || !ok {
+				broken[m.key] = true
+				delete(events, m.seq)
+				continue
+			}
+			ev.Rank = m.rank
+			events[m.seq] = ev
+			picked = append(picked, m.seq)
+		}
+	}
+
+	// 5. Unordered events.
+	uargs := append([]any{p.LowUnordered}, r.fargs...)
+	stmt := "SELECT " + r.cols + " FROM " + r.n.table + " o FORCE INDEX (" + r.n.pending + ")" +
+		" WHERE o.`outbox_pending` = 0 AND o.`sequence` >= ? AND " + claimable + " AND " + r.filter + topicsSQL(p, &uargs) +
+		" ORDER BY o.`sequence` LIMIT " + itoa(batch) + " FOR UPDATE SKIP LOCKED"
+	unordered := map[int64]dialect.Claimed{}
+	if err := r.scanClaimed(ctx, q, stmt, uargs, unordered); err != nil {
+		return fmt.Errorf("unordered: %w", err)
+	}
+	for seq, ev := range unordered {
+		ev.Rank = 0
+		events[seq] = ev
+		picked = append(picked, seq)
+	}
+	slices.Sort(picked)
+	if len(picked) > batch {
+		picked = picked[:batch]
+	}
+	if len(picked) == 0 {
+		return nil
+	}
+
+	// 6. Lease.
+	var uparams []any
+	uparams = append(uparams, r.cfg.LeaseDuration.Microseconds(), p.Token)
+	upd := "UPDATE " + r.n.table + " o SET o.`lease_until` = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, o.`leased_by` = ?, o.`delivery_starts` = o.`delivery_starts` + 1 WHERE " +
+		listSQL("o.`sequence`", picked, &uparams)
+	if _, err := q.exec(ctx, upd, uparams...); err != nil {
+		return fmt.Errorf("lease: %w", err)
+	}
+	res.Events = make([]dialect.Claimed, len(picked))
+	for i, seq := range picked {
+		ev := events[seq]
+		ev.DeliveryStarts++
+		res.Events[i] = ev
+	}
+	return nil
+}
+
+// heads returns the candidate keys: walked keys whose head the walk locked, and (scan) the
+// skip scan's keys whose head is claimable. It sets res.Cursor and res.Scanned when the skip
+// scan ran.
+func (r *relay) heads(ctx context.Context, q querier, p *dialect.ClaimParams, walkOrder []string, walkedMin map[string]int64, scan bool, res *dialect.ClaimResult) ([]keyHead, error) {
+	js, _ := json.Marshal(walkOrder)
+	if walkOrder == nil {
+		js = []byte("[]")
+	}
+	keyScan := 0
+	if scan {
+		keyScan = max(r.cfg.KeyScan, 1)
+	}
+	// The skip scan: one MIN() dive per key on (outbox_key, sequence), KeyScan keys at most.
+	// Scanned keys' heads are checked by primary key (claimable, topic filter); the last row
+	// (src 3) reports the scan's last key and how many keys it saw.
+	var hargs []any
+	hcond := claimable + " AND " + r.filter
+	hargs = append(hargs, r.fargs...)
+	hcond += topicsSQL(p, &hargs)
+	stmt := "WITH RECURSIVE skip (n, k) AS (\n" +
+		"\tSELECT 1, (SELECT MIN(o.`outbox_key`) FROM " + r.n.table + " o WHERE o.`outbox_key` > ?) FROM DUAL WHERE ? > 0\n" +
+		"\tUNION ALL\n" +
+		"\tSELECT skip.n + 1, (SELECT MIN(o.`outbox_key`) FROM " + r.n.table + " o WHERE o.`outbox_key` > skip.k) FROM skip WHERE skip.k IS NOT NULL AND skip.n < ?\n" +
+		"), walked AS (\n" +
+		"\tSELECT j.k FROM JSON_TABLE(?, '$[*]' COLUMNS (k VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$')) j\n" +
+		"), sheads AS (\n" +
+		"\tSELECT s.k, (SELECT MIN(o.`sequence`) FROM " + r.n.table + " o WHERE o.`outbox_key` = s.k) AS h FROM skip s WHERE s.k IS NOT NULL\n" +
+		")\n" +
+		"SELECT 1, w.k, (SELECT MIN(o.`sequence`) FROM " + r.n.table + " o WHERE o.`outbox_key` = w.k) FROM walked w\n" +
+		"UNION ALL\n" +
+		"SELECT 2, s.k, s.h FROM sheads s JOIN " + r.n.table + " o ON o.`sequence` = s.h\n" +
+		"\tWHERE o.`dead_lettered_at` IS NULL AND " + hcond + " AND s.k NOT IN (SELECT k FROM walked)\n" +
+		"UNION ALL\n" +
+		"SELECT 3, (SELECT MAX(k) FROM skip), (SELECT COUNT(k) FROM skip) FROM DUAL WHERE ? > 0"
+	// Placeholders in order: cursor, scan flag, scan bound, walked keys, head filter, scan flag.
+	args := append([]any{p.Cursor, keyScan, keyScan, string(js)}, hargs...)
+	args = append(args, keyScan)
+	rs, err := q.query(ctx, stmt, args...)
+	if err != nil {
+		return nil, err
+	}
+	var out []keyHead
+	err = scanEach(rs, func(rs dialect.Rows) error {
+		var (
+			src  int
+			k    sql.NullString
+			head sql.NullInt64
+		)
+		if err := rs.Scan(&src, &k, &head); err != nil {
+			return err
+		}
+		switch src {
+		case 1:
+			if head.Valid && head.Int64 == walkedMin[k.String] {
+				out = append(out, keyHead{key: k.String, head: head.Int64, walked: head.Int64})
+			}
+		case 2:
+			if head.Valid {
+				out = append(out, keyHead{key: k.String, head: head.Int64})
+			}
+		case 3:
+			n := head.Int64
+			res.Scanned = &n
+			if k.Valid {
+				c := k.String
+				res.Cursor = &c
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// scanClaimed runs a locking SELECT of r.cols and adds its rows to into by sequence.
+func (r *relay) scanClaimed(ctx context.Context, q querier, stmt string, args []any, into map[int64]dialect.Claimed) error {
+	rs, err := q.query(ctx, stmt, args...)
+	if err != nil {
+		return err
+	}
+	return scanEach(rs, func(rs dialect.Rows) error {
+		var (
+			ev   dialect.Claimed
+			hdrs []byte
+		)
+		extra := make([]any, len(r.t.Extra))
+		dest := []any{&ev.Sequence, &ev.ID, &ev.Topic, &ev.Payload, &hdrs, &ev.OrderingKey, (*dbTime)(&ev.CreatedAt), &ev.Attempts, &ev.LastError, &ev.DeliveryStarts}
+		for i := range extra {
+			dest = append(dest, &extra[i])
+		}
+		if err := rs.Scan(dest...); err != nil {
+			return err
+		}
+		ev.Headers = string(hdrs)
+		for i, v := range extra {
+			if b, ok := v.([]byte); ok { // text protocol: every value is text
+				extra[i] = string(b)
+			}
+		}
+		if len(extra) > 0 {
+			ev.Extra = extra
+		}
+		ev.Rank = -1
+		into[ev.Sequence] = ev
+		return nil
+	})
+}
+
+// fence is the condition of every renew and mark: the event is still leased under the token
+// and not published (a relay whose lease expired writes nothing).
+const fence = "o.`leased_by` = ? AND o.`published_at` IS NULL"
+
+// Renew extends the lease of seqs held under token to LeaseDuration from now (database clock)
+// and returns how many it extended.
+func (r *relay) Renew(ctx context.Context, ex dialect.Executor, token string, seqs []int64) (int64, error) {
+	if len(seqs) == 0 {
+		return 0, nil
+	}
+	args := []any{r.cfg.LeaseDuration.Microseconds()}
+	stmt := "UPDATE " + r.n.table + " o SET o.`lease_until` = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE " +
+		listSQL("o.`sequence`", seqs, &args) + " AND " + fence
+	args = append(args, token)
+	return ex.Exec(ctx, stmt, args...)
+}
+
+// Mark writes a batch's outcome in one READ COMMITTED transaction: it locks the batch's rows
+// still held under p.Token (the fence), reads the database clock once, writes each outcome
+// with a fenced UPDATE (published; released; unavailable: last_error noted, delivery_starts
+// kept or reset; failed: attempts + 1 and either a dead letter — at MaxAttempts or Perm — or
+// next_attempt_at = now + min(RetryBase·2^attempts, RetryMax) × jitter, the formula of the
+// PostgreSQL mark, attempts counted before this failure; abandoned: released with the delivery
+// start uncounted) and reads the failed rows back. It returns a MarkResult for every event it
+// wrote except the abandoned ones, all with the same Now.
+func (r *relay) Mark(ctx context.Context, ex dialect.Executor, p *dialect.MarkParams) ([]dialect.MarkResult, error) {
+	var out []dialect.MarkResult
+	err := inTx(ctx, ex, sql.LevelReadCommitted, func(q querier) error {
+		out = nil
+		return r.mark(ctx, q, p, &out)
+	})
+	return out, err
+}
+
+func (r *relay) mark(ctx context.Context, q querier, p *dialect.MarkParams, out *[]dialect.MarkResult) error {
+	all := slices.Concat(p.Acked, p.Released, p.Unavailable, p.Failed, p.Abandoned)
+	if len(all) == 0 {
+		return nil
+	}
+	var args []any
+	stmt := "SELECT o.`sequence`, o.`attempts`, UTC_TIMESTAMP(6) FROM " + r.n.table + " o WHERE " + listSQL("o.`sequence`", all, &args) +
+		" AND " + fence + " FOR UPDATE"
+	args = append(args, p.Token)
+	rs, err := q.query(ctx, stmt, args...)
+	if err != nil {
+		return err
+	}
+	held := map[int64]int{}
+	var now time.Time
+	err = scanEach(rs, func(rs dialect.Rows) error {
+		var (
+			seq int64
+			att int
+		)
+		if err := rs.Scan(&seq, &att, (*dbTime)(&now)); err != nil {
+			return err
+		}
+		held[seq] = att
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if len(held) == 0 {
+		return nil
+	}
+	nowText := timeText(now)
+	heldOf := func(seqs []int64) []int64 {
+		var h []int64
+		for _, s := range seqs {
+			if _, ok := held[s]; ok {
+				h = append(h, s)
+			}
+		}
+		return h
+	}
+	simple := func(seqs []int64, set string, setArgs ...any) ([]int64, error) {
+		h := heldOf(seqs)
+		if len(h) == 0 {
+			return nil, nil
+		}
+		args := append([]any(nil), setArgs...)
+		stmt := "UPDATE " + r.n.table + " o SET " + set + " WHERE " + listSQL("o.`sequence`", h, &args) + " AND " + fence
+		args = append(args, p.Token)
+		_, err := q.exec(ctx, stmt, args...)
+		return h, err
+	}
+	report := func(seqs []int64) {
+		for _, s := range seqs {
+			*out = append(*out, dialect.MarkResult{Seq: s, Attempts: held[s], Now: now})
+		}
+	}
+	acked, err := simple(p.Acked, "o.`published_at` = ?, o.`lease_until` = NULL, o.`leased_by` = NULL, o.`delivery_starts` = 0", nowText)
+	if err != nil {
+		return fmt.Errorf("acked: %w", err)
+	}
+	report(acked)
+	released, err := simple(p.Released, "o.`lease_until` = NULL, o.`leased_by` = NULL, o.`delivery_starts` = 0")
+	if err != nil {
+		return fmt.Errorf("released: %w", err)
+	}
+	report(released)
+	if _, err := simple(p.Abandoned, "o.`delivery_starts` = GREATEST(o.`delivery_starts` - 1, 0), o.`lease_until` = NULL, o.`leased_by` = NULL"); err != nil {
+		return fmt.Errorf("abandoned: %w", err)
+	}
+	if len(p.Unavailable) > 0 {
+		type u struct {
+			S int64  `json:"s"`
+			E string `json:"e"`
+			K int    `json:"k"`
+		}
+		var us []u
+		var seqs []int64
+		for i, s := range p.Unavailable {
+			if _, ok := held[s]; !ok {
+				continue
+			}
+			k := 0
+			if i < len(p.Keep) && p.Keep[i] {
+				k = 1
+			}
+			us = append(us, u{s, p.Notes[i], k})
+			seqs = append(seqs, s)
+		}
+		if len(us) > 0 {
+			js, _ := json.Marshal(us)
+			stmt := "UPDATE " + r.n.table + " o JOIN JSON_TABLE(?, '$[*]' COLUMNS (s BIGINT PATH '$.s', e LONGTEXT PATH '$.e', k INT PATH '$.k')) f ON o.`sequence` = f.s" +
+				" SET o.`last_error` = f.e, o.`lease_until` = NULL, o.`leased_by` = NULL, o.`delivery_starts` = IF(f.k = 1, o.`delivery_starts`, 0) WHERE " + fence
+			if _, err := q.exec(ctx, stmt, string(js), p.Token); err != nil {
+				return fmt.Errorf("unavailable: %w", err)
+			}
+			report(seqs)
+		}
+	}
+	if len(p.Failed) > 0 {
+		type f struct {
+			S int64   `json:"s"`
+			E string  `json:"e"`
+			J float64 `json:"j"`
+			P int     `json:"p"`
+		}
+		var fs []f
+		var seqs []int64
+		for i, s := range p.Failed {
+			if _, ok := held[s]; !ok {
+				continue
+			}
+			perm := 0
+			if i < len(p.Perm) && p.Perm[i] {
+				perm = 1
+			}
+			j := 1.0
+			if i < len(p.Jitters) {
+				j = p.Jitters[i]
+			}
+			fs = append(fs, f{s, p.Errs[i], j, perm})
+			seqs = append(seqs, s)
+		}
+		if len(fs) > 0 {
+			js, _ := json.Marshal(fs)
+			maxAtt := itoa(r.cfg.MaxAttempts)
+			// The delay in microseconds, as the PostgreSQL mark computes it, rounded to the
+			// microsecond (INTERVAL takes an integer).
+			delay := "ROUND(LEAST(" + itoa(r.cfg.RetryBase.Microseconds()) + " * POW(2, LEAST(o.`attempts`, 62)), " + itoa(r.cfg.RetryMax.Microseconds()) + ") * f.j)"
+			stmt := "UPDATE " + r.n.table + " o JOIN JSON_TABLE(?, '$[*]' COLUMNS (s BIGINT PATH '$.s', e LONGTEXT PATH '$.e', j DOUBLE PATH '$.j', p INT PATH '$.p')) f ON o.`sequence` = f.s" +
+				" SET o.`last_error` = f.e," +
+				" o.`dead_lettered_at` = IF(o.`attempts` + 1 >= " + maxAtt + " OR f.p = 1, ?, NULL)," +
+				" o.`next_attempt_at` = IF(o.`attempts` + 1 >= " + maxAtt + " OR f.p = 1, NULL, ? + INTERVAL " + delay + " MICROSECOND)," +
+				" o.`attempts` = o.`attempts` + 1, o.`lease_until` = NULL, o.`leased_by` = NULL, o.`delivery_starts` = 0 WHERE " + fence
+			// MySQL evaluates single-table SET assignments left to right (attempts is
+			// incremented last); with a join the order is not guaranteed, so the row values
+			// are read back below rather than computed here.
+			if _, err := q.exec(ctx, stmt, string(js), nowText, nowText, p.Token); err != nil {
+				return fmt.Errorf("failed: %w", err)
+			}
+			var rargs []any
+			rs, err := q.query(ctx, "SELECT o.`sequence`, o.`attempts`, o.`next_attempt_at`, o.`dead_lettered_at` IS NOT NULL FROM "+r.n.table+" o WHERE "+listSQL("o.`sequence`", seqs, &rargs), rargs...)
+			if err != nil {
+				return fmt.Errorf("failed: read back: %w", err)
+			}
+			err = scanEach(rs, func(rs dialect.Rows) error {
+				res := dialect.MarkResult{Now: now}
+				if err := rs.Scan(&res.Seq, &res.Attempts, nullTime{&res.Next}, &res.Dead); err != nil {
+					return err
+				}
+				*out = append(*out, res)
+				return nil
+			})
+			if err != nil {
+				return fmt.Errorf("failed: read back: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// backoff returns the retry delay of an event that failed with attempts earlier failures:
+// min(base·2^attempts, max) × jitter (the mark's formula, for tests and documentation).
+func backoff(base, maxDelay time.Duration, attempts int, jitter float64) time.Duration {
+	d := math.Min(float64(base.Microseconds())*math.Pow(2, float64(min(attempts, 62))), float64(maxDelay.Microseconds()))
+	return time.Duration(math.Round(d*jitter)) * time.Microsecond
+}
+
+// TakeBack releases the unexpired leases of an earlier relay of the same name: pending events
+// whose leased_by starts with name (RelayName + "#"), does not start with tokenPrefix (this
+// relay's own), and continues with 12 hex digits, '#' and digits. It reads the pending index
+// only.
+func (*Dialect) TakeBack(ctx context.Context, ex dialect.Executor, t *dialect.Table, name, tokenPrefix string) (int64, error) {
+	n := namesOf(t)
+	stmt := "UPDATE " + n.table + " o SET o.`lease_until` = NULL, o.`leased_by` = NULL" +
+		" WHERE o.`outbox_pending` IN (0, 1) AND o.`lease_until` > UTC_TIMESTAMP(6)" +
+		" AND LEFT(o.`leased_by`, CHAR_LENGTH(?)) = ? AND NOT LEFT(o.`leased_by`, CHAR_LENGTH(?)) = ?" +
+		" AND SUBSTRING(o.`leased_by`, CHAR_LENGTH(?) + 1) REGEXP '^[0-9a-f]{12}#[0-9]+$'"
+	var cnt int64
+	err := inTx(ctx, ex, sql.LevelReadCommitted, func(q querier) error {
+		var err error
+		cnt, err = q.exec(ctx, stmt, name, name, tokenPrefix, tokenPrefix, name)
+		return err
+	})
+	return cnt, err
+}

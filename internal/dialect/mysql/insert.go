@@ -57,16 +57,18 @@ func (d *Dialect) Insert(ctx context.Context, ex dialect.Executor, p *dialect.In
 	var out []dialect.Stored
 	err := inTx(ctx, ex, sql.LevelReadCommitted, func(q querier) error {
 		var err error
-		out, err = insert(ctx, q, p)
+		out, err = insert(ctx, q, p, !d.noKeyLocks)
 		return err
 	})
 	return out, err
 }
 
-func insert(ctx context.Context, q querier, p *dialect.InsertParams) ([]dialect.Stored, error) {
+func insert(ctx context.Context, q querier, p *dialect.InsertParams, keyLocks bool) ([]dialect.Stored, error) {
 	t, n := p.Table, namesOf(p.Table)
-	if err := lockKeys(ctx, q, n, p.Rows); err != nil {
-		return nil, fmt.Errorf("lock ordering keys: %w", err)
+	if keyLocks {
+		if err := lockKeys(ctx, q, n, p.Rows); err != nil {
+			return nil, fmt.Errorf("lock ordering keys: %w", err)
+		}
 	}
 	out := make([]dialect.Stored, len(p.Rows))
 	done := make([]bool, len(p.Rows))

@@ -254,13 +254,13 @@ func TestBadInputLeavesTransactionCommittable(t *testing.T) {
 	if err := tx.Commit(); err != nil {
 		t.Fatalf("commit after the failed inserts: %v", err)
 	}
-	if n := queryInt64s(t, "SELECT COUNT(*) FROM " + side)[0]; n != 1 {
+	if n := queryInt64s(t, "SELECT COUNT(*) FROM "+side)[0]; n != 1 {
 		t.Errorf("business rows %d, want 1", n)
 	}
 	if ids := queryInt64s(t, "SELECT COUNT(*) FROM "+namesOf(tb).table+" WHERE id = ?", good.ID); ids[0] != 1 {
 		t.Errorf("good event stored %d times, want 1", ids[0])
 	}
-	if n := queryInt64s(t, "SELECT COUNT(*) FROM " + namesOf(tb).table)[0]; n != 1 {
+	if n := queryInt64s(t, "SELECT COUNT(*) FROM "+namesOf(tb).table)[0]; n != 1 {
 		t.Errorf("%d events, want only the good one", n)
 	}
 }
@@ -300,7 +300,7 @@ func TestInsertManyRowsSavepoint(t *testing.T) {
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	if n := queryInt64s(t, "SELECT COUNT(*) FROM " + namesOf(tb).table)[0]; n != int64(len(rows))+1 {
+	if n := queryInt64s(t, "SELECT COUNT(*) FROM "+namesOf(tb).table)[0]; n != int64(len(rows))+1 {
 		t.Fatalf("%d events, want %d (the first call's and one)", n, len(rows)+1)
 	}
 }

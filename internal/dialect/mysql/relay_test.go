@@ -47,7 +47,7 @@ func TestClaimRunsAndRanks(t *testing.T) {
 		t.Errorf("Walked = %d, want 2", res.Walked)
 	}
 	var leased int64
-	if err := testDB.QueryRow("SELECT COUNT(*) FROM "+namesOf(tb).table+" WHERE leased_by = 'relay#000000000000#1' AND lease_until > UTC_TIMESTAMP(6) + INTERVAL 50 SECOND").Scan(&leased); err != nil || leased != 6 {
+	if err := testDB.QueryRow("SELECT COUNT(*) FROM " + namesOf(tb).table + " WHERE leased_by = 'relay#000000000000#1' AND lease_until > UTC_TIMESTAMP(6) + INTERVAL 50 SECOND").Scan(&leased); err != nil || leased != 6 {
 		t.Errorf("leased rows %d, %v; want 6 with a minute's lease", leased, err)
 	}
 	if again := claim(t, r, cfg, "relay#000000000000#2"); len(again.Events) != 0 {

@@ -41,7 +41,10 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/watermill-outbox/outbox/internal/dialect"
 )
@@ -170,11 +173,42 @@ func (s sqlQuerier) exec(ctx context.Context, q string, args ...any) (int64, err
 
 // inTx runs fn in a transaction: the caller's when ex is one, else a new one at isolation
 // level iso on the handle (a *sql.DB or *sql.Conn), committed when fn returns nil and rolled
-// back otherwise.
+// back otherwise. A transaction of its own that InnoDB chose as a deadlock victim (1213) is
+// run again, up to deadlockRetries times: fn must start from scratch each time. Deadlocks
+// happen between a claim and a mark: a claim locks a row through the pending index (the
+// secondary record first, then the primary key), a mark updates a row it locked by primary
+// key, which moves its pending-index entry (the primary key first, then the secondary
+// record). SKIP LOCKED skips rows, not that inversion: TestConcurrentClaimersKeepKeyOrder (4
+// relays, 10 hot keys, 10 % failures) saw 2 deadlocks in 3,150 claims, and MariaDB 10.11
+// reported them to the claim.
 func inTx(ctx context.Context, ex dialect.Executor, iso sql.IsolationLevel, fn func(q querier) error) error {
 	if ex.InTx() {
 		return fn(exQuerier{ex})
 	}
+	for attempt := 1; ; attempt++ {
+		err := inOwnTx(ctx, ex, iso, fn)
+		if err == nil || attempt > deadlockRetries || !isDeadlock(err) || ctx.Err() != nil {
+			return err
+		}
+		deadlocks.Add(1)
+		time.Sleep(time.Duration(attempt) * time.Millisecond)
+	}
+}
+
+// deadlockRetries is how many times inTx runs a deadlocked transaction of its own again.
+const deadlockRetries = 5
+
+// deadlocks counts the transactions inTx ran again after a deadlock (observed by tests).
+var deadlocks atomic.Int64
+
+// isDeadlock reports whether err is InnoDB's deadlock error (1213): the transaction was rolled
+// back.
+func isDeadlock(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1213
+}
+
+func inOwnTx(ctx context.Context, ex dialect.Executor, iso sql.IsolationLevel, fn func(q querier) error) error {
 	var (
 		tx  *sql.Tx
 		err error

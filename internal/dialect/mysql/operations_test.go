@@ -116,7 +116,7 @@ func TestBacklog(t *testing.T) {
 	exec(t, "UPDATE "+table+" SET attempts = 1, next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, created_at = UTC_TIMESTAMP(6) - INTERVAL 3 HOUR WHERE sequence = ?", s(0))
 	exec(t, "UPDATE "+table+" SET dead_lettered_at = UTC_TIMESTAMP(6) WHERE sequence IN (?, ?)", s(3), s(5))
 	exec(t, "UPDATE "+table+" SET last_error = 'unavailable: down' WHERE sequence IN (?, ?)", s(6), s(9))
-	exec(t, "UPDATE "+table+" SET published_at = UTC_TIMESTAMP(6), created_at = UTC_TIMESTAMP(6) - INTERVAL 9 HOUR WHERE sequence = ?", s(10))
+	exec(t, "UPDATE "+table+" SET published_at = UTC_TIMESTAMP(6), outbox_key = NULL, created_at = UTC_TIMESTAMP(6) - INTERVAL 9 HOUR WHERE sequence = ?", s(10))
 	b, err = d.Backlog(ctx, sqlEx{testDB}, tb)
 	if err != nil {
 		t.Fatal(err)

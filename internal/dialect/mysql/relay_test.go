@@ -173,7 +173,7 @@ func TestClaimKeyOrder(t *testing.T) {
 	}
 	// Retry the dead head: b's run goes; publish a's head: a's second goes; c's lease expires.
 	exec(t, "UPDATE "+table+" SET dead_lettered_at = NULL, attempts = 0 WHERE sequence = ?", s(2))
-	exec(t, "UPDATE "+table+" SET published_at = UTC_TIMESTAMP(6) WHERE sequence = ?", s(0))
+	exec(t, "UPDATE "+table+" SET published_at = UTC_TIMESTAMP(6), outbox_key = NULL WHERE sequence = ?", s(0))
 	exec(t, "UPDATE "+table+" SET lease_until = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE sequence = ?", s(4))
 	res = claim(t, r, cfg, "t2")
 	want := map[int64]int64{s(1): 1, s(2): 1, s(3): 2, s(4): 1, s(5): 2}

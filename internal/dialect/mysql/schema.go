@@ -98,13 +98,14 @@ func createTable(t *dialect.Table) string {
 		"\t`dead_lettered_at` DATETIME(6) NULL,\n"+
 		"\t`delivery_starts`  INT NOT NULL DEFAULT 0%[3]s,\n"+
 		"\t`outbox_pending`   TINYINT AS (CASE WHEN `published_at` IS NULL AND `dead_lettered_at` IS NULL THEN `ordering_key` IS NOT NULL END) STORED INVISIBLE,\n"+
-		"\t`outbox_key`       VARCHAR(255) AS (IF(`published_at` IS NULL, `ordering_key`, NULL)) STORED INVISIBLE,\n"+
+		"\t`outbox_key`       VARCHAR(255) NULL DEFAULT (`ordering_key`) INVISIBLE,\n"+
 		"\tPRIMARY KEY (`sequence`),\n"+
 		"\tCONSTRAINT %[4]s UNIQUE (`id`),\n"+
 		"\tCONSTRAINT %[5]s CHECK (`id` LIKE '________-____-____-____-____________'),\n"+
 		"\tCONSTRAINT %[6]s CHECK (`topic` <> ''),\n"+
 		"\tCONSTRAINT %[7]s CHECK (`ordering_key` <> ''),\n"+
 		"\tCONSTRAINT %[8]s CHECK (JSON_VALID(`headers`))%[9]s,\n"+
+		"\tCONSTRAINT %[16]s CHECK (`outbox_key` <=> IF(`published_at` IS NULL, `ordering_key`, NULL)),\n"+
 		"\tINDEX %[10]s (`outbox_pending`, `sequence`),\n"+
 		"\tINDEX %[11]s (`outbox_key`, `sequence`),\n"+
 		"\tUNIQUE INDEX %[12]s (%[13]s),\n"+
@@ -114,7 +115,7 @@ func createTable(t *dialect.Table) string {
 		n.table, payload, extra.String(),
 		ident(b+"_id_key"), ident(b+"_id_chk"), ident(b+"_topic_chk"), ident(b+"_okey_chk"), ident(b+"_headers_chk"), payloadCheck,
 		n.pending, n.keyIdx, ident(idempotencyIndex(t)), idempotencyColumns(t),
-		ident(b+"_published_idx"), ident(b+"_dead_idx"))
+		ident(b+"_published_idx"), ident(b+"_dead_idx"), ident(b+"_outbox_key_chk"))
 }
 
 // createKeys is the key-lock table: one row per ordering key ever written, X-locked by Insert

@@ -70,12 +70,12 @@ type keyHead struct {
 //     key's head, the lowest sequence among its unpublished events (dead-lettered ones
 //     included): the key is a candidate when that is the event the walk locked. When the walk
 //     was full or started above 0, also a skip scan of the key index after p.Cursor over up to
-//     KeyScan keys (a recursive CTE, one index dive per key), so keys whose head sits behind
-//     other keys' blocked events are reached; a scanned key is a candidate when its head is
-//     claimable and in the topic filter. Heads are never looked up with a per-key LIMIT 1 FOR
-//     UPDATE SKIP LOCKED (which would hand out a key's second event when its head is locked);
+//     KeyScan keys, so keys whose head sits behind other keys' blocked events are reached; a
+//     scanned key is a candidate when its head is claimable and in the topic filter. Heads
+//     are never looked up with a per-key LIMIT 1 FOR UPDATE SKIP LOCKED (which would hand out
+//     a key's second event when its head is locked);
 //  3. runs (a plain read): up to MaxRunPerKey unpublished events of each candidate key from
-//     its head, in head order, p.Limit rows in all (a recursive CTE, one index dive per event);
+//     its head, candidates in head order, p.Limit events in all (one index range per key);
 //  4. lock: the run members by primary key, FOR UPDATE SKIP LOCKED, with the pending and
 //     claimable conditions checked again on the latest row version; a key keeps the gap-free
 //     start of its run (a member skipped or changed meanwhile ends the run there), so when
@@ -235,22 +235,23 @@ func (r *relay) claim(ctx context.Context, q querier, p *dialect.ClaimParams, re
 // skip scan's keys whose head is claimable and in the topic filter. It sets res.Cursor and
 // res.Scanned when the skip scan ran.
 //
-// Both read each key's head as MIN(sequence) GROUP BY outbox_key over the key index, which
-// MariaDB runs as a loose index scan ("Using index for group-by"): one index dive per key,
-// however many events the key has (a plain range read every event of the keys). The skip scan
-// is the same over outbox_key > cursor, ORDER BY outbox_key LIMIT KeyScan. MariaDB does not
-// use a loose index scan on a generated column, nor a range for a correlated outbox_key > k
-// (a recursive CTE of MIN() subqueries read the whole index once per key: 130 ms per claim
-// at 10,000 events), which is why outbox_key is a plain column kept by Insert's DEFAULT and
-// the ack, and checked by a CHECK constraint.
+// A walked key's head is one UNION ALL branch, outbox_key = k ORDER BY sequence LIMIT 1: one
+// index read (a correlated MIN() per key read all of the key's entries). The skip scan reads
+// MIN(sequence) GROUP BY outbox_key over outbox_key > cursor, ORDER BY outbox_key LIMIT
+// KeyScan, which MariaDB runs either as a loose index scan ("Using index for group-by": one
+// dive per key) or, when its statistics say keys have few events, as a range over those keys'
+// events. MariaDB does not use a loose index scan on a generated column, nor a range for a
+// correlated outbox_key > k (a recursive CTE of MIN() subqueries read the whole index once
+// per key: 130 ms per claim at 10,000 events), which is why outbox_key is a plain column kept
+// by Insert's DEFAULT and the ack, and checked by a CHECK constraint.
 func (r *relay) heads(ctx context.Context, q querier, p *dialect.ClaimParams, walkOrder []string, walkedMin map[string]int64, scan bool, res *dialect.ClaimResult) ([]keyHead, error) {
 	var (
 		args  []any
 		parts []string
 	)
-	if len(walkOrder) > 0 {
-		parts = append(parts, "(SELECT 1, h.`outbox_key`, MIN(h.`sequence`), TRUE FROM "+r.n.table+" h FORCE INDEX ("+r.n.keyIdx+") WHERE "+
-			listSQL("h.`outbox_key`", walkOrder, &args)+" GROUP BY h.`outbox_key`)")
+	for _, k := range walkOrder {
+		args = append(args, k, k)
+		parts = append(parts, "(SELECT 1, ?, h.`sequence`, TRUE FROM "+r.n.table+" h FORCE INDEX ("+r.n.keyIdx+") WHERE h.`outbox_key` = ? ORDER BY h.`sequence` LIMIT 1)")
 	}
 	if scan {
 		args = append(args, p.Cursor)
@@ -334,32 +335,44 @@ func (r *relay) runs(ctx context.Context, q querier, cands []keyHead, run, limit
 			parts = append(parts, "(SELECT ? AS i, o.`outbox_key`, o.`sequence` FROM "+r.n.table+" o FORCE INDEX ("+r.n.keyIdx+
 				") WHERE o.`outbox_key` = ? AND o.`sequence` >= ? ORDER BY o.`sequence` LIMIT "+itoa(run)+")")
 		}
-		rs, err := q.query(ctx, "SELECT i, `outbox_key`, `sequence` FROM (\n"+strings.Join(parts, "\nUNION ALL\n")+"\n) x ORDER BY i, `sequence`", args...)
+		rs, err := q.query(ctx, strings.Join(parts, "\nUNION ALL\n"), args...)
 		if err != nil {
 			return nil, err
 		}
-		prev := ""
-		var rank int64
+		type row struct {
+			i int
+			m member
+		}
+		var rows []row
 		err = scanEach(rs, func(rs dialect.Rows) error {
-			var (
-				i int
-				m member
-			)
-			if err := rs.Scan(&i, &m.key, &m.seq); err != nil {
+			var x row
+			if err := rs.Scan(&x.i, &x.m.key, &x.m.seq); err != nil {
 				return err
 			}
-			if m.key != prev {
-				prev, rank = m.key, 0
-			}
-			rank++
-			m.rank = rank
-			if len(members) < limit {
-				members = append(members, m)
-			}
+			rows = append(rows, x)
 			return nil
 		})
 		if err != nil {
 			return nil, err
+		}
+		// In head order, each key's events in sequence order (a UNION ALL's row order is not
+		// guaranteed, and sorting here spares the server a temporary table).
+		sort.Slice(rows, func(a, b int) bool {
+			if rows[a].i != rows[b].i {
+				return rows[a].i < rows[b].i
+			}
+			return rows[a].m.seq < rows[b].m.seq
+		})
+		prev, rank := -1, int64(0)
+		for _, x := range rows {
+			if x.i != prev {
+				prev, rank = x.i, 0
+			}
+			rank++
+			x.m.rank = rank
+			if len(members) < limit {
+				members = append(members, x.m)
+			}
 		}
 	}
 	return members, nil

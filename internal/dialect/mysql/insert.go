@@ -54,6 +54,9 @@ func (d *Dialect) Insert(ctx context.Context, ex dialect.Executor, p *dialect.In
 	if len(p.Rows) == 0 {
 		return nil, nil
 	}
+	if p.Notify != "" {
+		return nil, ErrNoNotify
+	}
 	var out []dialect.Stored
 	err := inTx(ctx, ex, sql.LevelReadCommitted, func(q querier) error {
 		var err error

@@ -84,6 +84,10 @@ func (*Dialect) Capabilities() dialect.Capabilities {
 // another idempotency key (or none): give a re-published message a new id.
 var ErrDuplicateEventID = errors.New("mysql: event id already stored")
 
+// ErrNoNotify is returned by Insert for InsertParams.Notify: MySQL has no LISTEN/NOTIFY
+// (Capabilities.Notify is false).
+var ErrNoNotify = errors.New("mysql: no NOTIFY: use an in-process or broker wakeup")
+
 // ErrHandle is returned (wrapped) when the Executor's handle is not one this dialect can open
 // a transaction or a dedicated connection on.
 var ErrHandle = errors.New("mysql: unsupported database handle")

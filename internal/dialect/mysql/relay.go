@@ -430,13 +430,14 @@ func (r *relay) Renew(ctx context.Context, ex dialect.Executor, token string, se
 }
 
 // Mark writes a batch's outcome in one READ COMMITTED transaction: it locks the batch's rows
-// still held under p.Token (the fence), reads the database clock once, writes each outcome
-// with a fenced UPDATE (published; released; unavailable: last_error noted, delivery_starts
-// kept or reset; failed: attempts + 1 and either a dead letter — at MaxAttempts or Perm — or
-// next_attempt_at = now + min(RetryBase·2^attempts, RetryMax) × jitter, the formula of the
-// PostgreSQL mark, attempts counted before this failure; abandoned: released with the delivery
-// start uncounted) and reads the failed rows back. It returns a MarkResult for every event it
-// wrote except the abandoned ones, all with the same Now.
+// still held under p.Token (the fence: leased_by = token AND published_at IS NULL) and reads
+// their attempts and the database clock once, then writes each outcome with a fenced UPDATE:
+// published (outbox_key cleared); released; unavailable (last_error noted, delivery_starts
+// kept or reset); failed (attempts + 1 and either a dead letter, at MaxAttempts or Perm, or
+// next_attempt_at = now + min(RetryBase·2^attempts, RetryMax) × jitter, the PostgreSQL
+// mark's formula with attempts counted before this failure); abandoned (released, the
+// delivery start uncounted). It returns a MarkResult for every event it wrote except the
+// abandoned ones, all with that clock; an event no longer held is left out.
 func (r *relay) Mark(ctx context.Context, ex dialect.Executor, p *dialect.MarkParams) ([]dialect.MarkResult, error) {
 	var out []dialect.MarkResult
 	err := inTx(ctx, ex, sql.LevelReadCommitted, func(q querier) error {
@@ -547,69 +548,57 @@ func (r *relay) mark(ctx context.Context, q querier, p *dialect.MarkParams, out 
 		}
 	}
 	if len(p.Failed) > 0 {
+		// Each failure's outcome is computed here from the attempts the locking read
+		// returned (the rows stay locked until COMMIT) and the mark's database clock, and
+		// written as plain values: a multi-table UPDATE does not promise to evaluate its
+		// assignments in order, so no assignment reads a column another one writes.
 		type f struct {
 			S int64   `json:"s"`
 			E string  `json:"e"`
-			J float64 `json:"j"`
-			P int     `json:"p"`
+			A int     `json:"a"`
+			D int     `json:"d"`
+			N *string `json:"n"`
 		}
 		var fs []f
-		var seqs []int64
 		for i, s := range p.Failed {
-			if _, ok := held[s]; !ok {
+			att, ok := held[s]
+			if !ok {
 				continue
 			}
-			perm := 0
-			if i < len(p.Perm) && p.Perm[i] {
-				perm = 1
+			res := dialect.MarkResult{Seq: s, Attempts: att + 1, Now: now}
+			x := f{S: s, E: p.Errs[i], A: att + 1}
+			if att+1 >= r.cfg.MaxAttempts || (i < len(p.Perm) && p.Perm[i]) {
+				res.Dead, x.D = true, 1
+			} else {
+				j := 1.0
+				if i < len(p.Jitters) {
+					j = p.Jitters[i]
+				}
+				next := now.Add(backoff(r.cfg.RetryBase, r.cfg.RetryMax, att, j))
+				res.Next = &next
+				x.N = ptrTo(timeText(next))
 			}
-			j := 1.0
-			if i < len(p.Jitters) {
-				j = p.Jitters[i]
-			}
-			fs = append(fs, f{s, p.Errs[i], j, perm})
-			seqs = append(seqs, s)
+			fs = append(fs, x)
+			*out = append(*out, res)
 		}
 		if len(fs) > 0 {
 			js, _ := json.Marshal(fs)
-			maxAtt := itoa(r.cfg.MaxAttempts)
-			// The delay in microseconds, as the PostgreSQL mark computes it, rounded to the
-			// microsecond (INTERVAL takes an integer).
-			delay := "ROUND(LEAST(" + itoa(r.cfg.RetryBase.Microseconds()) + " * POW(2, LEAST(o.`attempts`, 62)), " + itoa(r.cfg.RetryMax.Microseconds()) + ") * f.j)"
-			stmt := "UPDATE " + r.n.table + " o JOIN JSON_TABLE(?, '$[*]' COLUMNS (s BIGINT PATH '$.s', e LONGTEXT PATH '$.e', j DOUBLE PATH '$.j', p INT PATH '$.p')) f ON o.`sequence` = f.s" +
-				" SET o.`last_error` = f.e," +
-				" o.`dead_lettered_at` = IF(o.`attempts` + 1 >= " + maxAtt + " OR f.p = 1, ?, NULL)," +
-				" o.`next_attempt_at` = IF(o.`attempts` + 1 >= " + maxAtt + " OR f.p = 1, NULL, ? + INTERVAL " + delay + " MICROSECOND)," +
-				" o.`attempts` = o.`attempts` + 1, o.`lease_until` = NULL, o.`leased_by` = NULL, o.`delivery_starts` = 0 WHERE " + fence
-			// MySQL evaluates single-table SET assignments left to right (attempts is
-			// incremented last); with a join the order is not guaranteed, so the row values
-			// are read back below rather than computed here.
-			if _, err := q.exec(ctx, stmt, string(js), nowText, nowText, p.Token); err != nil {
+			stmt := "UPDATE " + r.n.table + " o JOIN JSON_TABLE(?, '$[*]' COLUMNS (s BIGINT PATH '$.s', e LONGTEXT PATH '$.e', a INT PATH '$.a', d INT PATH '$.d', n VARCHAR(32) PATH '$.n')) f ON o.`sequence` = f.s" +
+				" SET o.`attempts` = f.a, o.`last_error` = f.e, o.`dead_lettered_at` = IF(f.d = 1, ?, NULL), o.`next_attempt_at` = f.n," +
+				" o.`lease_until` = NULL, o.`leased_by` = NULL, o.`delivery_starts` = 0 WHERE " + fence
+			if _, err := q.exec(ctx, stmt, string(js), nowText, p.Token); err != nil {
 				return fmt.Errorf("failed: %w", err)
-			}
-			var rargs []any
-			rs, err := q.query(ctx, "SELECT o.`sequence`, o.`attempts`, o.`next_attempt_at`, o.`dead_lettered_at` IS NOT NULL FROM "+r.n.table+" o WHERE "+listSQL("o.`sequence`", seqs, &rargs), rargs...)
-			if err != nil {
-				return fmt.Errorf("failed: read back: %w", err)
-			}
-			err = scanEach(rs, func(rs dialect.Rows) error {
-				res := dialect.MarkResult{Now: now}
-				if err := rs.Scan(&res.Seq, &res.Attempts, nullTime{&res.Next}, &res.Dead); err != nil {
-					return err
-				}
-				*out = append(*out, res)
-				return nil
-			})
-			if err != nil {
-				return fmt.Errorf("failed: read back: %w", err)
 			}
 		}
 	}
 	return nil
 }
 
+func ptrTo[T any](v T) *T { return &v }
+
 // backoff returns the retry delay of an event that failed with attempts earlier failures:
-// min(base·2^attempts, max) × jitter (the mark's formula, for tests and documentation).
+// min(base·2^attempts, max) × jitter, rounded to the microsecond (the PostgreSQL mark's
+// formula).
 func backoff(base, maxDelay time.Duration, attempts int, jitter float64) time.Duration {
 	d := math.Min(float64(base.Microseconds())*math.Pow(2, float64(min(attempts, 62))), float64(maxDelay.Microseconds()))
 	return time.Duration(math.Round(d*jitter)) * time.Microsecond

@@ -97,6 +97,10 @@ func TestMark(t *testing.T) {
 	if m := by[s(3)]; m.Attempts != 1 || m.Dead || m.Next == nil || !m.Next.Equal(now.Add(backoff(time.Second, 10*time.Second, 0, 1.1))) {
 		t.Errorf("first failure: %+v, want attempts 1, next = now + 1.1 s", m)
 	}
+	var stored time.Time
+	if err := testDB.QueryRow("SELECT next_attempt_at FROM "+namesOf(tb).table+" WHERE sequence = ?", s(3)).Scan((*dbTime)(&stored)); err != nil || by[s(3)].Next == nil || !stored.Equal(*by[s(3)].Next) {
+		t.Errorf("stored next_attempt_at %v (%v), want the result's %v", stored, err, by[s(3)].Next)
+	}
 	if m := by[s(4)]; m.Attempts != 3 || !m.Dead || m.Next != nil {
 		t.Errorf("third failure: %+v, want dead at MaxAttempts 3", m)
 	}

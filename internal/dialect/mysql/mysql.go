@@ -3,11 +3,12 @@
 //
 // What differs from PostgreSQL, and how this package makes up for it:
 //
-//   - No partial indexes. Two STORED generated columns stand in for the partial indexes'
-//     predicates (outbox_pending: 1 for a pending keyed event, 0 for a pending unordered one,
-//     NULL once published or dead-lettered; outbox_key: the ordering key while unpublished,
-//     NULL after), so the relay's scans start at the live rows of an index whose history
-//     entries all sit apart under NULL (see Statements for the measured figures).
+//   - No partial indexes. A STORED generated column, outbox_pending (1 pending keyed, 0
+//     pending unordered, NULL after), and a plain column kept in step with ordering_key and
+//     published_at, outbox_key (the key while unpublished, NULL after; checked by a CHECK
+//     constraint), stand in for the partial indexes' predicates, so the relay's scans start
+//     at the live rows of an index whose history entries all sit apart under NULL (see
+//     Statements for the measured figures).
 //   - No transaction-scoped advisory lock (GET_LOCK is per session). Per-key commit order comes
 //     from a key-lock table, <table>_keys: Insert X-locks one row per ordering key, in sorted
 //     key order, with INSERT … ON DUPLICATE KEY UPDATE before the event INSERT, and holds it

@@ -13,8 +13,6 @@ package dialect
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
 )
 
@@ -373,25 +371,3 @@ type BacklogRow struct {
 	Held         int64
 }
 
-// ErrScopeMismatch is wrapped by the *ScopeMismatch a Migrate returns when the table's
-// idempotency index does not match Table.Scope.
-var ErrScopeMismatch = errors.New("dialect: idempotency index does not match the scope")
-
-// ScopeMismatch is the idempotency index Migrate found: Global when the table has the global
-// (unscoped) index, else the columns of its scoped index.
-type ScopeMismatch struct {
-	Table   string
-	Global  bool
-	Columns []string
-}
-
-// Error describes the index found.
-func (e *ScopeMismatch) Error() string {
-	if e.Global {
-		return fmt.Sprintf("table %s has the global idempotency index", e.Table)
-	}
-	return fmt.Sprintf("table %s has a scoped idempotency index over %v", e.Table, e.Columns)
-}
-
-// Unwrap returns ErrScopeMismatch.
-func (e *ScopeMismatch) Unwrap() error { return ErrScopeMismatch }

@@ -78,6 +78,11 @@ func (*Dialect) Capabilities() dialect.Capabilities {
 		DatabaseClock:   true,
 		SchemaQualified: true,
 		FillFactor:      false,
+		Title:           "MariaDB/MySQL",
+		// MariaDB's JSON functions refuse nesting deeper than 31 levels (JSON_VALID is 0 for
+		// 32 nested arrays on 10.11); MySQL 8 allows 100. The lower bound holds for both.
+		MaxJSONDepth:  31,
+		JSONDepthRule: "MariaDB's JSON_VALID",
 	}
 }
 

@@ -207,9 +207,9 @@ func (d *Dialect) Migrate(ctx context.Context, ex dialect.Executor, t *dialect.T
 	want := append(slices.Clone(t.Scope), "idempotency_key")
 	switch {
 	case len(t.Scope) > 0 && len(global) > 0:
-		return &dialect.ScopeMismatch{Table: n.table, Global: true}
+		return &dialect.ScopeMismatch{Reason: dialect.ScopeMismatchReason(n.table, t, true, nil)}
 	case len(scoped) > 0 && (len(t.Scope) == 0 || !slices.Equal(scoped, want)):
-		return &dialect.ScopeMismatch{Table: n.table, Columns: scoped}
+		return &dialect.ScopeMismatch{Reason: dialect.ScopeMismatchReason(n.table, t, false, scoped)}
 	case len(global) == 0 && len(scoped) == 0:
 		// Dropped by hand or half-way through a scope migration: build the wanted one.
 		if _, err := q.exec(ctx, fmt.Sprintf("CREATE UNIQUE INDEX %s ON %s (%s)", ident(idempotencyIndex(t)), n.table, idempotencyColumns(t))); err != nil {

@@ -15,23 +15,27 @@ import (
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver (pure Go)
 
 	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/internal/mariadbtest"
 	"github.com/watermill-outbox/outbox/internal/pgtest"
 	"github.com/watermill-outbox/outbox/internal/privatepgbouncer"
 )
 
 // backend is one dialect the behavioural suite runs against: the same test body runs on
-// PostgreSQL (the shared pool) and on SQLite (a fresh database file per test).
+// PostgreSQL (the shared pool), on SQLite (a fresh database file per test) and on MariaDB (the
+// shared server, a fresh table per test).
 type backend struct {
 	dialect outbox.Dialect
 	// db is the handle given to Migrate, NewSubscriber and pool-level publishers: a
 	// *pgxpool.Pool or the SQLite *sql.DB.
 	db any
-	// raw runs the tests' own SQL: the pgx stdlib *sql.DB or the SQLite *sql.DB.
+	// raw runs the tests' own SQL: the pgx stdlib *sql.DB, the SQLite *sql.DB, or a MariaDB
+	// *sql.DB whose sessions accept double-quoted identifiers (ANSI_QUOTES).
 	raw *sql.DB
 }
 
 // eachBackend runs fn as a subtest per backend: "postgresql", "pgbouncer" (PostgreSQL through
-// a private PgBouncer in transaction pooling mode, pgx exec mode "exec") and "sqlite".
+// a private PgBouncer in transaction pooling mode, pgx exec mode "exec"), "sqlite" and
+// "mariadb".
 func eachBackend(t *testing.T, fn func(t *testing.T, b *backend)) {
 	t.Helper()
 	t.Run("postgresql", func(t *testing.T) {
@@ -43,6 +47,15 @@ func eachBackend(t *testing.T, fn func(t *testing.T, b *backend)) {
 	t.Run("sqlite", func(t *testing.T) {
 		fn(t, sqliteBackend(t))
 	})
+	t.Run("mariadb", func(t *testing.T) {
+		fn(t, mariaDBBackend(t))
+	})
+}
+
+// mariaDBBackend is the shared MariaDB test database (internal/mariadbtest).
+func mariaDBBackend(t *testing.T) *backend {
+	t.Helper()
+	return &backend{dialect: outbox.DialectMySQL, db: mariadbtest.Require(t), raw: mariadbtest.Raw(t)}
 }
 
 // pgBouncerBackend is the test database through a PgBouncer of its own in transaction pooling
@@ -94,10 +107,7 @@ func (b *backend) scale(n, div int) int {
 // table migrates a fresh outbox table and returns its config.
 func (b *backend) table(t *testing.T, mod ...func(*outbox.SchemaConfig)) outbox.SchemaConfig {
 	t.Helper()
-	cfg := outbox.SchemaConfig{Table: "watermill_outbox", Dialect: b.dialect}
-	if b.dialect == outbox.DialectPostgreSQL {
-		cfg.Table = pgtest.Table(t)
-	}
+	cfg := outbox.SchemaConfig{Table: b.tableName(t, "watermill_outbox"), Dialect: b.dialect}
 	for _, m := range mod {
 		m(&cfg)
 	}
@@ -105,6 +115,32 @@ func (b *backend) table(t *testing.T, mod ...func(*outbox.SchemaConfig)) outbox.
 		t.Fatal(err)
 	}
 	return cfg
+}
+
+// tableName returns a fresh table name on the shared servers (dropped when t ends), or name in
+// a SQLite database of t's own.
+func (b *backend) tableName(t *testing.T, name string) string {
+	t.Helper()
+	switch b.dialect {
+	case outbox.DialectPostgreSQL:
+		return pgtest.Table(t)
+	case outbox.DialectMySQL:
+		return mariadbtest.Table(t)
+	}
+	return name
+}
+
+// setPublished is the SET clause that gives published_at the value expr ("NULL": pending
+// again). On MariaDB the key index's column outbox_key goes with it (a CHECK constraint keeps
+// it equal to the ordering key while the event is unpublished, NULL after).
+func (b *backend) setPublished(expr string) string {
+	if b.dialect != outbox.DialectMySQL {
+		return "published_at = " + expr
+	}
+	if expr == "NULL" {
+		return "published_at = NULL, outbox_key = ordering_key"
+	}
+	return "published_at = " + expr + ", outbox_key = NULL"
 }
 
 // count runs a query returning one integer.
@@ -127,8 +163,11 @@ func (b *backend) exec(t *testing.T, q string, args ...any) {
 
 // at returns a SQL expression for the time now+d in the dialect's time column type.
 func (b *backend) at(d time.Duration) string {
-	if b.dialect == outbox.DialectSQLite {
+	switch b.dialect {
+	case outbox.DialectSQLite:
 		return fmt.Sprint(time.Now().Add(d).UnixMicro())
+	case outbox.DialectMySQL:
+		return fmt.Sprintf("(UTC_TIMESTAMP(6) + INTERVAL %d MICROSECOND)", d.Microseconds())
 	}
 	return fmt.Sprintf("(now() + interval '%d microseconds')", d.Microseconds())
 }

@@ -3,12 +3,14 @@ package outbox
 import (
 	"database/sql"
 	"fmt"
-	"github.com/watermill-outbox/outbox/internal/dialect"
-	"github.com/watermill-outbox/outbox/internal/dialect/postgres"
-	"github.com/watermill-outbox/outbox/internal/dialect/sqlite"
 	"net/url"
 	"reflect"
 	"strings"
+
+	"github.com/watermill-outbox/outbox/internal/dialect"
+	"github.com/watermill-outbox/outbox/internal/dialect/mysql"
+	"github.com/watermill-outbox/outbox/internal/dialect/postgres"
+	"github.com/watermill-outbox/outbox/internal/dialect/sqlite"
 )
 
 // Dialect is the SQL database an outbox table lives in. The same claim, order, lease, retry and
@@ -28,17 +30,61 @@ const (
 	// clock. Payloads of a PayloadJSONB table are JSON text checked with json_valid; PayloadBytea
 	// stores a BLOB. The table name must not be schema-qualified.
 	DialectSQLite
+	// DialectMySQL is MariaDB 10.6+ and MySQL 8.0.23+ through database/sql with
+	// github.com/go-sql-driver/mysql (tested on MariaDB 10.11). Relays share a table through
+	// FOR UPDATE SKIP LOCKED, times are DATETIME(6) in UTC from the database clock, and a
+	// writer's ordering keys are locked through rows of a companion table "<table>_keys" until
+	// its transaction ends (MySQL has no transaction-scoped advisory lock). Payloads of a JSON
+	// table are LONGTEXT checked with JSON_VALID (stored as written), PayloadBytea a LONGBLOB.
+	// The table may be qualified by its database ("app.outbox"). Migrate needs a *sql.DB (DDL
+	// commits implicitly in MySQL). Add interpolateParams=true to the DSN to save a round trip
+	// per statement. The session's sql_mode should be strict (the servers' default).
+	DialectMySQL
 )
 
-// String returns "postgresql" or "sqlite".
+// String returns "postgresql", "sqlite" or "mysql".
 func (d Dialect) String() string {
 	switch d {
 	case DialectPostgreSQL:
 		return "postgresql"
 	case DialectSQLite:
 		return "sqlite"
+	case DialectMySQL:
+		return "mysql"
 	}
 	return fmt.Sprintf("Dialect(%d)", int(d))
+}
+
+// Capabilities says what a dialect does beyond the rules every dialect keeps (order per
+// ordering key, leases, fencing, retries, dead letters); see the README's dialect table.
+type Capabilities struct {
+	// Notify: PublisherConfig.NotifyChannel wakes relays in other processes through the
+	// database (PostgreSQL LISTEN/NOTIFY, see wakeup/pgnotify).
+	Notify bool
+	// ConcurrentRelays: relays share a table through row locks (FOR UPDATE SKIP LOCKED) and
+	// claim side by side; otherwise claims and marks take the database's single write lock in
+	// turn (SQLite).
+	ConcurrentRelays bool
+	// ContinuedRuns: a relay leases a hot ordering key's next run while the marks of its
+	// previous run are still being written, instead of waiting for them.
+	ContinuedRuns bool
+	// DatabaseClock: lease, retry and created_at times come from the database's clock;
+	// otherwise from the writers' and the relay's clocks.
+	DatabaseClock bool
+	// SchemaQualified: SchemaConfig.Table may be qualified ("schema.table", "db.table").
+	SchemaQualified bool
+}
+
+// Capabilities returns what d does; the zero Capabilities for an unknown dialect. Safe for
+// concurrent use.
+func (d Dialect) Capabilities() Capabilities {
+	impl := d.impl()
+	if impl == nil {
+		return Capabilities{}
+	}
+	c := impl.Capabilities()
+	return Capabilities{Notify: c.Notify, ConcurrentRelays: c.SkipLocked, ContinuedRuns: c.Continuations,
+		DatabaseClock: c.DatabaseClock, SchemaQualified: c.SchemaQualified}
 }
 
 // impl returns the dialect's SQL layer, nil for an unknown dialect: the one place the root
@@ -49,6 +95,8 @@ func (d Dialect) impl() dialect.Dialect {
 		return postgres.Dialect{}
 	case DialectSQLite:
 		return sqlite.Dialect{}
+	case DialectMySQL:
+		return mysql.New()
 	}
 	return nil
 }
@@ -90,21 +138,20 @@ func driverDialect(db any) (d Dialect, ok bool) {
 		return DialectSQLite, true
 	case strings.Contains(pkg, "pgx"), strings.Contains(pkg, "lib/pq"):
 		return DialectPostgreSQL, true
+	case strings.Contains(pkg, "mysql"):
+		return DialectMySQL, true
 	}
 	return 0, false
 }
 
 // checkHandle returns a *ConfigError when db cannot serve the dialect: a pgx handle for
-// SQLite, or a *sql.DB whose driver is of the other dialect.
+// another dialect than PostgreSQL, or a *sql.DB whose driver is of another dialect.
 func checkHandle(db any, d Dialect) error {
-	if d == DialectSQLite {
-		switch db.(type) {
-		case PgxExecutor:
-			return &ConfigError{Field: "db", Reason: "a pgx handle cannot serve SchemaConfig.Dialect sqlite: open the SQLite file with database/sql", Err: ErrUnsupportedDB}
-		}
+	if _, isPgx := db.(PgxExecutor); isPgx && d != DialectPostgreSQL {
+		return &ConfigError{Field: "db", Reason: fmt.Sprintf("a pgx handle cannot serve SchemaConfig.Dialect %s: open the database with database/sql", d), Err: ErrUnsupportedDB}
 	}
 	if got, ok := driverDialect(db); ok && got != d {
-		return &ConfigError{Field: "SchemaConfig.Dialect", Reason: fmt.Sprintf("the *sql.DB's driver is %s but the dialect is %s: set SchemaConfig.Dialect = outbox.Dialect%s", got, d, map[Dialect]string{DialectSQLite: "SQLite", DialectPostgreSQL: "PostgreSQL"}[got]), Err: ErrUnsupportedDB}
+		return &ConfigError{Field: "SchemaConfig.Dialect", Reason: fmt.Sprintf("the *sql.DB's driver is %s but the dialect is %s: set SchemaConfig.Dialect = outbox.Dialect%s", got, d, map[Dialect]string{DialectSQLite: "SQLite", DialectPostgreSQL: "PostgreSQL", DialectMySQL: "MySQL"}[got]), Err: ErrUnsupportedDB}
 	}
 	return nil
 }

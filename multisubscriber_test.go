@@ -25,10 +25,7 @@ func tenantTables(t *testing.T, b *backend, n int) []string {
 	t.Helper()
 	names := make([]string, n)
 	for i := range names {
-		names[i] = fmt.Sprintf("tenant_%d", i)
-		if b.dialect == outbox.DialectPostgreSQL {
-			names[i] = pgtest.Table(t)
-		}
+		names[i] = b.tableName(t, fmt.Sprintf("tenant_%d", i))
 		if err := outbox.Migrate(ctx, b.db, outbox.SchemaConfig{Table: names[i], Dialect: b.dialect}); err != nil {
 			t.Fatal(err)
 		}

@@ -463,8 +463,22 @@ func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
 	}
 	start := time.Now()
 	stored, err := p.s.d.Insert(ctx, p.ex, in)
-	if err != nil {
+	var conflict *dialect.IdempotencyConflict
+	switch {
+	case errors.As(err, &conflict):
+		return nil, &IdempotencyConflictError{Index: conflict.Index, Key: conflict.Key}
+	case err != nil:
 		return nil, fmt.Errorf("outbox: insert into %s: %w", p.s.table, err)
+	case p.s.caps.ResolvesRows:
+		// One answer per row, in order: inserted, or stored in its scope (Duplicate).
+		if len(stored) != n {
+			return nil, fmt.Errorf("outbox: insert into %s: %d events returned for %d", p.s.table, len(stored), n)
+		}
+		out := make([]Event, n)
+		for i, st := range stored {
+			out[i] = storedEvent(st)
+		}
+		return p.written(out, start), nil
 	}
 	for _, st := range stored {
 		add(storedEvent(st))

@@ -39,7 +39,7 @@ func TestTopicPatterns(t *testing.T) {
 		for _, c := range cases {
 			t.Run(c.pattern, func(t *testing.T) {
 				// Reset: every event pending again.
-				b.raw.ExecContext(ctx, fmt.Sprintf(`UPDATE %q SET published_at = NULL`, schema.Table))
+				b.raw.ExecContext(ctx, fmt.Sprintf(`UPDATE %q SET %s`, schema.Table, b.setPublished("NULL")))
 				cfg := fastCfg(schema)
 				cfg.ExcludeTopics = c.exclude
 				sub := b.newSub(t, cfg)
@@ -124,13 +124,13 @@ func TestOperations(t *testing.T) {
 		// States set directly: 2100 published long ago, 100 published now, 150 dead long ago,
 		// 50 dead now, 200 pending (100 of them created an hour ago).
 		for _, q := range []string{
-			`UPDATE %[1]q SET published_at = %[2]s WHERE sequence IN (SELECT sequence FROM %[1]q ORDER BY sequence LIMIT 2100)`,
-			`UPDATE %[1]q SET published_at = %[3]s WHERE sequence IN (SELECT sequence FROM %[1]q WHERE published_at IS NULL ORDER BY sequence LIMIT 100)`,
-			`UPDATE %[1]q SET dead_lettered_at = %[2]s, attempts = 5 WHERE sequence IN (SELECT sequence FROM %[1]q WHERE published_at IS NULL ORDER BY sequence LIMIT 150)`,
-			`UPDATE %[1]q SET dead_lettered_at = %[3]s, attempts = 5 WHERE sequence IN (SELECT sequence FROM %[1]q WHERE published_at IS NULL AND dead_lettered_at IS NULL ORDER BY sequence LIMIT 50)`,
-			`UPDATE %[1]q SET created_at = %[4]s WHERE sequence IN (SELECT sequence FROM %[1]q WHERE published_at IS NULL AND dead_lettered_at IS NULL ORDER BY sequence LIMIT 100)`,
+			`UPDATE %[1]q SET %[5]s WHERE sequence IN (SELECT sequence FROM (SELECT sequence FROM %[1]q ORDER BY sequence LIMIT 2100) x)`,
+			`UPDATE %[1]q SET %[6]s WHERE sequence IN (SELECT sequence FROM (SELECT sequence FROM %[1]q WHERE published_at IS NULL ORDER BY sequence LIMIT 100) x)`,
+			`UPDATE %[1]q SET dead_lettered_at = %[2]s, attempts = 5 WHERE sequence IN (SELECT sequence FROM (SELECT sequence FROM %[1]q WHERE published_at IS NULL ORDER BY sequence LIMIT 150) x)`,
+			`UPDATE %[1]q SET dead_lettered_at = %[3]s, attempts = 5 WHERE sequence IN (SELECT sequence FROM (SELECT sequence FROM %[1]q WHERE published_at IS NULL AND dead_lettered_at IS NULL ORDER BY sequence LIMIT 50) x)`,
+			`UPDATE %[1]q SET created_at = %[4]s WHERE sequence IN (SELECT sequence FROM (SELECT sequence FROM %[1]q WHERE published_at IS NULL AND dead_lettered_at IS NULL ORDER BY sequence LIMIT 100) x)`,
 		} {
-			b.exec(t, fmt.Sprintf(q, schema.Table, b.at(-2*time.Hour), b.at(0), b.at(-time.Hour)))
+			b.exec(t, fmt.Sprintf(q, schema.Table, b.at(-2*time.Hour), b.at(0), b.at(-time.Hour), b.setPublished(b.at(-2*time.Hour)), b.setPublished(b.at(0))))
 		}
 		sub := b.newSub(t, fastCfg(schema))
 		bl, err := sub.Backlog(ctx)

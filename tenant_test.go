@@ -258,7 +258,11 @@ func TestIdempotencyScopeMigrate(t *testing.T) {
 			t.Fatalf("unknown scope column: %v", err)
 		}
 		sql, err := outbox.SchemaSQL(scoped)
-		if err != nil || !strings.Contains(sql, `("tenant", "idempotency_key") WHERE "idempotency_key" IS NOT NULL`) {
+		want := `("tenant", "idempotency_key") WHERE "idempotency_key" IS NOT NULL`
+		if b.dialect == outbox.DialectMySQL {
+			want = "UNIQUE INDEX `" + scoped.Table + "_idempotency_scope_idx` (`tenant`, `idempotency_key`)"
+		}
+		if err != nil || !strings.Contains(sql, want) {
 			t.Fatalf("SchemaSQL: %v\n%s", err, sql)
 		}
 	})

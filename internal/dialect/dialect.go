@@ -126,6 +126,11 @@ type Capabilities struct {
 	SchemaQualified bool
 	// FillFactor: SchemaConfig.FillFactor applies.
 	FillFactor bool
+	// ResolvesRows: Insert returns one Stored per row, in input order — the inserted event or
+	// the stored event of the row's idempotency key in its scope — and an *IdempotencyConflict
+	// for an unscoped table whose stored event's extra columns differ; the caller reads
+	// nothing back.
+	ResolvesRows bool
 	// Title is the database's name in messages ("SQLite").
 	Title string
 	// MaxJSONDepth is the deepest JSON nesting the database accepts (0: no limit the
@@ -371,3 +376,13 @@ type BacklogRow struct {
 	Held         int64
 }
 
+// IdempotencyConflict is Insert's error for row Index whose idempotency key Key is stored with
+// other extra column values (an unscoped table: another tenant's key).
+type IdempotencyConflict struct {
+	Index int
+	Key   string
+}
+
+func (e *IdempotencyConflict) Error() string {
+	return "idempotency key " + e.Key + " is stored with other extra column values"
+}

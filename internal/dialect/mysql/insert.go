@@ -91,6 +91,9 @@ func insert(ctx context.Context, q querier, p *dialect.InsertParams, keyLocks bo
 		if err != nil {
 			return nil, fmt.Errorf("read stored events: %w", err)
 		}
+		if err := conflict(found, probes); err != nil {
+			return nil, err
+		}
 		for _, f := range found {
 			out[f.Index], done[f.Index] = f.Stored, true
 		}
@@ -252,6 +255,9 @@ func insertRows(ctx context.Context, q querier, p *dialect.InsertParams, idx []i
 	if err != nil {
 		return fmt.Errorf("read stored events: %w", err)
 	}
+	if err := conflict(found, raced); err != nil {
+		return err
+	}
 	for _, f := range found {
 		out[f.Index], done[f.Index] = f.Stored, true
 	}
@@ -261,6 +267,26 @@ func insertRows(ctx context.Context, q querier, p *dialect.InsertParams, idx []i
 		}
 	}
 	return nil
+}
+
+// conflict returns a *dialect.IdempotencyConflict for the first (lowest index) answer whose
+// stored event's extra columns differ from its row's (an unscoped table).
+func conflict(found []dialect.Resolved, probes []dialect.Probe) error {
+	first := -1
+	for _, f := range found {
+		if !f.Same && (first < 0 || f.Index < first) {
+			first = f.Index
+		}
+	}
+	if first < 0 {
+		return nil
+	}
+	for _, pr := range probes {
+		if pr.Index == first {
+			return &dialect.IdempotencyConflict{Index: first, Key: pr.Key}
+		}
+	}
+	return &dialect.IdempotencyConflict{Index: first}
 }
 
 // isDuplicateID reports whether err is the insert's conflict on the event id: the CHECK the
@@ -361,8 +387,8 @@ func scanEach(rs dialect.Rows, fn func(rs dialect.Rows) error) error {
 }
 
 // ReadStored reads the stored events of idempotency keys (an unscoped table), with a plain
-// read: in a REPEATABLE READ transaction it sees the transaction's snapshot. Insert needs
-// no help from it (it resolves every row itself).
+// read: in a REPEATABLE READ transaction it sees the transaction's snapshot. The root package
+// does not call it for this dialect (Capabilities.ResolvesRows: Insert answers every row).
 func (*Dialect) ReadStored(ctx context.Context, ex dialect.Executor, t *dialect.Table, keys []string) ([]dialect.Stored, error) {
 	if len(keys) == 0 {
 		return nil, nil
@@ -385,7 +411,7 @@ func (*Dialect) ReadStored(ctx context.Context, ex dialect.Executor, t *dialect.
 // ResolveScoped reads, for each probe, the stored event of its idempotency key in its scope
 // (the Scope columns' values in Probe.Extra) and, on an unscoped table, whether every extra
 // column the probe sets equals the stored value (NULL-safe, compared in the column's type).
-// A probe with no stored event has no answer.
+// A probe with no stored event has no answer. A plain read, like ReadStored.
 func (*Dialect) ResolveScoped(ctx context.Context, ex dialect.Executor, t *dialect.Table, probes []dialect.Probe) ([]dialect.Resolved, error) {
 	return resolve(ctx, exQuerier{ex}, t, probes, false)
 }

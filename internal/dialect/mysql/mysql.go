@@ -78,6 +78,7 @@ func (*Dialect) Capabilities() dialect.Capabilities {
 		DatabaseClock:   true,
 		SchemaQualified: true,
 		FillFactor:      false,
+		ResolvesRows:    true,
 		Title:           "MariaDB/MySQL",
 		// MariaDB's JSON functions refuse nesting deeper than 31 levels (JSON_VALID is 0 for
 		// 32 nested arrays on 10.11); MySQL 8 allows 100. The lower bound holds for both.

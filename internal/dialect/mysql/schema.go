@@ -188,7 +188,9 @@ func (d *Dialect) Migrate(ctx context.Context, ex dialect.Executor, t *dialect.T
 	if err != nil {
 		return err
 	}
-	for _, c := range t.Extra {
+	// delivery_starts (SubscriberConfig.MaxDeliveryStarts) is added to a table that lacks it,
+	// as on the other dialects; an instant ADD COLUMN on InnoDB.
+	for _, c := range append([]dialect.Column{{Name: "delivery_starts", Type: "INT NOT NULL DEFAULT 0"}}, t.Extra...) {
 		if have[strings.ToLower(c.Name)] {
 			continue
 		}
@@ -261,16 +263,18 @@ func indexColumns(ctx context.Context, q querier, schema, name, index string) ([
 }
 
 // ScopeMigration returns the statements that move an existing table's idempotency index to
-// t's scope, to run one by one, in order (each ALTER TABLE builds or drops the index online,
-// ALGORITHM=INPLACE, LOCK=NONE: writers go on). With a scope: build the new index under a
+// t's scope, to run one by one, in order. Each ALTER TABLE leaves the algorithm and lock level
+// to the server, which builds the index in place without blocking writers where it can; a
+// unique index over a TEXT/BLOB scope column is a hash over a hidden virtual column in MariaDB,
+// which only ALGORITHM=COPY can add (a forced INPLACE fails with error 1846), so that case
+// copies the table and blocks writers meanwhile: give scope columns a VARCHAR type. With a scope: build the new index under a
 // temporary name, drop the old scoped and the global index, rename the new one. Without: build
 // the global index, drop the scoped one. The drops use DROP INDEX IF EXISTS, which MariaDB has
 // and MySQL 8 has not: on MySQL leave out the drop of the index the table does not have.
 func (*Dialect) ScopeMigration(t *dialect.Table) ([]string, error) {
 	n := namesOf(t)
-	online := ", ALGORITHM=INPLACE, LOCK=NONE"
 	add := func(name string) string {
-		return fmt.Sprintf("ALTER TABLE %s ADD UNIQUE INDEX %s (%s)%s", n.table, ident(name), idempotencyColumns(t), online)
+		return fmt.Sprintf("ALTER TABLE %s ADD UNIQUE INDEX %s (%s)", n.table, ident(name), idempotencyColumns(t))
 	}
 	drop := func(name string) string {
 		return fmt.Sprintf("ALTER TABLE %s DROP INDEX IF EXISTS %s", n.table, ident(name))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Starts the local services the tests use when they are down (the commands of the go-svc
-# machine page) and waits for them: PostgreSQL, Redis, RabbitMQ. Kafka needs no server (the
+# machine page) and waits for them: PostgreSQL, Redis, RabbitMQ, MariaDB. Kafka needs no server (the
 # tests run kfake in-process). Exits non-zero if a service stays unreachable.
 set -uo pipefail
 
@@ -37,5 +37,12 @@ if ! tcp_open 5672; then
 	rabbitmq-server -detached || true
 fi
 wait_for RabbitMQ 120 tcp_open 5672 || fail=1
+
+mariadb_up() { mariadb-admin -h 127.0.0.1 -P 3306 -u root ping || mysqladmin -h 127.0.0.1 -P 3306 -u root ping; }
+if ! mariadb_up >/dev/null 2>&1; then
+	echo "services: starting MariaDB"
+	start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd || true
+fi
+wait_for MariaDB 60 mariadb_up || fail=1
 
 exit $fail

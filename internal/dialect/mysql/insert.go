@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strings"
 
@@ -28,8 +29,8 @@ const storedCols = "o.`sequence`, o.`id`, o.`topic`, o.`ordering_key`, o.`idempo
 // with Duplicate set.
 //
 // Per-key commit order: before the event INSERT, one statement
-// INSERT INTO <table>_keys … ON DUPLICATE KEY UPDATE takes an exclusive lock on one row per
-// distinct ordering key, in sorted key order (InnoDB X-locks the row it finds a duplicate of,
+// INSERT INTO <table>_keys … ON DUPLICATE KEY UPDATE takes an exclusive lock on the row of
+// each distinct ordering key's stripe (see lockStripes), in sorted key order (InnoDB X-locks the row it finds a duplicate of,
 // and the row it inserts), held until the transaction ends. A second transaction writing one
 // of those keys waits in that statement, before its event INSERT draws a sequence value, so
 // one key's events commit in sequence order (TestPerKeyCommitOrder: 0 reorders). Writers that
@@ -133,18 +134,42 @@ func insert(ctx context.Context, q querier, p *dialect.InsertParams, keyLocks bo
 	return out, nil
 }
 
-// lockKeys X-locks the key-lock rows of the rows' distinct ordering keys, in sorted order.
+// lockStripes is how many key-lock rows the companion table holds at most: an ordering key
+// or an idempotency key locks the row of its stripe (FNV-1a of the key, modulo lockStripes), so
+// the table stays bounded whatever the number of keys, one key always locks the same row, and
+// two writers of different keys wait for each other only when their keys share a stripe
+// (1 in 65,536 per pair).
+const lockStripes = 1 << 16
+
+// stripe returns the key-lock row of key in namespace ns ("o" ordering, "i" idempotency).
+func stripe(ns, key string) string {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return fmt.Sprintf("%s:%05d", ns, h.Sum32()%lockStripes)
+}
+
+// lockKeys X-locks the key-lock rows of the rows' ordering keys and idempotency keys, in
+// sorted order, in one statement, until the transaction ends.
+//
+// Ordering keys: per-key commit order (see Insert). Idempotency keys: two transactions
+// inserting one idempotency key would otherwise meet in the unique index, where InnoDB's
+// waiting inserters deadlock each other (1213, which rolls back a caller's whole
+// transaction: 6 concurrent writers of one key hit it within a few runs); serialised here,
+// the second finds the first one's committed event instead.
 func lockKeys(ctx context.Context, q querier, n names, rows []dialect.InsertRow) error {
 	var keys []string
 	for _, r := range rows {
 		if r.OrderingKey != nil {
-			keys = append(keys, *r.OrderingKey)
+			keys = append(keys, stripe("o", *r.OrderingKey))
+		}
+		if r.IdempotencyKey != nil {
+			keys = append(keys, stripe("i", *r.IdempotencyKey))
 		}
 	}
 	if len(keys) == 0 {
 		return nil
 	}
-	slices.Sort(keys) // byte order, as utf8mb4_bin: one order for every writer
+	slices.Sort(keys) // one order for every writer
 	keys = slices.Compact(keys)
 	for start := 0; start < len(keys); start += maxInsertRows {
 		part := keys[start:min(start+maxInsertRows, len(keys))]

@@ -10,7 +10,8 @@
 //     at the live rows of an index whose history entries all sit apart under NULL (see
 //     Statements for the measured figures).
 //   - No transaction-scoped advisory lock (GET_LOCK is per session). Per-key commit order comes
-//     from a key-lock table, <table>_keys: Insert X-locks one row per ordering key, in sorted
+//     from a key-lock table, <table>_keys: Insert X-locks one row per ordering key (and per
+//     idempotency key; rows are 65,536 stripes of a key hash, so the table stays small), in sorted
 //     key order, with INSERT … ON DUPLICATE KEY UPDATE before the event INSERT, and holds it
 //     until the caller's COMMIT or ROLLBACK, so two transactions writing one key draw their
 //     sequences and commit one after the other.

@@ -123,7 +123,8 @@ func createTable(t *dialect.Table) string {
 		ident(b+"_published_idx"), ident(b+"_dead_idx"), ident(b+"_outbox_key_chk"))
 }
 
-// createKeys is the key-lock table: one row per ordering key ever written, X-locked by Insert
+// createKeys is the key-lock table: at most lockStripes rows (stripes of ordering and
+// idempotency keys, see lockKeys), X-locked by Insert
 // until the writer's transaction ends (see Insert).
 func createKeys(t *dialect.Table) string {
 	return fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n\t`ordering_key` VARCHAR(255) NOT NULL,\n\tPRIMARY KEY (`ordering_key`)\n) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",

@@ -1,7 +1,6 @@
 package outbox_test
 
 import (
-	"context"
 	"database/sql"
 	"fmt"
 	"os"
@@ -10,9 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
-	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/internal/mariadbtest"
@@ -97,19 +94,7 @@ func seedMariaDB(b *testing.B, db *sql.DB, schema outbox.SchemaConfig, n, keys i
 	if err != nil {
 		b.Fatal(err)
 	}
-	for start := 0; start < n; start += 1000 {
-		ins := make([]outbox.EventInput, 0, 1000)
-		for i := start; i < min(n, start+1000); i++ {
-			in := outbox.EventInput{Topic: "bench", Payload: map[string]int{"n": i}}
-			if keys > 0 {
-				in.OrderingKey = fmt.Sprintf("k%d", i%keys)
-			}
-			ins = append(ins, in)
-		}
-		if _, err := pub.EnqueueMany(ctx, ins); err != nil {
-			b.Fatal(err)
-		}
-	}
+	enqueueBacklog(b, pub, n, keys)
 	if _, err := db.Exec(fmt.Sprintf("ANALYZE TABLE `%s`", schema.Table)); err != nil {
 		b.Fatal(err)
 	}
@@ -125,15 +110,7 @@ func watermillMySQLDrain(b *testing.B, db *sql.DB, n int) float64 {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for start := 0; start < n; start += 1000 {
-		msgs := make([]*message.Message, 0, 1000)
-		for range min(1000, n-start) {
-			msgs = append(msgs, message.NewMessage(watermill.NewUUID(), []byte(`{"n":1}`)))
-		}
-		if err := pub.Publish(topic, msgs...); err != nil {
-			b.Fatal(err)
-		}
-	}
+	wmPublish(b, pub, topic, n)
 	sub, err := wmsql.NewSubscriber(wmsql.BeginnerFromStdSQL(db), wmsql.SubscriberConfig{
 		SchemaAdapter: schemaAdapter, OffsetsAdapter: wmsql.DefaultMySQLOffsetsAdapter{},
 		InitializeSchema: true, PollInterval: 10 * time.Millisecond,
@@ -141,15 +118,5 @@ func watermillMySQLDrain(b *testing.B, db *sql.DB, n int) float64 {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer sub.Close()
-	start := time.Now()
-	ch, err := sub.Subscribe(context.Background(), topic)
-	if err != nil {
-		b.Fatal(err)
-	}
-	for range n {
-		msg := <-ch
-		msg.Ack()
-	}
-	return float64(n) / time.Since(start).Seconds()
+	return wmDrain(b, sub, topic, n)
 }

@@ -39,19 +39,7 @@ func BenchmarkDrainSQLite(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					for start := 0; start < n; start += 1000 {
-						ins := make([]outbox.EventInput, 0, 1000)
-						for i := start; i < min(n, start+1000); i++ {
-							in := outbox.EventInput{Topic: "bench", Payload: map[string]int{"n": i}}
-							if sh.keys > 0 {
-								in.OrderingKey = fmt.Sprintf("k%d", i%sh.keys)
-							}
-							ins = append(ins, in)
-						}
-						if _, err := pub.EnqueueMany(ctx, ins); err != nil {
-							b.Fatal(err)
-						}
-					}
+					enqueueBacklog(b, pub, n, sh.keys)
 					drain(b, db, schema, n, relays, func() int {
 						var left int
 						db.QueryRow(`SELECT count(*) FROM watermill_outbox WHERE published_at IS NULL`).Scan(&left)

@@ -387,15 +387,7 @@ func watermillSQLDrain(b *testing.B, pool *pgxpool.Pool, n int) float64 {
 	defer pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS "watermill_%s"; DROP TABLE IF EXISTS "watermill_offsets_%s"`, topic, topic))
 	schemaAdapter := wmsql.DefaultPostgreSQLSchema{SubscribeBatchSize: 1000}
 	pub, _ := wmsql.NewPublisher(wmsql.BeginnerFromPgx(pool), wmsql.PublisherConfig{SchemaAdapter: schemaAdapter, AutoInitializeSchema: true}, nil)
-	for start := 0; start < n; start += 1000 {
-		msgs := make([]*message.Message, 0, 1000)
-		for range min(1000, n-start) {
-			msgs = append(msgs, message.NewMessage(watermill.NewUUID(), []byte(`{"n":1}`)))
-		}
-		if err := pub.Publish(topic, msgs...); err != nil {
-			b.Fatal(err)
-		}
-	}
+	wmPublish(b, pub, topic, n)
 	pool.Exec(ctx, fmt.Sprintf(`VACUUM ANALYZE "watermill_%s"`, topic))
 	pool.Exec(ctx, `CHECKPOINT`)
 	sub, err := wmsql.NewSubscriber(wmsql.BeginnerFromPgx(pool), wmsql.SubscriberConfig{
@@ -405,6 +397,24 @@ func watermillSQLDrain(b *testing.B, pool *pgxpool.Pool, n int) float64 {
 	if err != nil {
 		b.Fatal(err)
 	}
+	return wmDrain(b, sub, topic, n)
+}
+
+// wmPublish publishes n messages {"n":1} on topic, 1,000 per call.
+func wmPublish(b *testing.B, pub message.Publisher, topic string, n int) {
+	for start := 0; start < n; start += 1000 {
+		msgs := make([]*message.Message, 0, 1000)
+		for range min(1000, n-start) {
+			msgs = append(msgs, message.NewMessage(watermill.NewUUID(), []byte(`{"n":1}`)))
+		}
+		if err := pub.Publish(topic, msgs...); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// wmDrain times sub receiving and acking n messages of topic, closes it and returns events/s.
+func wmDrain(b *testing.B, sub message.Subscriber, topic string, n int) float64 {
 	defer sub.Close()
 	start := time.Now()
 	ch, err := sub.Subscribe(context.Background(), topic)
@@ -416,4 +426,22 @@ func watermillSQLDrain(b *testing.B, pool *pgxpool.Pool, n int) float64 {
 		msg.Ack()
 	}
 	return float64(n) / time.Since(start).Seconds()
+}
+
+// enqueueBacklog writes n events on topic "bench" through pub, 1,000 per call, round-robin over
+// the ordering keys "k0" … "k<keys-1>" (keys 0: unordered).
+func enqueueBacklog(b *testing.B, pub *outbox.Publisher, n, keys int) {
+	for start := 0; start < n; start += 1000 {
+		ins := make([]outbox.EventInput, 0, 1000)
+		for i := start; i < min(n, start+1000); i++ {
+			in := outbox.EventInput{Topic: "bench", Payload: map[string]int{"n": i}}
+			if keys > 0 {
+				in.OrderingKey = fmt.Sprintf("k%d", i%keys)
+			}
+			ins = append(ins, in)
+		}
+		if _, err := pub.EnqueueMany(ctx, ins); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

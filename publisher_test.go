@@ -414,6 +414,45 @@ func TestValidationBeforeSQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pool.Exec(ctx, fmt.Sprintf(`DROP TABLE %q`, biz)) })
+	cases := validationCases()
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx)
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %q VALUES ($1)`, biz), i); err != nil {
+				t.Fatal(err)
+			}
+			err = c.publish(mustPublisher(t, tx, outbox.PublisherConfig{Schema: cfg}))
+			var ve *outbox.ValidationError
+			if !errors.Is(err, outbox.ErrValidation) || !errors.As(err, &ve) || ve.Field != c.field {
+				t.Fatalf("err = %v, want *ValidationError on %q", err, c.field)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatalf("caller's tx no longer commits: %v", err)
+			}
+			if n := count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE id = $1`, biz), i); n != 1 {
+				t.Fatalf("business row count = %d", n)
+			}
+		})
+	}
+	if n := count(t, fmt.Sprintf(`SELECT count(*) FROM %q`, cfg.Table)); n != 0 {
+		t.Fatalf("outbox rows = %d, want 0", n)
+	}
+}
+
+// validationCase is bad input that the Publisher refuses with a *ValidationError on field
+// before any SQL (tables with an extra column "tenant").
+type validationCase struct {
+	name    string
+	field   string
+	publish func(p *outbox.Publisher) error
+}
+
+// validationCases are TestValidationBeforeSQL's cases, shared by every dialect's version.
+func validationCases() []validationCase {
 	long := strings.Repeat("é", 256)
 	withMeta := func(k, v string) *message.Message {
 		m := outbox.NewMessage([]byte(`{}`))
@@ -425,11 +464,7 @@ func TestValidationBeforeSQL(t *testing.T) {
 		outbox.SetExtraColumns(m, cols)
 		return m
 	}
-	cases := []struct {
-		name    string
-		field   string
-		publish func(p *outbox.Publisher) error
-	}{
+	return []validationCase{
 		{"empty topic", "topic", func(p *outbox.Publisher) error { return p.Publish("", outbox.NewMessage([]byte(`1`))) }},
 		{"topic 256 chars", "topic", func(p *outbox.Publisher) error { return p.Publish(long, outbox.NewMessage([]byte(`1`))) }},
 		{"ordering key 256 chars", "ordering_key", func(p *outbox.Publisher) error { return p.Publish("t", withMeta(outbox.MetadataOrderingKey, long)) }},
@@ -473,32 +508,6 @@ func TestValidationBeforeSQL(t *testing.T) {
 		{"second message bad", "payload", func(p *outbox.Publisher) error {
 			return p.Publish("t", outbox.NewMessage([]byte(`1`)), outbox.NewMessage([]byte(`nope`)))
 		}},
-	}
-	for i, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			tx, err := pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(ctx)
-			if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %q VALUES ($1)`, biz), i); err != nil {
-				t.Fatal(err)
-			}
-			err = c.publish(mustPublisher(t, tx, outbox.PublisherConfig{Schema: cfg}))
-			var ve *outbox.ValidationError
-			if !errors.Is(err, outbox.ErrValidation) || !errors.As(err, &ve) || ve.Field != c.field {
-				t.Fatalf("err = %v, want *ValidationError on %q", err, c.field)
-			}
-			if err := tx.Commit(ctx); err != nil {
-				t.Fatalf("caller's tx no longer commits: %v", err)
-			}
-			if n := count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE id = $1`, biz), i); n != 1 {
-				t.Fatalf("business row count = %d", n)
-			}
-		})
-	}
-	if n := count(t, fmt.Sprintf(`SELECT count(*) FROM %q`, cfg.Table)); n != 0 {
-		t.Fatalf("outbox rows = %d, want 0", n)
 	}
 }
 

@@ -207,3 +207,25 @@ func ResolveConds(t *Table, quote func(string) string, val func(string) string, 
 	}
 	return match, same
 }
+
+// DeadWhere renders f as a condition on dead-lettered, unpublished events for every dialect:
+// deadAt and publishedAt are the quoted columns, topic renders one topic pattern, ids the "id
+// is one of" test and older the "dead-lettered more than f.OlderThan ago" test (used when
+// OlderThan > 0). No topics and no ids select nothing.
+func DeadWhere(f DeadFilter, deadAt, publishedAt string, topic func(Topic) string, ids func([]string) string, older func() string) string {
+	var conds []string
+	for _, tp := range f.Topics {
+		conds = append(conds, topic(tp))
+	}
+	if len(f.IDs) > 0 {
+		conds = append(conds, ids(f.IDs))
+	}
+	if len(conds) == 0 {
+		conds = []string{"1 = 0"}
+	}
+	w := deadAt + " IS NOT NULL AND " + publishedAt + " IS NULL AND (" + strings.Join(conds, " OR ") + ")"
+	if f.OlderThan > 0 {
+		w += " AND " + older()
+	}
+	return w
+}

@@ -83,7 +83,7 @@ func TestIndexBounds(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer conn.Close()
-		ex := sqlEx{conn}
+		ex := sqlEx(conn)
 		cfg := relayConfig(100, 10)
 		r := New().NewRelay(tb, cfg, all)
 		out := map[string]int64{}

@@ -95,7 +95,7 @@ func relayLoop(t *testing.T, tb *dialect.Table, cfg dialect.RelayConfig, name st
 	ctx := context.Background()
 	for i := 0; ; i++ {
 		token := fmt.Sprintf("%s#%012x#%d", name, 0, i)
-		res, err := r.Claim(ctx, sqlEx{testDB}, &dialect.ClaimParams{Token: token, Limit: cfg.BatchSize, Oldest: cfg.BatchSize})
+		res, err := r.Claim(ctx, sqlEx(testDB), &dialect.ClaimParams{Token: token, Limit: cfg.BatchSize, Oldest: cfg.BatchSize})
 		if err != nil {
 			return fmt.Errorf("%s claim: %w", name, err)
 		}
@@ -122,7 +122,7 @@ func relayLoop(t *testing.T, tb *dialect.Table, cfg dialect.RelayConfig, name st
 			}
 		}
 		l.answered(m.Acked, append(append([]int64(nil), m.Failed...), m.Released...))
-		mr, err := r.Mark(ctx, sqlEx{testDB}, m)
+		mr, err := r.Mark(ctx, sqlEx(testDB), m)
 		if err != nil {
 			return fmt.Errorf("%s mark: %w", name, err)
 		}

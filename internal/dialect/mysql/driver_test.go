@@ -29,7 +29,7 @@ func TestDriverSettings(t *testing.T) {
 			ctx, d := context.Background(), New()
 			r := ev("t", `1`, "k", "")
 			r.Extra = ptr(`{"n":42}`)
-			out, err := d.Insert(ctx, sqlEx{db}, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{r}, ExtraNames: []string{"n"}})
+			out, err := d.Insert(ctx, sqlEx(db), &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{r}, ExtraNames: []string{"n"}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -38,7 +38,7 @@ func TestDriverSettings(t *testing.T) {
 			}
 			cfg := relayConfig(10, 10)
 			rel := d.NewRelay(tb, cfg, all)
-			res, err := rel.Claim(ctx, sqlEx{db}, &dialect.ClaimParams{Token: "x", Limit: 10, Oldest: 10})
+			res, err := rel.Claim(ctx, sqlEx(db), &dialect.ClaimParams{Token: "x", Limit: 10, Oldest: 10})
 			if err != nil || len(res.Events) != 1 {
 				t.Fatalf("claim: %+v, %v", res, err)
 			}
@@ -46,7 +46,7 @@ func TestDriverSettings(t *testing.T) {
 			if !e.CreatedAt.Equal(out[0].CreatedAt) || len(e.Extra) != 1 || (e.Extra[0] != int64(42) && e.Extra[0] != "42") {
 				t.Fatalf("claimed %+v (extra %#v)", e, e.Extra)
 			}
-			mr, err := rel.Mark(ctx, sqlEx{db}, &dialect.MarkParams{Token: "x", Failed: []int64{e.Sequence}, Errs: []string{"e"}, Perm: []bool{false}, Jitters: []float64{1}})
+			mr, err := rel.Mark(ctx, sqlEx(db), &dialect.MarkParams{Token: "x", Failed: []int64{e.Sequence}, Errs: []string{"e"}, Perm: []bool{false}, Jitters: []float64{1}})
 			if err != nil || len(mr) != 1 || mr[0].Next == nil {
 				t.Fatalf("mark: %+v, %v", mr, err)
 			}
@@ -56,7 +56,7 @@ func TestDriverSettings(t *testing.T) {
 			if !mr[0].Next.Equal(mr[0].Now.Add(time.Second)) {
 				t.Fatalf("next %v, want now %v + 1 s", mr[0].Next, mr[0].Now)
 			}
-			b, err := d.Backlog(ctx, sqlEx{db}, tb)
+			b, err := d.Backlog(ctx, sqlEx(db), tb)
 			if err != nil || b.Pending != 1 || b.Held != 0 {
 				t.Fatalf("backlog %+v, %v", b, err)
 			}

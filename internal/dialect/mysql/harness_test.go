@@ -61,32 +61,10 @@ func needDB(t testing.TB) *sql.DB {
 }
 
 // sqlEx is a dialect.Executor over a *sql.DB, *sql.Conn or *sql.Tx.
-type sqlEx struct{ h any }
-
-type handle interface {
-	QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error)
-	ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error)
+func sqlEx(h dialect.SQLHandle) dialect.Executor {
+	_, tx := h.(*sql.Tx)
+	return dialect.StdSQL{D: h, Tx: tx}
 }
-
-func (e sqlEx) Query(ctx context.Context, q string, args ...any) (dialect.Rows, error) {
-	rs, err := e.h.(handle).QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, err
-	}
-	return sqlRows{rs}, nil
-}
-
-func (e sqlEx) Exec(ctx context.Context, q string, args ...any) (int64, error) {
-	res, err := e.h.(handle).ExecContext(ctx, q, args...)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
-}
-
-func (e sqlEx) InTx() bool            { _, ok := e.h.(*sql.Tx); return ok }
-func (e sqlEx) OneShot(a []any) []any { return a }
-func (e sqlEx) Handle() any           { return e.h }
 
 var nameRe = regexp.MustCompile(`[^a-z0-9]+`)
 
@@ -130,7 +108,7 @@ func newTable(t testing.TB, opts ...tableOpt) *dialect.Table {
 	t.Helper()
 	db := needDB(t)
 	tb := newTableConfig(t, opts...)
-	if err := New().Migrate(context.Background(), sqlEx{db}, tb); err != nil {
+	if err := New().Migrate(context.Background(), sqlEx(db), tb); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
 	return tb
@@ -153,7 +131,7 @@ func ev(topic, payload, okey, ikey string) dialect.InsertRow {
 // mustInsert writes rows through the pool (a transaction of Insert's own) and fails the test on error.
 func mustInsert(t testing.TB, tb *dialect.Table, rows ...dialect.InsertRow) []dialect.Stored {
 	t.Helper()
-	out, err := New().Insert(context.Background(), sqlEx{needDB(t)}, &dialect.InsertParams{Table: tb, Rows: rows})
+	out, err := New().Insert(context.Background(), sqlEx(needDB(t)), &dialect.InsertParams{Table: tb, Rows: rows})
 	if err != nil {
 		t.Fatalf("Insert: %v", err)
 	}
@@ -203,7 +181,7 @@ var all = dialect.TopicSelection{Include: dialect.Topic{All: true}}
 // claim runs one claim with the usual parameters (Limit = BatchSize, Oldest = BatchSize).
 func claim(t testing.TB, r dialect.Relay, cfg dialect.RelayConfig, token string) *dialect.ClaimResult {
 	t.Helper()
-	res, err := r.Claim(context.Background(), sqlEx{needDB(t)}, &dialect.ClaimParams{Token: token, Limit: cfg.BatchSize, Oldest: cfg.BatchSize})
+	res, err := r.Claim(context.Background(), sqlEx(needDB(t)), &dialect.ClaimParams{Token: token, Limit: cfg.BatchSize, Oldest: cfg.BatchSize})
 	if err != nil {
 		t.Fatalf("Claim: %v", err)
 	}

@@ -77,13 +77,13 @@ func TestInsertIdempotencyKeys(t *testing.T) {
 	// The same event id under another key is an error, not absorbed.
 	dup := ev("t", `5`, "", "other")
 	dup.ID = first.ID
-	_, err := New().Insert(context.Background(), sqlEx{testDB}, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{dup}})
+	_, err := New().Insert(context.Background(), sqlEx(testDB), &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{dup}})
 	if !errors.Is(err, ErrDuplicateEventID) {
 		t.Fatalf("duplicate id under another key: %v, want ErrDuplicateEventID", err)
 	}
 	// And without a key: the unique key's error, mapped alike.
 	dup.IdempotencyKey = nil
-	_, err = New().Insert(context.Background(), sqlEx{testDB}, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{dup}})
+	_, err = New().Insert(context.Background(), sqlEx(testDB), &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{dup}})
 	if !errors.Is(err, ErrDuplicateEventID) {
 		t.Fatalf("duplicate id without a key: %v, want ErrDuplicateEventID", err)
 	}
@@ -102,7 +102,7 @@ func TestInsertIdempotencyKeyConcurrent(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		a, err := New().Insert(ctx, sqlEx{tx1}, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{ev("t", `1`, "", key)}})
+		a, err := New().Insert(ctx, sqlEx(tx1), &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{ev("t", `1`, "", key)}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -120,7 +120,7 @@ func TestInsertIdempotencyKeyConcurrent(t *testing.T) {
 		}
 		done := make(chan result, 1)
 		go func() {
-			out, err := New().Insert(ctx, sqlEx{tx2}, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{ev("t", `2`, "", key)}})
+			out, err := New().Insert(ctx, sqlEx(tx2), &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{ev("t", `2`, "", key)}})
 			done <- result{out, err}
 		}()
 		select {
@@ -163,21 +163,21 @@ func TestInsertScopedKeys(t *testing.T) {
 		return &dialect.InsertParams{Table: tb, Rows: rows, ExtraNames: []string{"n", "tenant"}}
 	}
 	ctx := context.Background()
-	a, err := New().Insert(ctx, sqlEx{testDB}, p(row("A", "k"), row("B", "k")))
+	a, err := New().Insert(ctx, sqlEx(testDB), p(row("A", "k"), row("B", "k")))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if a[0].Duplicate || a[1].Duplicate || a[0].ID == a[1].ID {
 		t.Fatalf("two tenants' key k: %+v", a)
 	}
-	b, err := New().Insert(ctx, sqlEx{testDB}, p(row("B", "k"), row("C", "k")))
+	b, err := New().Insert(ctx, sqlEx(testDB), p(row("B", "k"), row("C", "k")))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !b[0].Duplicate || b[0].ID != a[1].ID || b[1].Duplicate {
 		t.Fatalf("B again, C new: %+v", b)
 	}
-	res, err := New().ResolveScoped(ctx, sqlEx{testDB}, tb, []dialect.Probe{{Index: 4, Key: "k", Extra: map[string]any{"tenant": "A"}}, {Index: 5, Key: "k", Extra: map[string]any{"tenant": "Z"}}})
+	res, err := New().ResolveScoped(ctx, sqlEx(testDB), tb, []dialect.Probe{{Index: 4, Key: "k", Extra: map[string]any{"tenant": "A"}}, {Index: 5, Key: "k", Extra: map[string]any{"tenant": "Z"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,11 +194,11 @@ func TestResolveUnscopedSame(t *testing.T) {
 	tb := newTable(t, withExtra(dialect.Column{Name: "tenant", Type: "VARCHAR(64) NULL"}))
 	r := ev("t", `1`, "", "k")
 	r.Extra = ptr(`{"tenant":"A"}`)
-	a, err := New().Insert(context.Background(), sqlEx{testDB}, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{r}, ExtraNames: []string{"tenant"}})
+	a, err := New().Insert(context.Background(), sqlEx(testDB), &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{r}, ExtraNames: []string{"tenant"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := New().ResolveScoped(context.Background(), sqlEx{testDB}, tb, []dialect.Probe{
+	res, err := New().ResolveScoped(context.Background(), sqlEx(testDB), tb, []dialect.Probe{
 		{Index: 0, Key: "k", Extra: map[string]any{"tenant": "A"}}, {Index: 1, Key: "k", Extra: map[string]any{"tenant": "B"}}, {Index: 2, Key: "k"}})
 	if err != nil {
 		t.Fatal(err)
@@ -206,7 +206,7 @@ func TestResolveUnscopedSame(t *testing.T) {
 	if len(res) != 3 || !res[0].Same || res[1].Same || !res[2].Same || res[1].ID != a[0].ID {
 		t.Fatalf("ResolveScoped = %+v", res)
 	}
-	st, err := New().ReadStored(context.Background(), sqlEx{testDB}, tb, []string{"k", "none"})
+	st, err := New().ReadStored(context.Background(), sqlEx(testDB), tb, []string{"k", "none"})
 	if err != nil || len(st) != 1 || st[0].ID != a[0].ID || !st[0].Duplicate {
 		t.Fatalf("ReadStored = %+v, %v", st, err)
 	}
@@ -231,7 +231,7 @@ func TestBadInputLeavesTransactionCommittable(t *testing.T) {
 		t.Fatal(err)
 	}
 	good := ev("t", `{"ok":true}`, "key", "")
-	if _, err := New().Insert(ctx, sqlEx{tx}, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{good}}); err != nil {
+	if _, err := New().Insert(ctx, sqlEx(tx), &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{good}}); err != nil {
 		t.Fatal(err)
 	}
 	long := strings.Repeat("é", 256)
@@ -257,7 +257,7 @@ func TestBadInputLeavesTransactionCommittable(t *testing.T) {
 		{"invalid UTF-8 topic", ev("\xff\xfe", `1`, "", ""), 1366},
 	}
 	for _, c := range cases {
-		_, err := New().Insert(ctx, sqlEx{tx}, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{ev("t", `1`, "", ""), c.row}})
+		_, err := New().Insert(ctx, sqlEx(tx), &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{ev("t", `1`, "", ""), c.row}})
 		var me *mysql.MySQLError
 		if !errors.As(err, &me) || me.Number != c.code {
 			t.Errorf("%s: error %v, want MariaDB error %d", c.name, err, c.code)
@@ -302,11 +302,11 @@ func TestInsertManyRowsSavepoint(t *testing.T) {
 		rows[i] = ev("t", `1`, "", "")
 	}
 	rows[len(rows)-1].Payload = []byte("{bad")
-	if _, err := New().Insert(ctx, sqlEx{tx}, &dialect.InsertParams{Table: tb, Rows: rows}); err == nil {
+	if _, err := New().Insert(ctx, sqlEx(tx), &dialect.InsertParams{Table: tb, Rows: rows}); err == nil {
 		t.Fatal("no error for a bad payload in the last statement")
 	}
 	mine := ev("t", `1`, "", "")
-	if _, err := New().Insert(ctx, sqlEx{tx}, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{mine}}); err != nil {
+	if _, err := New().Insert(ctx, sqlEx(tx), &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{mine}}); err != nil {
 		t.Fatalf("insert after the failed one: %v", err)
 	}
 	if err := tx.Commit(); err != nil {

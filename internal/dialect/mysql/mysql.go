@@ -154,34 +154,8 @@ func (e exQuerier) exec(ctx context.Context, q string, args ...any) (int64, erro
 	return e.ex.Exec(ctx, q, args...)
 }
 
-// sqlRows adapts *sql.Rows to dialect.Rows.
-type sqlRows struct{ *sql.Rows }
-
-func (r sqlRows) Close() { _ = r.Rows.Close() }
-
-// sqlQuerier runs statements on a *sql.Tx or *sql.Conn.
-type sqlQuerier struct {
-	h interface {
-		QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error)
-		ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error)
-	}
-}
-
-func (s sqlQuerier) query(ctx context.Context, q string, args ...any) (dialect.Rows, error) {
-	rs, err := s.h.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, err
-	}
-	return sqlRows{rs}, nil
-}
-
-func (s sqlQuerier) exec(ctx context.Context, q string, args ...any) (int64, error) {
-	res, err := s.h.ExecContext(ctx, q, args...)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
-}
+// sqlQuerier runs statements on a *sql.DB, *sql.Tx or *sql.Conn.
+func sqlQuerier(h dialect.SQLHandle) querier { return exQuerier{dialect.StdSQL{D: h}} }
 
 // inTx runs fn in a transaction: the caller's when ex is one, else a new one at isolation
 // level iso on the handle (a *sql.DB or *sql.Conn), committed when fn returns nil and rolled
@@ -231,14 +205,14 @@ func inOwnTx(ctx context.Context, ex dialect.Executor, iso sql.IsolationLevel, f
 	case *sql.Conn:
 		tx, err = h.BeginTx(ctx, &sql.TxOptions{Isolation: iso})
 	case *sql.Tx:
-		return fn(sqlQuerier{h})
+		return fn(sqlQuerier(h))
 	default:
 		return fmt.Errorf("%w: %T (want *sql.DB, *sql.Conn or *sql.Tx)", ErrHandle, h)
 	}
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
-	if err := fn(sqlQuerier{tx}); err != nil {
+	if err := fn(sqlQuerier(tx)); err != nil {
 		_ = tx.Rollback()
 		return err
 	}

@@ -4,31 +4,21 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/watermill-outbox/outbox/internal/dialect"
 )
 
 // deadWhere renders f as a condition on dead-lettered, unpublished events (read through the
-// dead_lettered_at index). No topics and no ids select nothing.
+// dead_lettered_at index).
 func deadWhere(f dialect.DeadFilter, args *[]any) string {
-	var conds []string
-	for _, tp := range f.Topics {
-		conds = append(conds, topicSQL(tp, "o.`topic`", args))
-	}
-	if len(f.IDs) > 0 {
-		conds = append(conds, listSQL("o.`id`", f.IDs, args))
-	}
-	if len(conds) == 0 {
-		conds = []string{"FALSE"}
-	}
-	w := "o.`dead_lettered_at` IS NOT NULL AND o.`published_at` IS NULL AND (" + strings.Join(conds, " OR ") + ")"
-	if f.OlderThan > 0 {
-		*args = append(*args, f.OlderThan.Microseconds())
-		w += " AND o.`dead_lettered_at` < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND"
-	}
-	return w
+	return dialect.DeadWhere(f, "o.`dead_lettered_at`", "o.`published_at`",
+		func(tp dialect.Topic) string { return topicSQL(tp, "o.`topic`", args) },
+		func(ids []string) string { return listSQL("o.`id`", ids, args) },
+		func() string {
+			*args = append(*args, f.OlderThan.Microseconds())
+			return "o.`dead_lettered_at` < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND"
+		})
 }
 
 // execRC runs one statement in a READ COMMITTED transaction of its own (or the caller's): no

@@ -17,7 +17,7 @@ func TestDeadLetterOperations(t *testing.T) {
 	exec(t, "UPDATE "+table+" SET dead_lettered_at = UTC_TIMESTAMP(6) - INTERVAL 2 HOUR, attempts = 5, last_error = 'boom' WHERE sequence IN (?, ?)", out[0].Sequence, out[2].Sequence)
 	exec(t, "UPDATE "+table+" SET dead_lettered_at = UTC_TIMESTAMP(6), attempts = 5 WHERE sequence = ?", out[3].Sequence)
 	allDead := dialect.DeadFilter{Topics: []dialect.Topic{{All: true}}}
-	rows, err := d.ListDead(ctx, sqlEx{testDB}, tb, allDead, 10)
+	rows, err := d.ListDead(ctx, sqlEx(testDB), tb, allDead, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,22 +31,22 @@ func TestDeadLetterOperations(t *testing.T) {
 	}
 	// Filters: a prefix ('_' ordinary), ids, age.
 	pfx := dialect.DeadFilter{Topics: []dialect.Topic{{Prefix: true, Value: "lib_"}}}
-	if rows, _ := d.ListDead(ctx, sqlEx{testDB}, tb, pfx, 10); len(rows) != 1 || rows[0].Sequence != out[2].Sequence {
+	if rows, _ := d.ListDead(ctx, sqlEx(testDB), tb, pfx, 10); len(rows) != 1 || rows[0].Sequence != out[2].Sequence {
 		t.Errorf("prefix lib_: %+v", rows)
 	}
 	byID := dialect.DeadFilter{IDs: []string{out[3].ID, out[1].ID}}
-	if rows, _ := d.ListDead(ctx, sqlEx{testDB}, tb, byID, 10); len(rows) != 1 || rows[0].Sequence != out[3].Sequence {
+	if rows, _ := d.ListDead(ctx, sqlEx(testDB), tb, byID, 10); len(rows) != 1 || rows[0].Sequence != out[3].Sequence {
 		t.Errorf("by ids: %+v", rows)
 	}
 	old := dialect.DeadFilter{Topics: []dialect.Topic{{All: true}}, OlderThan: time.Hour}
-	if rows, _ := d.ListDead(ctx, sqlEx{testDB}, tb, old, 1); len(rows) != 1 || rows[0].Sequence != out[0].Sequence {
+	if rows, _ := d.ListDead(ctx, sqlEx(testDB), tb, old, 1); len(rows) != 1 || rows[0].Sequence != out[0].Sequence {
 		t.Errorf("older than an hour, limit 1: %+v", rows)
 	}
-	if rows, _ := d.ListDead(ctx, sqlEx{testDB}, tb, dialect.DeadFilter{}, 10); len(rows) != 0 {
+	if rows, _ := d.ListDead(ctx, sqlEx(testDB), tb, dialect.DeadFilter{}, 10); len(rows) != 0 {
 		t.Errorf("empty filter selected %d", len(rows))
 	}
 	// Retry the old ones, purge the rest.
-	n, err := d.RetryDead(ctx, sqlEx{testDB}, tb, old)
+	n, err := d.RetryDead(ctx, sqlEx(testDB), tb, old)
 	if err != nil || n != 2 {
 		t.Fatalf("RetryDead = %d, %v; want 2", n, err)
 	}
@@ -55,7 +55,7 @@ func TestDeadLetterOperations(t *testing.T) {
 	if err := testDB.QueryRow("SELECT attempts, dead_lettered_at, next_attempt_at FROM "+table+" WHERE sequence = ?", out[0].Sequence).Scan(&att, nullTime{&dead}, nullTime{&next}); err != nil || att != 0 || dead != nil || next != nil {
 		t.Fatalf("retried event: attempts %d dead %v next %v (%v)", att, dead, next, err)
 	}
-	n, err = d.PurgeDead(ctx, sqlEx{testDB}, tb, allDead)
+	n, err = d.PurgeDead(ctx, sqlEx(testDB), tb, allDead)
 	if err != nil || n != 1 {
 		t.Fatalf("PurgeDead = %d, %v; want 1", n, err)
 	}
@@ -76,22 +76,22 @@ func TestCleanup(t *testing.T) {
 	exec(t, "UPDATE "+table+" SET published_at = UTC_TIMESTAMP(6) - INTERVAL 2 DAY WHERE sequence <= ?", out[4].Sequence)
 	exec(t, "UPDATE "+table+" SET published_at = UTC_TIMESTAMP(6) WHERE sequence = ?", out[5].Sequence)
 	exec(t, "UPDATE "+table+" SET dead_lettered_at = UTC_TIMESTAMP(6) - INTERVAL 2 DAY WHERE sequence = ?", out[6].Sequence)
-	n, err := d.Cleanup(ctx, sqlEx{testDB}, tb, "published_at", 24*time.Hour, 3)
+	n, err := d.Cleanup(ctx, sqlEx(testDB), tb, "published_at", 24*time.Hour, 3)
 	if err != nil || n != 3 {
 		t.Fatalf("Cleanup batch 3 = %d, %v", n, err)
 	}
-	n, err = d.Cleanup(ctx, sqlEx{testDB}, tb, "published_at", 24*time.Hour, 3)
+	n, err = d.Cleanup(ctx, sqlEx(testDB), tb, "published_at", 24*time.Hour, 3)
 	if err != nil || n != 2 {
 		t.Fatalf("second Cleanup = %d, %v; want the 2 left", n, err)
 	}
-	n, err = d.Cleanup(ctx, sqlEx{testDB}, tb, "dead_lettered_at", 24*time.Hour, 100)
+	n, err = d.Cleanup(ctx, sqlEx(testDB), tb, "dead_lettered_at", 24*time.Hour, 100)
 	if err != nil || n != 1 {
 		t.Fatalf("Cleanup dead letters = %d, %v", n, err)
 	}
 	if got := queryInt64s(t, "SELECT sequence FROM "+table); !reflect.DeepEqual(got, []int64{out[5].Sequence}) {
 		t.Fatalf("left %v, want the recent one", got)
 	}
-	if _, err := d.Cleanup(ctx, sqlEx{testDB}, tb, "created_at", time.Hour, 10); err == nil {
+	if _, err := d.Cleanup(ctx, sqlEx(testDB), tb, "created_at", time.Hour, 10); err == nil {
 		t.Fatal("Cleanup of created_at accepted")
 	}
 }
@@ -99,7 +99,7 @@ func TestCleanup(t *testing.T) {
 func TestBacklog(t *testing.T) {
 	tb := newTable(t)
 	d, ctx := New(), context.Background()
-	b, err := d.Backlog(ctx, sqlEx{testDB}, tb)
+	b, err := d.Backlog(ctx, sqlEx(testDB), tb)
 	if err != nil || b.Pending != 0 || !b.Oldest.IsZero() || b.Held != 0 || b.Now.IsZero() {
 		t.Fatalf("empty Backlog = %+v, %v", b, err)
 	}
@@ -117,7 +117,7 @@ func TestBacklog(t *testing.T) {
 	exec(t, "UPDATE "+table+" SET dead_lettered_at = UTC_TIMESTAMP(6) WHERE sequence IN (?, ?)", s(3), s(5))
 	exec(t, "UPDATE "+table+" SET last_error = 'unavailable: down' WHERE sequence IN (?, ?)", s(6), s(9))
 	exec(t, "UPDATE "+table+" SET published_at = UTC_TIMESTAMP(6), outbox_key = NULL, created_at = UTC_TIMESTAMP(6) - INTERVAL 9 HOUR WHERE sequence = ?", s(10))
-	b, err = d.Backlog(ctx, sqlEx{testDB}, tb)
+	b, err = d.Backlog(ctx, sqlEx(testDB), tb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestBacklog(t *testing.T) {
 	if age < 3*time.Hour-time.Minute || age > 3*time.Hour+time.Minute {
 		t.Errorf("oldest pending age %v, want 3h", age)
 	}
-	rows, err := d.BacklogByTopic(ctx, sqlEx{testDB}, tb)
+	rows, err := d.BacklogByTopic(ctx, sqlEx(testDB), tb)
 	if err != nil {
 		t.Fatal(err)
 	}

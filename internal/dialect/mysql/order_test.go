@@ -70,7 +70,7 @@ func writeConcurrently(t *testing.T, d *Dialect, tb *dialect.Table, total int) [
 					for i := range rows {
 						rows[i] = ev("t", `1`, keys[rand.IntN(len(keys))], "")
 					}
-					stored, err := d.Insert(ctx, sqlEx{tx}, &dialect.InsertParams{Table: tb, Rows: rows})
+					stored, err := d.Insert(ctx, sqlEx(tx), &dialect.InsertParams{Table: tb, Rows: rows})
 					if err != nil {
 						return err
 					}
@@ -166,7 +166,7 @@ func TestPerKeyCommitOrder(t *testing.T) {
 		for _, e := range res.Events {
 			delivered[*e.OrderingKey] = append(delivered[*e.OrderingKey], e.Sequence)
 		}
-		if _, err := r.Mark(context.Background(), sqlEx{testDB}, &dialect.MarkParams{Token: fmt.Sprint("drain#", i), Acked: seqsOf(res.Events)}); err != nil {
+		if _, err := r.Mark(context.Background(), sqlEx(testDB), &dialect.MarkParams{Token: fmt.Sprint("drain#", i), Acked: seqsOf(res.Events)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -200,7 +200,7 @@ func TestLockErrorsStatementOrTransaction(t *testing.T) {
 	ctx := context.Background()
 	d := New()
 	ins := func(tx *sql.Tx, key string) error {
-		_, err := d.Insert(ctx, sqlEx{tx}, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{ev("t", `1`, key, "")}})
+		_, err := d.Insert(ctx, sqlEx(tx), &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{ev("t", `1`, key, "")}})
 		return err
 	}
 	begin := func() *sql.Tx {

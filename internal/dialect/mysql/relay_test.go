@@ -18,7 +18,7 @@ func TestClaimRunsAndRanks(t *testing.T) {
 	rows := []dialect.InsertRow{ev("t", `1`, "a", ""), ev("t", `2`, "b", ""), ev("t", `3`, "", ""), ev("t", `4`, "a", ""), ev("t", `5`, "a", ""), ev("t", `6`, "b", ""), ev("t", `7`, "", "")}
 	rows[0].Headers = `{"h":"1"}`
 	rows[0].Extra = ptr(`{"tenant":"x","n":5}`)
-	out, err := New().Insert(context.Background(), sqlEx{testDB}, &dialect.InsertParams{Table: tb, Rows: rows, ExtraNames: []string{"n", "tenant"}})
+	out, err := New().Insert(context.Background(), sqlEx(testDB), &dialect.InsertParams{Table: tb, Rows: rows, ExtraNames: []string{"n", "tenant"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,10 +71,10 @@ func TestMark(t *testing.T) {
 	s := func(i int) int64 { return out[i].Sequence }
 	exec(t, "UPDATE "+namesOf(tb).table+" SET attempts = 2 WHERE sequence = ?", s(4)) // the next failure is its third
 	// A stale token writes nothing.
-	if mr, err := r.Mark(ctx, sqlEx{testDB}, &dialect.MarkParams{Token: "tok0", Acked: []int64{s(0)}}); err != nil || len(mr) != 0 {
+	if mr, err := r.Mark(ctx, sqlEx(testDB), &dialect.MarkParams{Token: "tok0", Acked: []int64{s(0)}}); err != nil || len(mr) != 0 {
 		t.Fatalf("mark under a stale token: %+v, %v", mr, err)
 	}
-	mr, err := r.Mark(ctx, sqlEx{testDB}, &dialect.MarkParams{Token: "tok1",
+	mr, err := r.Mark(ctx, sqlEx(testDB), &dialect.MarkParams{Token: "tok1",
 		Acked: []int64{s(0)}, Released: []int64{s(1)}, Unavailable: []int64{s(2)}, Notes: []string{"unavailable: down"}, Keep: []bool{true},
 		Failed: []int64{s(3), s(4), s(5)}, Errs: []string{"boom", "third", "perm"}, Perm: []bool{false, false, true}, Jitters: []float64{1.1, 1, 1}})
 	if err != nil {
@@ -139,7 +139,7 @@ func TestMark(t *testing.T) {
 		}
 	}
 	// A second mark of the same batch writes nothing (the fence).
-	if mr, err := r.Mark(ctx, sqlEx{testDB}, &dialect.MarkParams{Token: "tok1", Acked: []int64{s(0), s(1)}}); err != nil || len(mr) != 0 {
+	if mr, err := r.Mark(ctx, sqlEx(testDB), &dialect.MarkParams{Token: "tok1", Acked: []int64{s(0), s(1)}}); err != nil || len(mr) != 0 {
 		t.Errorf("repeated mark: %+v, %v", mr, err)
 	}
 	// Abandoned: released, the start uncounted.
@@ -147,7 +147,7 @@ func TestMark(t *testing.T) {
 	if !slices.Equal(seqsOf(res.Events), []int64{s(1), s(2)}) {
 		t.Fatalf("claim after marks: %v, want %v (the retry is not due)", seqsOf(res.Events), []int64{s(1), s(2)})
 	}
-	if _, err := r.Mark(ctx, sqlEx{testDB}, &dialect.MarkParams{Token: "tok2", Abandoned: []int64{s(1), s(2)}}); err != nil {
+	if _, err := r.Mark(ctx, sqlEx(testDB), &dialect.MarkParams{Token: "tok2", Abandoned: []int64{s(1), s(2)}}); err != nil {
 		t.Fatal(err)
 	}
 	if got := state(s(2)); got.starts != 1 || got.leased {
@@ -209,7 +209,7 @@ func TestClaimSkipScan(t *testing.T) {
 	cursor := ""
 	var scans []string
 	for i := 0; i < 3; i++ {
-		res, err := r.Claim(context.Background(), sqlEx{testDB}, &dialect.ClaimParams{Token: fmt.Sprint("s", i), Limit: 10, Oldest: 10, Cursor: cursor})
+		res, err := r.Claim(context.Background(), sqlEx(testDB), &dialect.ClaimParams{Token: fmt.Sprint("s", i), Limit: 10, Oldest: 10, Cursor: cursor})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -242,14 +242,14 @@ func TestClaimPausedAndProbe(t *testing.T) {
 	cfg := relayConfig(10, 10)
 	r := New().NewRelay(tb, cfg, all)
 	ctx := context.Background()
-	res, err := r.Claim(ctx, sqlEx{testDB}, &dialect.ClaimParams{Token: "p1", Limit: 10, Oldest: 10, Paused: []string{"down"}})
+	res, err := r.Claim(ctx, sqlEx(testDB), &dialect.ClaimParams{Token: "p1", Limit: 10, Oldest: 10, Paused: []string{"down"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(seqsOf(res.Events), []int64{out[2].Sequence, out[3].Sequence}) {
 		t.Fatalf("claim with down paused: %v", seqsOf(res.Events))
 	}
-	res, err = r.Claim(ctx, sqlEx{testDB}, &dialect.ClaimParams{Token: "p2", Limit: 10, Oldest: 10, Probe: []string{"down"}})
+	res, err = r.Claim(ctx, sqlEx(testDB), &dialect.ClaimParams{Token: "p2", Limit: 10, Oldest: 10, Probe: []string{"down"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +283,7 @@ func TestRenewAndTakeBack(t *testing.T) {
 	}
 	table := namesOf(tb).table
 	exec(t, "UPDATE "+table+" SET lease_until = UTC_TIMESTAMP(6) + INTERVAL 1 SECOND")
-	n, err := r.Renew(ctx, sqlEx{testDB}, "relay#0123456789ab#7", []int64{out[0].Sequence, out[1].Sequence, out[2].Sequence})
+	n, err := r.Renew(ctx, sqlEx(testDB), "relay#0123456789ab#7", []int64{out[0].Sequence, out[1].Sequence, out[2].Sequence})
 	if err != nil || n != 2 {
 		t.Fatalf("Renew = %d, %v; want 2 (the third is another token's)", n, err)
 	}
@@ -292,7 +292,7 @@ func TestRenewAndTakeBack(t *testing.T) {
 	}
 	// Another relay whose name starts alike keeps its lease; so does this relay's own.
 	exec(t, "UPDATE "+table+" SET leased_by = 'relay2#0123456789ab#1' WHERE sequence = ?", out[1].Sequence)
-	n, err = New().TakeBack(ctx, sqlEx{testDB}, tb, "relay#", "relay#aaaaaaaaaaaa#")
+	n, err = New().TakeBack(ctx, sqlEx(testDB), tb, "relay#", "relay#aaaaaaaaaaaa#")
 	if err != nil || n != 1 {
 		t.Fatalf("TakeBack = %d, %v; want 1", n, err)
 	}

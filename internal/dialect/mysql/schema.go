@@ -178,7 +178,7 @@ func (d *Dialect) Migrate(ctx context.Context, ex dialect.Executor, t *dialect.T
 	defer func() {
 		_, _ = conn.ExecContext(context.WithoutCancel(ctx), "DO RELEASE_LOCK(?)", lock)
 	}()
-	q := sqlQuerier{conn}
+	q := sqlQuerier(conn)
 	for _, st := range d.Statements(t) {
 		if _, err := q.exec(ctx, st); err != nil {
 			return err

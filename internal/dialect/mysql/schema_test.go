@@ -14,7 +14,7 @@ func TestMigrateTwiceAndConcurrently(t *testing.T) {
 	db := needDB(t)
 	d, ctx := New(), context.Background()
 	tb := newTableConfig(t)
-	ok, err := d.TableExists(ctx, sqlEx{db}, tb)
+	ok, err := d.TableExists(ctx, sqlEx(db), tb)
 	if err != nil || ok {
 		t.Fatalf("TableExists before Migrate = %v, %v; want false, nil", ok, err)
 	}
@@ -24,7 +24,7 @@ func TestMigrateTwiceAndConcurrently(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = d.Migrate(ctx, sqlEx{db}, tb)
+			errs[i] = d.Migrate(ctx, sqlEx(db), tb)
 		}()
 	}
 	wg.Wait()
@@ -33,17 +33,17 @@ func TestMigrateTwiceAndConcurrently(t *testing.T) {
 			t.Fatalf("concurrent Migrate %d: %v", i, err)
 		}
 	}
-	if err := d.Migrate(ctx, sqlEx{db}, tb); err != nil {
+	if err := d.Migrate(ctx, sqlEx(db), tb); err != nil {
 		t.Fatalf("Migrate again: %v", err)
 	}
-	ok, err = d.TableExists(ctx, sqlEx{db}, tb)
+	ok, err = d.TableExists(ctx, sqlEx(db), tb)
 	if err != nil || !ok {
 		t.Fatalf("TableExists after Migrate = %v, %v; want true, nil", ok, err)
 	}
 	// A qualified name finds the same table.
 	q := *tb
 	q.Parts = []string{"test", tb.Name()}
-	if ok, err := d.TableExists(ctx, sqlEx{db}, &q); err != nil || !ok {
+	if ok, err := d.TableExists(ctx, sqlEx(db), &q); err != nil || !ok {
 		t.Fatalf("TableExists(test.%s) = %v, %v", tb.Name(), ok, err)
 	}
 	idx := queryInt64s(t, "SELECT COUNT(DISTINCT INDEX_NAME) FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?", tb.Name())
@@ -52,10 +52,10 @@ func TestMigrateTwiceAndConcurrently(t *testing.T) {
 	}
 	// Extra columns declared later are added by the next Migrate.
 	tb.Extra = []dialect.Column{{Name: "tenant", Type: "VARCHAR(64) NULL"}}
-	if err := d.Migrate(ctx, sqlEx{db}, tb); err != nil {
+	if err := d.Migrate(ctx, sqlEx(db), tb); err != nil {
 		t.Fatalf("Migrate with an extra column: %v", err)
 	}
-	cols, err := columnsOf(ctx, sqlQuerier{db}, "", tb.Name())
+	cols, err := columnsOf(ctx, sqlQuerier(db), "", tb.Name())
 	if err != nil || !cols["tenant"] {
 		t.Fatalf("columns = %v, %v; want tenant", cols, err)
 	}
@@ -65,7 +65,7 @@ func TestMigrateTwiceAndConcurrently(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback()
-	if err := d.Migrate(ctx, sqlEx{tx}, tb); !errors.Is(err, ErrHandle) {
+	if err := d.Migrate(ctx, sqlEx(tx), tb); !errors.Is(err, ErrHandle) {
 		t.Fatalf("Migrate in a transaction = %v, want ErrHandle", err)
 	}
 }
@@ -76,7 +76,7 @@ func TestMigrateScopeMismatch(t *testing.T) {
 	tb := newTable(t, withExtra(dialect.Column{Name: "tenant", Type: "VARCHAR(64) NULL"}))
 	scoped := *tb
 	scoped.Scope = []string{"tenant"}
-	err := d.Migrate(ctx, sqlEx{db}, &scoped)
+	err := d.Migrate(ctx, sqlEx(db), &scoped)
 	var sm *dialect.ScopeMismatch
 	if !errors.As(err, &sm) || !strings.Contains(sm.Reason, "has the global idempotency index") {
 		t.Fatalf("Migrate with a scope on a global table = %v, want a global *ScopeMismatch", err)
@@ -90,10 +90,10 @@ func TestMigrateScopeMismatch(t *testing.T) {
 	for _, st := range stmts {
 		exec(t, st)
 	}
-	if err := d.Migrate(ctx, sqlEx{db}, &scoped); err != nil {
+	if err := d.Migrate(ctx, sqlEx(db), &scoped); err != nil {
 		t.Fatalf("Migrate after the scope migration: %v", err)
 	}
-	err = d.Migrate(ctx, sqlEx{db}, tb)
+	err = d.Migrate(ctx, sqlEx(db), tb)
 	if !errors.As(err, &sm) || !strings.Contains(sm.Reason, "over [tenant idempotency_key]") {
 		t.Fatalf("Migrate without a scope on a scoped table = %v (%+v)", err, sm)
 	}
@@ -102,7 +102,7 @@ func TestMigrateScopeMismatch(t *testing.T) {
 	for _, st := range stmts {
 		exec(t, st)
 	}
-	if err := d.Migrate(ctx, sqlEx{db}, tb); err != nil {
+	if err := d.Migrate(ctx, sqlEx(db), tb); err != nil {
 		t.Fatalf("Migrate after the way back: %v", err)
 	}
 }

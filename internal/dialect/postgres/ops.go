@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/watermill-outbox/outbox/internal/dialect"
@@ -11,18 +10,12 @@ import (
 
 // deadWhere renders a dead-letter filter as a condition on dead-lettered, unpublished events.
 func deadWhere(f dialect.DeadFilter, p params) string {
-	var conds []string
-	for _, tp := range f.Topics {
-		conds = append(conds, topicCond(`"topic"`, tp, p))
-	}
-	if len(f.IDs) > 0 {
-		conds = append(conds, `"id" = ANY(`+p.add("id", f.IDs)+`::uuid[])`)
-	}
-	w := `"dead_lettered_at" IS NOT NULL AND "published_at" IS NULL AND (` + strings.Join(conds, " OR ") + `)`
-	if f.OlderThan > 0 {
-		w += ` AND "dead_lettered_at" < now() - ` + p.add("ago", f.OlderThan.Microseconds()) + ` * interval '1 microsecond'`
-	}
-	return w
+	return dialect.DeadWhere(f, `"dead_lettered_at"`, `"published_at"`,
+		func(tp dialect.Topic) string { return topicCond(`"topic"`, tp, p) },
+		func(ids []string) string { return `"id" = ANY(` + p.add("id", ids) + `::uuid[])` },
+		func() string {
+			return `"dead_lettered_at" < now() - ` + p.add("ago", f.OlderThan.Microseconds()) + ` * interval '1 microsecond'`
+		})
 }
 
 // RetryDead implements dialect.Dialect.

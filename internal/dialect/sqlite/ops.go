@@ -3,7 +3,6 @@ package sqlite
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/watermill-outbox/outbox/internal/dialect"
@@ -11,18 +10,12 @@ import (
 
 // deadWhere renders a dead-letter filter as a condition on dead-lettered, unpublished events.
 func deadWhere(f dialect.DeadFilter, args *[]any) string {
-	var conds []string
-	for _, tp := range f.Topics {
-		conds = append(conds, topicCond(`"topic"`, tp, args))
-	}
-	if len(f.IDs) > 0 {
-		conds = append(conds, `"id" IN (SELECT value FROM json_each(`+param(args, dialect.JSONList(f.IDs))+`))`)
-	}
-	w := `"dead_lettered_at" IS NOT NULL AND "published_at" IS NULL AND (` + strings.Join(conds, " OR ") + `)`
-	if f.OlderThan > 0 {
-		w += ` AND "dead_lettered_at" < ` + param(args, micros(time.Now().Add(-f.OlderThan)))
-	}
-	return w
+	return dialect.DeadWhere(f, `"dead_lettered_at"`, `"published_at"`,
+		func(tp dialect.Topic) string { return topicCond(`"topic"`, tp, args) },
+		func(ids []string) string {
+			return `"id" IN (SELECT value FROM json_each(` + param(args, dialect.JSONList(ids)) + `))`
+		},
+		func() string { return `"dead_lettered_at" < ` + param(args, micros(time.Now().Add(-f.OlderThan))) })
 }
 
 // RetryDead implements dialect.Dialect.

@@ -1,6 +1,6 @@
-// Package outbox is a transactional outbox for Watermill on PostgreSQL (and on SQLite, the
+// Package outbox is a transactional outbox for Watermill on PostgreSQL, on SQLite (the
 // embedded default of the outbox command: SchemaConfig.Dialect = DialectSQLite with a pure-Go
-// database/sql driver, see SQLiteDSN): an event written with
+// database/sql driver, see SQLiteDSN) and on MariaDB/MySQL (DialectMySQL): an event written with
 // Publisher commits or rolls back with the caller's transaction, and a relay (Subscriber, or
 // package forwarder) delivers every committed event at least once, in sequence order per
 // ordering key.

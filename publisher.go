@@ -123,8 +123,8 @@ type Publisher struct {
 
 // NewPublisher returns a Publisher writing through db: a pgx.Tx, *pgx.Conn or *pgxpool.Pool, a
 // *sql.Tx, *sql.DB or *sql.Conn (pgx stdlib driver), or a watermill-sql v4 ContextExecutor
-// (TxFromPgx, TxFromStdSQL); for DialectSQLite a *sql.Tx, *sql.DB or *sql.Conn of a SQLite
-// driver (NotifyChannel is then a *ConfigError: SQLite has no LISTEN/NOTIFY). A nil logger means watermill.NopLogger. Errors: a *ConfigError for
+// (TxFromPgx, TxFromStdSQL); for DialectSQLite and DialectMySQL a *sql.Tx, *sql.DB or
+// *sql.Conn of their driver (NotifyChannel is then a *ConfigError: they have no LISTEN/NOTIFY). A nil logger means watermill.NopLogger. Errors: a *ConfigError for
 // an invalid config or an unsupported handle (ErrUnsupportedDB). It runs no SQL.
 func NewPublisher(db any, cfg PublisherConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
 	cfg.setDefaults()

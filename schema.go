@@ -27,7 +27,8 @@ const (
 	// PayloadJSON stores payloads as JSON text (PostgreSQL type json): exactly the bytes
 	// written (key order, whitespace and duplicate keys kept), still checked like PayloadJSONB
 	// (ValidatePayload before any SQL; PostgreSQL checks the syntax again). On SQLite it is the
-	// same TEXT column as PayloadJSONB.
+	// same TEXT column as PayloadJSONB, on MariaDB/MySQL the same LONGTEXT column (both store
+	// the bytes as written).
 	PayloadJSON
 )
 
@@ -57,8 +58,8 @@ type SchemaConfig struct {
 	// SetExtraColumns / EventInput.ExtraColumns. Names must not collide with the outbox's own
 	// columns. Type is DDL of the table's dialect.
 	ExtraColumns []Column
-	// Dialect is the database the table lives in: DialectPostgreSQL (default) or
-	// DialectSQLite. A handle of the other dialect is a *ConfigError.
+	// Dialect is the database the table lives in: DialectPostgreSQL (default), DialectSQLite
+	// or DialectMySQL. A handle of another dialect is a *ConfigError.
 	Dialect Dialect
 	// FillFactor is the table's fillfactor storage parameter (PostgreSQL docs, CREATE TABLE,
 	// "Storage Parameters"): the percentage, 10..100, of each heap page that inserts fill.
@@ -72,7 +73,7 @@ type SchemaConfig struct {
 	// (BenchmarkWritePath, 8 writers, durable commits). The default applies to a table
 	// Migrate creates; a value set here is also set on an existing table (when it differs),
 	// whose pages already written keep their fill until rewritten. PostgreSQL only: a
-	// non-zero FillFactor with DialectSQLite is a *ConfigError.
+	// non-zero FillFactor with another dialect is a *ConfigError.
 	FillFactor int
 	// IdempotencyScope names extra columns (declared in ExtraColumns, typically a tenant id)
 	// that form the unique key together with the idempotency key: Migrate builds
@@ -254,9 +255,10 @@ func SchemaSQL(cfg SchemaConfig) (string, error) {
 
 // Migrate creates or upgrades the outbox table and its indexes. It is idempotent and safe to run
 // from several processes at once (it serialises on a transaction-scoped advisory lock; on
-// SQLite on the write lock). db is a *pgxpool.Pool, *pgx.Conn, *sql.DB (pgx stdlib driver) or a
-// transaction of either (then the DDL commits with that transaction); for DialectSQLite a
-// *sql.DB or *sql.Tx. Errors: a *ConfigError for an invalid config or handle, else
+// SQLite on the write lock; on MariaDB/MySQL on GET_LOCK). db is a *pgxpool.Pool, *pgx.Conn,
+// *sql.DB (pgx stdlib driver) or a transaction of either (then the DDL commits with that
+// transaction); for DialectSQLite a *sql.DB or *sql.Tx; for DialectMySQL a *sql.DB or
+// *sql.Conn (MySQL commits DDL implicitly, so a transaction is refused). Errors: a *ConfigError for an invalid config or handle, else
 // the database error wrapped with context.
 func Migrate(ctx context.Context, db any, cfg SchemaConfig) error {
 	s, ex, err := open(db, cfg)

@@ -56,7 +56,8 @@ type Subscriber struct {
 // NewSubscriber returns a Subscriber reading the outbox table through db: a *pgxpool.Pool,
 // *sql.DB (pgx stdlib driver) or a watermill-sql v4 Beginner (BeginnerFromPgx over a pool,
 // BeginnerFromStdSQL); for DialectSQLite a *sql.DB of a SQLite driver opened with SQLiteDSN
-// (relays in several processes may share the file: each claim is one write statement). A
+// (relays in several processes may share the file: each claim is one write transaction); for
+// DialectMySQL a *sql.DB of github.com/go-sql-driver/mysql. A
 // *pgx.Conn is refused (it runs one statement at a time). A transaction is refused: the relay
 // runs each statement on its own. A nil logger means watermill.NopLogger. Errors: a *ConfigError
 // for an invalid config or handle. It runs no SQL.

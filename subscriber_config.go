@@ -113,8 +113,8 @@ type SubscriberConfig struct {
 	// SyncCommit makes the relay's own statements (claims, lease renewals, marks) wait for
 	// PostgreSQL's WAL flush like ordinary commits. Default false: over a *pgxpool.Pool or a
 	// pgx stdlib *sql.DB each runs in a transaction of its own with SET LOCAL
-	// synchronous_commit = off (PostgreSQL docs, "Asynchronous Commit"; other handles and
-	// SQLite always commit synchronously). That saves a flush per
+	// synchronous_commit = off (PostgreSQL docs, "Asynchronous Commit"; other handles,
+	// SQLite and MariaDB/MySQL always commit synchronously). That saves a flush per
 	// claim and per mark; a server crash can then forget the last few hundred milliseconds of
 	// leases and marks, which only makes those events be delivered again (at least once) —
 	// events and their order are never lost, and writers' transactions are not affected.
@@ -145,8 +145,8 @@ type SubscriberConfig struct {
 	// MarkInterval is how often the acks of a batch that is still out are written: a relay
 	// that is killed repeats at most the deliveries acked since the last write (plus those in
 	// flight). A batch delivered within MarkInterval writes its marks once, at its end. Each
-	// write is one statement. Default 100ms; at least 1ms. PostgreSQL only: on SQLite (one
-	// writer) a batch's acks are written at its end.
+	// write is one statement. Default 100ms; at least 1ms. On SQLite (one writer) a
+	// batch's acks are written at its end.
 	MarkInterval time.Duration
 	// MaxDeliveryStarts detects poison events: an event whose delivery was started this many
 	// times in a row without any outcome being recorded (no ack, no failure: the relay was

@@ -38,8 +38,8 @@ func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench --db URL",
 		Short: "Measure what the outbox sustains on this database, beside a raw loop",
-		Long: `bench measures the outbox on the database given, in tables of its own (created, then
-dropped), and prints one table:
+		Long: `bench measures the outbox on the database given (PostgreSQL, MariaDB/MySQL or SQLite), in
+tables of its own (created, then dropped), and prints one table:
 
   write path   transactions/s of --writers writers, each transaction a business INSERT plus one
                keyed event, beside the same INSERT plus one row into a plain events table;
@@ -49,7 +49,8 @@ dropped), and prints one table:
   latency      commit → handler delay (p50, p99, and the worst p99 of any 10 s window) at --rate
                events/s for --duration, relay woken in-process; with --held-snapshot, again with
                one idle transaction holding a snapshot taken before the run (a report query, a
-               forgotten BEGIN, pg_dump: it keeps the row versions that leases and marks leave);
+               forgotten BEGIN, pg_dump or mysqldump: it keeps the row versions that leases and
+               marks leave);
   memory       the process's peak resident memory after the drains.
 
 Write path and drain alternate ours and the raw loop for --rounds rounds (the second round in
@@ -79,7 +80,7 @@ comparable with each other. Run it on a database like production's, on a quiet m
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.db, "db", "", "database URL: postgres://user:password@host:5432/dbname, sqlite://PATH or a path ending in .db (required)")
+	fl.StringVar(&f.db, "db", "", "database URL: "+dbFlagForms+" (required)")
 	fl.IntVar(&f.events, "events", 100000, "backlog of each drain")
 	fl.IntVar(&f.rounds, "rounds", 3, "rounds of the write path and drains; medians are printed")
 	fl.IntVar(&f.writers, "writers", 8, "concurrent writers of the write path and the latency run")
@@ -135,16 +136,6 @@ func (b *bench) migrate(table string) (outbox.SchemaConfig, error) {
 	return s, outbox.Migrate(b.ctx, b.d.handle(), s)
 }
 
-// settle flushes the seed's pages and statistics so that the timed part starts alike.
-func (b *bench) settle(table string) {
-	if b.d.url.kind == kindSQLite {
-		_ = b.d.exec(b.ctx, `PRAGMA wal_checkpoint(TRUNCATE)`)
-		return
-	}
-	_ = b.d.exec(b.ctx, "VACUUM ANALYZE "+quoteIdent(table))
-	_ = b.d.exec(b.ctx, "CHECKPOINT")
-}
-
 func runBench(ctx context.Context, out io.Writer, d *database, f benchFlags) error {
 	b := &bench{ctx: ctx, d: d, f: f, base: d.tableName()}
 	defer func() {
@@ -154,7 +145,7 @@ func runBench(ctx context.Context, out io.Writer, d *database, f benchFlags) err
 		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		for _, t := range b.tables {
-			_ = d.exec(cctx, "DROP TABLE IF EXISTS "+quoteIdent(t))
+			_ = d.dropTables(cctx, d.outboxTables(t)...)
 		}
 	}()
 	fmt.Fprintf(out, "outbox bench: %s, tables %s_*, %d rounds (medians), %d events per drain\n", d.where(), b.base, f.rounds, f.events)
@@ -307,17 +298,10 @@ func (b *bench) drainRaw(keys int) (float64, error) {
 	if err := b.seed(schema, b.f.events, keys); err != nil {
 		return 0, err
 	}
-	t := quoteIdent(schema.Table)
 	start := time.Now()
 	total := 0
 	for {
-		var n int
-		var err error
-		if b.d.url.kind == kindSQLite {
-			n, err = b.rawSQLiteRound(t)
-		} else {
-			n, err = b.rawPostgresRound(t)
-		}
+		n, err := b.rawRound(schema.Table)
 		if err != nil {
 			return 0, err
 		}
@@ -332,71 +316,14 @@ func (b *bench) drainRaw(keys int) (float64, error) {
 	return float64(total) / time.Since(start).Seconds(), nil
 }
 
-// leasedSeqs reads the raw loop's leased rows (sequence, id, topic, payload, headers, as a
-// relay would) and returns their sequences. pgx.Rows and *sql.Rows both qualify.
-func leasedSeqs(rows interface {
-	Next() bool
-	Scan(dest ...any) error
-	Err() error
-}) ([]int64, error) {
-	var seqs []int64
-	for rows.Next() {
-		var seq int64
-		var id, topic, payload, headers string
-		if err := rows.Scan(&seq, &id, &topic, &payload, &headers); err != nil {
-			return nil, err
-		}
-		seqs = append(seqs, seq)
-	}
-	return seqs, rows.Err()
-}
-
-func (b *bench) rawPostgresRound(t string) (int, error) {
-	rows, err := b.d.pool.Query(b.ctx, `UPDATE `+t+` SET lease_until = now() + interval '60 seconds', leased_by = 'raw' WHERE sequence IN (
-		SELECT sequence FROM `+t+` WHERE published_at IS NULL AND dead_lettered_at IS NULL AND (lease_until IS NULL OR lease_until < now())
-		ORDER BY sequence LIMIT 1000 FOR UPDATE SKIP LOCKED) RETURNING sequence, id::text, topic, payload::text, headers::text`)
-	if err != nil {
-		return 0, err
-	}
-	seqs, err := leasedSeqs(rows)
-	rows.Close()
-	if err != nil || len(seqs) == 0 {
-		return 0, err
-	}
-	_, err = b.d.pool.Exec(b.ctx, `UPDATE `+t+` SET published_at = now(), lease_until = NULL, leased_by = NULL WHERE sequence = ANY($1)`, seqs)
-	return len(seqs), err
-}
-
-func (b *bench) rawSQLiteRound(t string) (int, error) {
-	now := time.Now().UnixMicro()
-	rows, err := b.d.sqlDB.QueryContext(b.ctx, `UPDATE `+t+` SET lease_until = $1, leased_by = 'raw' WHERE sequence IN (
-		SELECT sequence FROM `+t+` WHERE published_at IS NULL AND dead_lettered_at IS NULL AND (lease_until IS NULL OR lease_until < $2)
-		ORDER BY sequence LIMIT 1000) RETURNING sequence, id, topic, payload, headers`, now+60e6, now)
-	if err != nil {
-		return 0, err
-	}
-	seqs, err := leasedSeqs(rows)
-	_ = rows.Close()
-	if err != nil || len(seqs) == 0 {
-		return 0, err
-	}
-	list := make([]string, len(seqs))
-	for i, s := range seqs {
-		list[i] = strconv.FormatInt(s, 10)
-	}
-	_, err = b.d.sqlDB.ExecContext(b.ctx, `UPDATE `+t+` SET published_at = $1, lease_until = NULL, leased_by = NULL WHERE sequence IN (SELECT value FROM json_each($2))`,
-		time.Now().UnixMicro(), "["+strings.Join(list, ",")+"]")
-	return len(seqs), err
-}
-
 // writeLoop runs --tx transactions over --writers writers, each a business INSERT then event
 // (which writes what is compared), and returns transactions/s.
 func (b *bench) writeLoop(event func(tx any, exec txExec, i int) error) (float64, error) {
 	biz := b.table()
-	if err := b.d.exec(b.ctx, `CREATE TABLE `+quoteIdent(biz)+` (id TEXT PRIMARY KEY, v INTEGER NOT NULL)`); err != nil {
+	if err := b.d.exec(b.ctx, `CREATE TABLE `+b.d.ident(biz)+` (id `+b.d.keyType()+` PRIMARY KEY, v INTEGER NOT NULL)`); err != nil {
 		return 0, err
 	}
-	insert := `INSERT INTO ` + quoteIdent(biz) + ` (id, v) VALUES ($1, $2)`
+	insert := `INSERT INTO ` + b.d.ident(biz) + ` (id, v) VALUES (` + b.d.params(2) + `)`
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	var once sync.Once
@@ -448,14 +375,10 @@ func (b *bench) writeOurs() (float64, error) {
 // creation time; one index), as a hand-written outbox or watermill-sql's would be.
 func (b *bench) writeRaw() (float64, error) {
 	t := b.table()
-	ddl := `CREATE TABLE ` + quoteIdent(t) + ` (seq BIGSERIAL PRIMARY KEY, id UUID NOT NULL, topic TEXT NOT NULL, payload JSON NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())`
-	if b.d.url.kind == kindSQLite {
-		ddl = `CREATE TABLE ` + quoteIdent(t) + ` (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL, topic TEXT NOT NULL, payload TEXT NOT NULL, created_at INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000000 AS INTEGER)))`
-	}
-	if err := b.d.exec(b.ctx, ddl); err != nil {
+	if err := b.d.exec(b.ctx, `CREATE TABLE `+b.d.ident(t)+` `+b.rawEventsColumns()); err != nil {
 		return 0, err
 	}
-	insert := `INSERT INTO ` + quoteIdent(t) + ` (id, topic, payload) VALUES ($1, 'orders', $2)`
+	insert := `INSERT INTO ` + b.d.ident(t) + ` (id, payload, topic) VALUES (` + b.d.params(2) + `, 'orders')`
 	return b.writeLoop(func(_ any, exec txExec, i int) error {
 		return exec(insert, watermill.NewUUID(), `{"order":`+strconv.Itoa(i)+`}`)
 	})
@@ -593,43 +516,6 @@ func (b *bench) latency(held bool) (latencyResult, error) {
 		}
 	}
 	return res, nil
-}
-
-// holdSnapshot opens a transaction that takes a snapshot (reads the table once) and then
-// stays idle until release: PostgreSQL REPEATABLE READ (the oldest xmin stops VACUUM and HOT
-// pruning), SQLite a read transaction (it stops checkpoints from resetting the log).
-func (b *bench) holdSnapshot(table string) (release func(), err error) {
-	q := `SELECT count(*) FROM ` + quoteIdent(table)
-	if b.d.url.kind == kindSQLite {
-		conn, err := b.d.sqlDB.Conn(b.ctx)
-		if err != nil {
-			return nil, err
-		}
-		if _, err := conn.ExecContext(b.ctx, `BEGIN DEFERRED`); err != nil {
-			_ = conn.Close()
-			return nil, err
-		}
-		var n int
-		if err := conn.QueryRowContext(b.ctx, q).Scan(&n); err != nil {
-			_ = conn.Close()
-			return nil, err
-		}
-		return func() { _, _ = conn.ExecContext(context.Background(), `ROLLBACK`); _ = conn.Close() }, nil
-	}
-	conn, err := b.d.pool.Acquire(b.ctx)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := conn.Exec(b.ctx, `BEGIN ISOLATION LEVEL REPEATABLE READ`); err != nil {
-		conn.Release()
-		return nil, err
-	}
-	var n int
-	if err := conn.QueryRow(b.ctx, q).Scan(&n); err != nil {
-		conn.Release()
-		return nil, err
-	}
-	return func() { _, _ = conn.Exec(context.Background(), `ROLLBACK`); conn.Release() }, nil
 }
 
 // peakRSS is the process's peak resident set size in MiB (VmHWM of /proc/self/status; 0 where

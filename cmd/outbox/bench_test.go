@@ -40,8 +40,11 @@ func TestBench(t *testing.T) {
 			}
 			var left int
 			q := `SELECT count(*) FROM pg_tables WHERE tablename LIKE '` + prefix[1] + `%'`
-			if b.name == "sqlite" {
+			switch b.name {
+			case "sqlite":
 				q = `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name LIKE '` + prefix[1] + `%'`
+			case "mariadb": // the key-lock tables <table>_keys included
+				q = `SELECT count(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE '` + prefix[1] + `%'`
 			}
 			u, _ := parseDBURL(db)
 			d, err := openDB(t.Context(), u, "x", openOptions{})

@@ -67,6 +67,13 @@ func (f *captureFlags) run(cmd *cobra.Command, fn func(d *database, tables []cap
 	if err != nil {
 		return err
 	}
+	u, err := parseDBURL(f.db)
+	if err != nil {
+		return err
+	}
+	if err := refuseMySQL(u, "outbox capture", "package capture has no MariaDB/MySQL trigger generator"); err != nil {
+		return err
+	}
 	df := dbFlags{db: f.db, table: f.outboxTable}
 	d, err := df.open(cmd.Context(), false)
 	if err != nil {
@@ -82,7 +89,8 @@ func newCaptureCmd() *cobra.Command {
 		Short: "Capture every row change of tables as outbox events (generated triggers)",
 		Long: `capture installs database triggers that write an outbox event for every INSERT, UPDATE and
 DELETE of the given tables, in the writing transaction (raw SQL, COPY and cascades included).
-See the capture package documentation for the envelope and the JSON form of values.`,
+See the capture package documentation for the envelope and the JSON form of values.
+PostgreSQL and SQLite only: a MariaDB/MySQL --db is refused.`,
 	}
 	cmd.AddCommand(newCaptureInstallCmd(), newCaptureSQLCmd(), newCaptureUninstallCmd())
 	return cmd

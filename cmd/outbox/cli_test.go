@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -21,11 +22,13 @@ import (
 
 	"github.com/IBM/sarama"
 	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/internal/brokertest"
+	"github.com/watermill-outbox/outbox/internal/mariadbtest"
 	"github.com/watermill-outbox/outbox/internal/pgtest"
 	"github.com/watermill-outbox/outbox/internal/privatepgbouncer"
 	"github.com/watermill-outbox/outbox/webhook"
@@ -106,25 +109,63 @@ func sqliteBackend() backend {
 				t.Fatal(err)
 			}
 			defer sdb.Close()
-			tx, err := sdb.Begin()
-			if err != nil {
-				t.Fatal(err)
-			}
-			pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Schema: schemaFor(kindSQLite, table)}, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ids, err := publishAll(pub, evs)
-			if err != nil {
-				_ = tx.Rollback()
-				t.Fatal(err)
-			}
-			if err := tx.Commit(); err != nil {
-				t.Fatal(err)
-			}
-			return ids
+			return publishSQL(t, sdb, kindSQLite, table, evs)
 		},
 	}
+}
+
+// mariadbBackend is the shared MariaDB test database (internal/mariadbtest) behind a mysql://
+// URL; its tables are dropped with their key-lock tables when the test ends.
+func mariadbBackend() backend {
+	return backend{
+		name: "mariadb",
+		fresh: func(t *testing.T) (string, string) {
+			return mariadbURL(t), mariadbtest.Table(t)
+		},
+		publish: func(t *testing.T, _ string, table string, evs []testEvent) []string {
+			return publishSQL(t, mariadbtest.Require(t), kindMySQL, table, evs)
+		},
+	}
+}
+
+// mariadbURL is the --db URL of the shared MariaDB test database (mariadbtest.DSN in URL
+// form); it calls mariadbtest.Require first.
+func mariadbURL(t *testing.T) string {
+	t.Helper()
+	mariadbtest.Require(t)
+	cfg, err := mysql.ParseDSN(mariadbtest.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := url.URL{Scheme: "mysql", User: url.User(cfg.User), Host: cfg.Addr, Path: "/" + cfg.DBName}
+	if cfg.Passwd != "" {
+		u.User = url.UserPassword(cfg.User, cfg.Passwd)
+	}
+	return u.String()
+}
+
+// publishSQL writes evs in one transaction of db through outbox.NewPublisher and returns their
+// ids.
+func publishSQL(t *testing.T, db *sql.DB, kind dbKind, table string, evs []testEvent) []string {
+	t.Helper()
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Schema: schemaFor(kind, table)}, nil)
+	if err != nil {
+		_ = tx.Rollback()
+		t.Fatal(err)
+	}
+	ids, err := publishAll(pub, evs)
+	if err != nil {
+		_ = tx.Rollback()
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	return ids
 }
 
 func sanitizeName(s string) string {
@@ -147,7 +188,7 @@ func publishAll(pub *outbox.Publisher, evs []testEvent) ([]string, error) {
 
 // backends are the databases the tests cover.
 func backends() []backend {
-	return []backend{postgresBackend(), sqliteBackend()}
+	return []backend{postgresBackend(), sqliteBackend(), mariadbBackend()}
 }
 
 // receiver is an httptest webhook receiver on 127.0.0.1 that verifies each request's
@@ -220,8 +261,9 @@ func TestUsageErrors(t *testing.T) {
 		args  []string
 		parts []string
 	}{
-		{"unsupported scheme", []string{"status", "--db", "mysql://root@127.0.0.1/x"}, []string{`"mysql://root@127.0.0.1/x" is not supported`, "postgres://", "sqlite://PATH", ".db"}},
-		{"no db", []string{"status"}, []string{"--db", "OUTBOX_DB", "postgres://"}},
+		{"unsupported scheme", []string{"status", "--db", "sqlserver://sa:secret@127.0.0.1/x"}, []string{`"sqlserver://sa:xxxxx@127.0.0.1/x" is not supported`, "postgres://", "mysql://", "mariadb://", "sqlite://PATH", ".db"}},
+		{"no db", []string{"status"}, []string{"--db", "OUTBOX_DB", "postgres://", "mysql://"}},
+		{"mysql URL without database", []string{"status", "--db", "mysql://root:secret@127.0.0.1:3306"}, []string{`"mysql://root:xxxxx@127.0.0.1:3306" names no database`, "mysql://user:password@host:3306/dbname"}},
 		{"password hidden", []string{"status", "--db", "postgres://u:secret@127.0.0.1:5432/db?sslmode=bogus"}, []string{"xxxxx", "postgres://"}},
 		{"bad --to", []string{"relay", "--db", "x.db", "--to", "ftp://127.0.0.1/"}, []string{"ftp://127.0.0.1/", "kafka://", "amqp://", "redis://", "http(s)://"}},
 		{"bad batch size", []string{"relay", "--db", "x.db", "--to", "http://127.0.0.1/", "--batch-size", "0"}, []string{"--batch-size"}},
@@ -258,6 +300,20 @@ func TestDatabaseErrors(t *testing.T) {
 			{"dead", "list", "--db", "postgres://postgres@" + addr + "/test"},
 		} {
 			wantFailure(t, cli(t, nil, args...), 1, "cannot connect to PostgreSQL at "+addr, "check that the server runs")
+		}
+		for _, args := range [][]string{
+			{"status", "--db", "mysql://root@" + addr + "/test"},
+			{"migrate", "--db", "mariadb://root:secret@" + addr + "/test"},
+			{"relay", "--db", "mysql://root@" + addr + "/test", "--to", "http://127.0.0.1/"},
+			{"dead", "list", "--db", "mysql://root@" + addr + "/test"},
+			{"demo", "--db", "mysql://root@" + addr + "/test"},
+			{"bench", "--db", "mysql://root@" + addr + "/test"},
+		} {
+			r := cli(t, nil, args...)
+			wantFailure(t, r, 1, "cannot connect to MariaDB/MySQL at "+addr, "connection refused", "check that the server runs", "names the right host, port and database")
+			if strings.Contains(r.stderr, "secret") {
+				t.Fatalf("the password is shown: %s", r.stderr)
+			}
 		}
 	})
 	t.Run("missing sqlite file", func(t *testing.T) {
@@ -299,6 +355,13 @@ func TestRelay(t *testing.T) {
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) { relayScenario(t, b) })
 	}
+}
+
+// wakeupLines is the log line in which a relay on each backend says how it finds new events.
+var wakeupLines = map[string]string{
+	"postgres": `msg="outbox relay polls every --poll-interval" poll-interval=50ms wakeup=none`,
+	"sqlite":   `msg="outbox relay wakes on each commit to the SQLite file, and polls every --poll-interval" poll-interval=50ms wakeup=sqlite-wal`,
+	"mariadb":  `msg="outbox relay polls every --poll-interval: MariaDB/MySQL has no LISTEN/NOTIFY to wake it (lower --poll-interval for lower latency)" poll-interval=50ms wakeup=none`,
 }
 
 // dsnBackend is the PostgreSQL backend reached through the --db URL that dsn returns (events
@@ -368,6 +431,13 @@ func relayScenario(t *testing.T, b backend) {
 	})
 	if !strings.Contains(p.errb.String(), "outbox relay stopped") {
 		t.Fatalf("relay log lacks the stop line: %s", p.errb.String())
+	}
+	want, ok := wakeupLines[b.name]
+	if !ok {
+		want = wakeupLines["postgres"] // the dsnBackends
+	}
+	if !strings.Contains(p.errb.String(), want) {
+		t.Fatalf("relay log lacks the wakeup line %s:\n%s", want, p.errb.String())
 	}
 	if got := rcv.received(); !slices.Equal(sorted(got), sorted(orderIDs)) {
 		t.Fatalf("received %d ids, want the %d order events", len(got), len(orderIDs))

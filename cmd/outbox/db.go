@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,9 +23,14 @@ import (
 
 // dbForms lists the accepted --db forms, for error messages.
 const dbForms = "postgres://user:password@host:5432/dbname (or postgresql://…) for PostgreSQL; " +
+	mysqlForm + "; " +
 	"sqlite://PATH, sqlite:PATH, file:PATH or a path ending in .db, .sqlite or .sqlite3 for SQLite"
 
-// connectTimeout bounds connecting to PostgreSQL when the DSN sets no connect_timeout.
+// dbFlagForms lists the accepted --db forms briefly, for the flag's help.
+const dbFlagForms = "postgres://user:password@host:5432/dbname, mysql://user:password@host:3306/dbname, sqlite://PATH or a path ending in .db"
+
+// connectTimeout bounds connecting to PostgreSQL when the DSN sets no connect_timeout, and to
+// MariaDB/MySQL when the URL sets no timeout.
 const connectTimeout = 5 * time.Second
 
 // dbKind is the database behind a --db URL.
@@ -33,11 +39,15 @@ type dbKind int
 const (
 	kindPostgres dbKind = iota
 	kindSQLite
+	kindMySQL // MariaDB or MySQL
 )
 
 func (k dbKind) String() string {
-	if k == kindSQLite {
+	switch k {
+	case kindSQLite:
 		return "SQLite"
+	case kindMySQL:
+		return "MariaDB/MySQL"
 	}
 	return "PostgreSQL"
 }
@@ -51,6 +61,8 @@ type dbURL struct {
 	pg *pgxpool.Config
 	// path is the SQLite file (kindSQLite).
 	path string
+	// my is the driver configuration (kindMySQL).
+	my *mysql.Config
 }
 
 // parseDBURL parses a --db value. Errors name the accepted forms.
@@ -68,7 +80,7 @@ func parseDBURL(s string) (dbURL, error) {
 		if u, err := url.Parse(s); err == nil {
 			shown = u.Redacted()
 		} else {
-			return dbURL{}, &usageError{fmt.Errorf("database URL %q is not a valid URL (%v): use %s", redactDSN(s), err, dbForms)}
+			return dbURL{}, &usageError{fmt.Errorf("database URL %q is not a valid URL (%s): use %s", redactDSN(s), urlErrText(err), dbForms)}
 		}
 		cfg, err := pgxpool.ParseConfig(s)
 		if err != nil {
@@ -78,6 +90,8 @@ func parseDBURL(s string) (dbURL, error) {
 			cfg.ConnConfig.ConnectTimeout = connectTimeout
 		}
 		return dbURL{raw: s, shown: shown, kind: kindPostgres, pg: cfg}, nil
+	case strings.HasPrefix(lower, "mysql://"), strings.HasPrefix(lower, "mariadb://"):
+		return mysqlURL(s)
 	case strings.HasPrefix(lower, "sqlite://"):
 		return sqliteURL(s, s[len("sqlite://"):])
 	case strings.HasPrefix(lower, "sqlite:"):
@@ -102,12 +116,45 @@ func sqliteURL(raw, path string) (dbURL, error) {
 	return dbURL{raw: raw, shown: raw, kind: kindSQLite, path: path}, nil
 }
 
-// redactDSN hides a password in s when s parses as a URL.
+// redactDSN hides a password in s: as url.URL.Redacted does when s parses as a URL with a
+// host part, else the text between the first ':' and the last '@' of what follows the scheme
+// ("scheme://" or "scheme:") up to the first '/', '?' or '#' (a URL with a bad port, or
+// "mysql:user:password@host/db", still shows no password).
 func redactDSN(s string) string {
-	if u, err := url.Parse(s); err == nil && u.User != nil {
-		return u.Redacted()
+	u, err := url.Parse(s)
+	if err == nil && u.Opaque == "" {
+		if u.User != nil {
+			return u.Redacted()
+		}
+		return s
 	}
-	return s
+	i := strings.IndexByte(s, ':')
+	if i < 0 {
+		return s
+	}
+	start := i + 1
+	if strings.HasPrefix(s[start:], "//") {
+		start += 2
+	}
+	auth := s[start:]
+	if end := strings.IndexAny(auth, "/?#"); end >= 0 {
+		auth = auth[:end]
+	}
+	at := strings.LastIndexByte(auth, '@')
+	colon := strings.IndexByte(auth, ':')
+	if at < 0 || colon < 0 || colon > at {
+		return s
+	}
+	return s[:start+colon+1] + "xxxxx" + s[start+at:]
+}
+
+// urlErrText is the cause of a url.Parse error without the URL, which can carry a password.
+func urlErrText(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err.Error()
+	}
+	return err.Error()
 }
 
 // errText is err's text without pgx's connection-string prefix, which can carry the password.
@@ -126,7 +173,7 @@ type database struct {
 	url    dbURL
 	schema outbox.SchemaConfig
 	pool   *pgxpool.Pool // kindPostgres
-	sqlDB  *sql.DB       // kindSQLite
+	sqlDB  *sql.DB       // kindSQLite, kindMySQL
 }
 
 // openOptions say how openDB treats a database that does not exist yet.
@@ -175,6 +222,10 @@ func openDB(ctx context.Context, u dbURL, table string, opts openOptions) (*data
 			return nil, fmt.Errorf("cannot open SQLite file %q (%s): check that its directory exists and is writable", u.path, oneLine(err.Error()))
 		}
 		d.sqlDB = db
+	case kindMySQL:
+		if err := d.openMySQL(ctx); err != nil {
+			return nil, err
+		}
 	}
 	return d, nil
 }
@@ -186,18 +237,28 @@ func (d *database) connectError(err error) error {
 	if errors.As(err, &pgErr) {
 		return fmt.Errorf("PostgreSQL at %s refused the connection (%s, SQLSTATE %s): check the user, password and database name in --db %s", where, pgErr.Message, pgErr.Code, d.url.shown)
 	}
-	cause := errText(err)
+	return d.unreachable("PostgreSQL", where, errText(err), err)
+}
+
+// unreachable is the message of a connection to server at where that failed before the server
+// answered: the network error, "timed out", or else cause (err's text, as the caller cleaned
+// it).
+func (d *database) unreachable(server, where, cause string, err error) error {
 	var opErr *net.OpError
 	if errors.As(err, &opErr) {
 		cause = opErr.Error()
 	} else if errors.Is(err, context.DeadlineExceeded) {
 		cause = "timed out"
 	}
-	return fmt.Errorf("cannot connect to PostgreSQL at %s (%s): check that the server runs and that --db %s names the right host, port and database", where, oneLine(cause), d.url.shown)
+	return fmt.Errorf("cannot connect to %s at %s (%s): check that the server runs and that --db %s names the right host, port and database", server, where, oneLine(cause), d.url.shown)
 }
 
-// hostPort is the PostgreSQL server's address as host:port (or the socket path).
+// hostPort is the server's address as host:port (or the PostgreSQL socket path); the SQLite
+// file's path.
 func (d *database) hostPort() string {
+	if d.url.my != nil {
+		return d.url.my.Addr
+	}
 	if d.url.pg == nil {
 		return d.url.path
 	}
@@ -207,8 +268,11 @@ func (d *database) hostPort() string {
 
 // where names the database for messages.
 func (d *database) where() string {
-	if d.url.kind == kindSQLite {
+	switch d.url.kind {
+	case kindSQLite:
 		return fmt.Sprintf("SQLite file %q", d.url.path)
+	case kindMySQL:
+		return fmt.Sprintf("MariaDB/MySQL at %s/%s", d.hostPort(), d.url.my.DBName)
 	}
 	return fmt.Sprintf("PostgreSQL at %s/%s", d.hostPort(), d.url.pg.ConnConfig.Database)
 }
@@ -245,22 +309,30 @@ func (d *database) requireTable(ctx context.Context) error {
 	}
 	if errors.Is(err, errTableNotFound) {
 		if schema, serr := d.missingSchema(ctx); serr == nil && schema != "" {
-			return fmt.Errorf("outbox table %q not found in %s, nor its schema %q: create the schema first with `CREATE SCHEMA %s`, then the table with %s",
-				d.tableName(), d.where(), schema, sqlIdent(schema), d.migrateHint())
+			word, create := d.createSchema(schema)
+			return fmt.Errorf("outbox table %q not found in %s, nor its %s %q: create the %s first with `%s`, then the table with %s",
+				d.tableName(), d.where(), word, schema, word, create, d.migrateHint())
 		}
 		return fmt.Errorf("outbox table %q not found in %s: create it with %s", d.tableName(), d.where(), d.migrateHint())
 	}
 	return d.queryError("checking the outbox table", err)
 }
 
-// missingSchema returns the schema of a schema-qualified PostgreSQL --table when that schema
-// does not exist, and "" otherwise.
+// missingSchema returns the schema of a schema-qualified PostgreSQL --table (the database of a
+// qualified MariaDB/MySQL one) when it does not exist, and "" otherwise.
 func (d *database) missingSchema(ctx context.Context) (string, error) {
 	i := strings.IndexByte(d.tableName(), '.')
-	if d.pool == nil || i < 0 {
+	if d.url.kind == kindSQLite || i < 0 {
 		return "", nil
 	}
 	schema := d.tableName()[:i]
+	if d.url.kind == kindMySQL {
+		ok, err := d.mysqlDatabaseExists(ctx, schema)
+		if err != nil || ok {
+			return "", err
+		}
+		return schema, nil
+	}
 	var oid *uint32
 	// The outbox quotes the table's parts, so the schema name is case-sensitive: quote it too.
 	if err := d.pool.QueryRow(ctx, "SELECT to_regnamespace($1)::oid", pgx.Identifier{schema}.Sanitize()).Scan(&oid); err != nil {
@@ -272,10 +344,29 @@ func (d *database) missingSchema(ctx context.Context) (string, error) {
 	return schema, nil
 }
 
-// schemaMissingError is migrate's message when the schema of --table does not exist.
+// schemaMissingError is migrate's message when the schema (MariaDB/MySQL: the database) of
+// --table does not exist.
 func (d *database) schemaMissingError(schema string) error {
-	return fmt.Errorf("cannot create outbox table %q in %s: schema %q does not exist; create it first with `CREATE SCHEMA %s`, then run %s again",
-		d.tableName(), d.where(), schema, sqlIdent(schema), d.migrateHint())
+	word, create := d.createSchema(schema)
+	return fmt.Errorf("cannot create outbox table %q in %s: %s %q does not exist; create it first with `%s`, then run %s again",
+		d.tableName(), d.where(), word, schema, create, d.migrateHint())
+}
+
+// schemaGone reports whether err says that the schema (PostgreSQL: invalid_schema_name) or
+// database (MariaDB/MySQL: unknown database) of a qualified table does not exist.
+func schemaGone(err error) bool {
+	var pgErr *pgconn.PgError
+	var myErr *mysql.MySQLError
+	return errors.As(err, &pgErr) && pgErr.Code == "3F000" || errors.As(err, &myErr) && myErr.Number == erBadDB
+}
+
+// createSchema names what qualifies a table in d's database ("schema"; "database" on
+// MariaDB/MySQL) and the statement that creates the one named name.
+func (d *database) createSchema(name string) (word, stmt string) {
+	if d.url.kind == kindMySQL {
+		return "database", "CREATE DATABASE " + mysqlIdent(name)
+	}
+	return "schema", "CREATE SCHEMA " + sqlIdent(name)
 }
 
 // sqlIdent is name as an SQL identifier: bare when PostgreSQL would not fold or reject it,
@@ -326,7 +417,7 @@ func (d *database) Close() {
 	}
 }
 
-// exec runs one statement outside any transaction ($1, $2 … placeholders in both dialects).
+// exec runs one statement outside any transaction (placeholders as d.params writes them).
 func (d *database) exec(ctx context.Context, query string, args ...any) error {
 	if d.pool != nil {
 		_, err := d.pool.Exec(ctx, query, args...)
@@ -370,13 +461,4 @@ func ignoreDone(err error) error {
 		return nil
 	}
 	return err
-}
-
-// quoteIdent quotes a possibly schema-qualified table name as an SQL identifier.
-func quoteIdent(name string) string {
-	parts := strings.Split(name, ".")
-	for i, p := range parts {
-		parts[i] = `"` + strings.ReplaceAll(p, `"`, `""`) + `"`
-	}
-	return strings.Join(parts, ".")
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -78,9 +79,10 @@ subscriber: kafka://host:9092, amqp://user:password@host:5672/, redis://host:637
 http(s)://… the demo counts the events the webhook answered with 2xx, in the order the relay
 delivered them.
 
---db takes a PostgreSQL URL (postgres://…) or an SQLite file; the demo creates its own tables
-(named outbox_demo_<id> and demo_orders_<id> unless the database is the temporary file) and
-drops them at the end unless --keep is given.`,
+--db takes a PostgreSQL URL (postgres://…), a MariaDB/MySQL URL (mysql://…) or an SQLite file;
+the demo creates its own tables (named outbox_demo_<id> and demo_orders_<id> unless the
+database is the temporary file; on MariaDB/MySQL also the key-lock table outbox_demo_<id>_keys)
+and drops them at the end unless --keep is given.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
@@ -96,7 +98,7 @@ drops them at the end unless --keep is given.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.db, "db", "", "database URL (postgres://… or sqlite://PATH); default: an SQLite file in a temporary directory")
+	fl.StringVar(&f.db, "db", "", "database URL (postgres://…, mysql://… or sqlite://PATH); default: an SQLite file in a temporary directory")
 	fl.StringVar(&f.dbFile, "db-file", "", "SQLite file to use instead of a temporary one (created when missing)")
 	fl.StringVar(&f.to, "to", "", "sink: kafka://host:9092, amqp://user:password@host:5672/, redis://host:6379 or http(s)://…; default: a signature-checking HTTP receiver on 127.0.0.1")
 	fl.IntVar(&f.writers, "writers", 4, "concurrent writers")
@@ -189,7 +191,7 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 	if err := outbox.Migrate(ctx, d.handle(), d.schema); err != nil {
 		return d.queryError("creating the outbox table", err)
 	}
-	if err := d.exec(ctx, fmt.Sprintf(`CREATE TABLE %s (id TEXT PRIMARY KEY, customer TEXT NOT NULL, seq INTEGER NOT NULL, amount_cents INTEGER NOT NULL)`, quoteIdent(business))); err != nil {
+	if err := d.exec(ctx, fmt.Sprintf(`CREATE TABLE %s (id %s PRIMARY KEY, customer %[2]s NOT NULL, seq INTEGER NOT NULL, amount_cents INTEGER NOT NULL)`, d.ident(business), d.keyType())); err != nil {
 		return d.queryError("creating the demo table", err)
 	}
 	defer func() {
@@ -198,8 +200,7 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		_ = d.exec(cctx, "DROP TABLE IF EXISTS "+quoteIdent(business))
-		_ = d.exec(cctx, "DROP TABLE IF EXISTS "+quoteIdent(table))
+		_ = d.dropTables(cctx, append([]string{business}, d.outboxTables(table)...)...)
 	}()
 
 	tr := newTracker()
@@ -360,8 +361,11 @@ func keptLines(d *database, u dbURL, tempDir, table, business string) []string {
 		fmt.Sprintf("kept                tables %s and %s in %s", table, business, d.where()),
 		fmt.Sprintf("inspect             outbox status --db %s --table %s", shellQuote(u.shown), table),
 	}
-	if u.kind == kindSQLite {
+	switch u.kind {
+	case kindSQLite:
 		return append(lines, fmt.Sprintf("drop                sqlite3 %s %s", shellQuote(u.path), shellQuote(fmt.Sprintf("DROP TABLE %s; DROP TABLE %s;", business, table))))
+	case kindMySQL:
+		return append(lines, "drop                "+mysqlClientCommand(u, "DROP TABLE "+strings.Join(append([]string{business}, d.outboxTables(table)...), ", ")))
 	}
 	return append(lines, fmt.Sprintf("drop                psql %s -c %s", shellQuote(u.shown), shellQuote(fmt.Sprintf("DROP TABLE %s, %s", business, table))))
 }
@@ -397,7 +401,7 @@ func writeDemo(ctx context.Context, d *database, business string, w *wakeup.InPr
 			}
 		}
 	}
-	insert := fmt.Sprintf(`INSERT INTO %s (id, customer, seq, amount_cents) VALUES ($1, $2, $3, $4)`, quoteIdent(business))
+	insert := fmt.Sprintf(`INSERT INTO %s (id, customer, seq, amount_cents) VALUES (%s)`, d.ident(business), d.params(4))
 	for wr := range f.writers {
 		wg.Add(1)
 		go func() {

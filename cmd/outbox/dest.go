@@ -55,7 +55,7 @@ func parseDestURL(s string) (destURL, error) {
 	}
 	u, err := url.Parse(s)
 	if err != nil {
-		return destURL{}, &usageError{fmt.Errorf("--to %q is not a URL (%v): use %s", redactDSN(s), err, destForms)}
+		return destURL{}, &usageError{fmt.Errorf("--to %q is not a URL (%s): use %s", redactDSN(s), urlErrText(err), destForms)}
 	}
 	d := destURL{raw: s, shown: u.Redacted()}
 	switch strings.ToLower(u.Scheme) {

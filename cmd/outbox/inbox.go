@@ -34,6 +34,9 @@ func (f *inboxFlags) open(ctx context.Context, create bool) (*database, inbox.Sc
 	if err != nil {
 		return nil, inbox.SchemaConfig{}, err
 	}
+	if err := refuseMySQL(u, "outbox inbox", "package inbox has no MariaDB/MySQL dialect"); err != nil {
+		return nil, inbox.SchemaConfig{}, err
+	}
 	cfg := inbox.SchemaConfig{Table: f.table}
 	if u.kind == kindSQLite {
 		cfg.Dialect = outbox.DialectSQLite
@@ -63,7 +66,8 @@ func newInboxCmd() *cobra.Command {
 		Use:   "inbox migrate|status|cleanup --db URL",
 		Short: "Operate the consumer inbox table (package inbox): create it, show it, clean it up",
 		Long: `inbox operates the table in which package inbox records the messages each consumer processed
-(consumer, message id, topic, processed_at), so that a redelivered message changes nothing.`,
+(consumer, message id, topic, processed_at), so that a redelivered message changes nothing.
+PostgreSQL and SQLite only: a MariaDB/MySQL --db is refused.`,
 	}
 	cmd.AddCommand(newInboxMigrateCmd(), newInboxStatusCmd(), newInboxCleanupCmd())
 	return cmd

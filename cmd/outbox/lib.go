@@ -20,8 +20,11 @@ type (
 // schemaFor is the outbox schema of table in a database of kind.
 func schemaFor(kind dbKind, table string) outbox.SchemaConfig {
 	cfg := outbox.SchemaConfig{Table: table}
-	if kind == kindSQLite {
+	switch kind {
+	case kindSQLite:
 		cfg.Dialect = outbox.DialectSQLite
+	case kindMySQL:
+		cfg.Dialect = outbox.DialectMySQL
 	}
 	return cfg
 }

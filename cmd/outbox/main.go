@@ -8,8 +8,11 @@
 //	outbox cleanup --db URL --published-older-than 168h
 //	outbox inbox migrate|status|cleanup --db URL …  # the consumer inbox table (package inbox)
 //
-// Database URLs: postgres://… or postgresql://… (PostgreSQL, through a pgx pool); sqlite://PATH,
-// sqlite:PATH, file:PATH or a path ending in .db, .sqlite or .sqlite3 (SQLite, pure Go).
+// Database URLs: postgres://… or postgresql://… (PostgreSQL, through a pgx pool);
+// mysql://user:password@host:3306/dbname or mariadb://… (MariaDB 10.6+ or MySQL 8, through
+// go-sql-driver/mysql; the query parameters go to the driver); sqlite://PATH, sqlite:PATH,
+// file:PATH or a path ending in .db, .sqlite or .sqlite3 (SQLite, pure Go). inbox and capture
+// work on PostgreSQL and SQLite only.
 //
 // Every flag of migrate, relay, status, dead and cleanup can also be given as an environment
 // variable named OUTBOX_ and the flag's name in upper case with '-' as '_' (OUTBOX_DB,
@@ -89,8 +92,11 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 
 Start with "outbox demo": it needs no server and shows the whole outbox at work.
 
-Database URLs (--db): postgres://… or postgresql://… for PostgreSQL; sqlite://PATH, sqlite:PATH,
-file:PATH or a path ending in .db, .sqlite or .sqlite3 for SQLite.
+Database URLs (--db): postgres://… or postgresql://… for PostgreSQL;
+mysql://user:password@host:3306/dbname or mariadb://… for MariaDB 10.6+ and MySQL 8 (query
+parameters such as ?tls=true go to the driver); sqlite://PATH, sqlite:PATH, file:PATH or a path
+ending in .db, .sqlite or .sqlite3 for SQLite. inbox and capture work on PostgreSQL and SQLite
+only.
 
 Every flag of migrate, relay, status, dead and cleanup can also be set through an environment
 variable: OUTBOX_ followed by the flag name in upper case with '-' as '_' (OUTBOX_DB, OUTBOX_TO,

@@ -143,7 +143,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 // process is a running outbox command (the relay).
 type process struct {
 	cmd    *exec.Cmd
-	out    bytes.Buffer
+	out    syncBuffer
 	errb   syncBuffer
 	done   chan struct{}
 	waitEr error

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os/signal"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 
 	"github.com/watermill-outbox/outbox"
@@ -25,8 +23,8 @@ type dbFlags struct {
 }
 
 func (f *dbFlags) register(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&f.db, "db", "", "database URL: postgres://user:password@host:5432/dbname, sqlite://PATH or a path ending in .db (required)")
-	cmd.Flags().StringVar(&f.table, "table", outbox.DefaultTable, "outbox table name, optionally schema-qualified on PostgreSQL")
+	cmd.Flags().StringVar(&f.db, "db", "", "database URL: "+dbFlagForms+" (required)")
+	cmd.Flags().StringVar(&f.table, "table", outbox.DefaultTable, "outbox table name, optionally schema-qualified (PostgreSQL) or database-qualified (MariaDB/MySQL)")
 }
 
 // open parses --db and connects. Unless create is set, the outbox table must exist.
@@ -71,7 +69,9 @@ func newMigrateCmd() *cobra.Command {
 		Short: "Create or upgrade the outbox table and its indexes (idempotent)",
 		Long: `migrate creates the outbox table and its indexes, or adds what an older version lacks.
 It is idempotent and safe to run from several processes at once. For SQLite it creates the
-database file when it does not exist.`,
+database file when it does not exist. On MariaDB/MySQL it also creates the key-lock table
+<table>_keys, which writers use to commit each ordering key's events in order; drop both
+tables together.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -86,8 +86,7 @@ database file when it does not exist.`,
 				return d.schemaMissingError(schema)
 			}
 			if err := outbox.Migrate(ctx, d.handle(), d.schema); err != nil {
-				var pgErr *pgconn.PgError
-				if errors.As(err, &pgErr) && pgErr.Code == "3F000" { // invalid_schema_name: dropped meanwhile
+				if schemaGone(err) { // dropped meanwhile
 					if i := strings.IndexByte(d.tableName(), '.'); i > 0 {
 						return d.schemaMissingError(d.tableName()[:i])
 					}

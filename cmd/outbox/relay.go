@@ -210,7 +210,12 @@ Destinations (--to):
                                      when --secret is set); private and loopback receivers need
                                      --allow-prefix
 The destination topic (Kafka topic, routing key, stream) is the event's topic unless --dest-topic
-names one for all.`,
+names one for all.
+
+How the relay finds new events (its log says which at start): on SQLite it wakes on each commit
+to the file (it watches the write-ahead log) and also polls every --poll-interval; on
+PostgreSQL and MariaDB/MySQL it polls every --poll-interval (MariaDB/MySQL has no
+LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more empty claims).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			dest, err := parseDestURL(to)
@@ -290,7 +295,7 @@ names one for all.`,
 	rf.register(cmd)
 	of.register(cmd)
 	fl := cmd.Flags()
-	fl.Lookup("table").Usage = "outbox table, optionally schema-qualified on PostgreSQL; or several, comma-separated, each possibly a pattern ('*', '?': \"tenant_*.watermill_outbox\") resolved once at start, relayed by one relay in fair turns"
+	fl.Lookup("table").Usage = "outbox table, optionally schema-qualified (PostgreSQL) or database-qualified (MariaDB/MySQL); or several, comma-separated, each possibly a pattern ('*', '?': \"tenant_*.watermill_outbox\") resolved once at start, relayed by one relay in fair turns"
 	fl.StringVar(&to, "to", "", "destination URL: "+destForms+" (required)")
 	fl.StringSliceVar(&topics, "topics", nil, "topic pattern to relay (exact, \"prefix*\" or \"*\"); repeatable or comma-separated; default \"*\" (all)")
 	aliasFlag(cmd, "topics", "topic")
@@ -312,16 +317,9 @@ func runRelay(ctx context.Context, d *database, cfg outbox.SubscriberConfig, tab
 		fwds []*forwarder.Forwarder
 		subs []relaySubscriber
 	)
-	if d.url.kind == kindSQLite && cfg.Wakeup == nil {
-		// Writers of an SQLite file run in other processes: wake on each write of its log
-		// instead of waiting for --poll-interval.
-		w, err := sqlitewal.New(d.url.path, logger)
-		if err != nil {
-			logger.Info("SQLite wakeup unavailable, the relay polls every --poll-interval", watermill.LogFields{"err": err})
-		} else {
-			defer w.Close()
-			cfg.Wakeup = w
-		}
+	if w := relayWakeup(d, cfg.PollInterval, logger); w != nil {
+		defer w.Close()
+		cfg.Wakeup = w
 	}
 	closeAll := func() {
 		for _, fw := range fwds {
@@ -378,6 +376,33 @@ func runRelay(ctx context.Context, d *database, cfg outbox.SubscriberConfig, tab
 		return fmt.Errorf("relay: %s", oneLine(err.Error()))
 	}
 	logger.Info("outbox relay stopped", stats.summary(context.WithoutCancel(ctx), subs[0]))
+	return nil
+}
+
+// relayWakeup returns what wakes the relay between polls, nil for nothing, and logs which it
+// is. The writers run in other processes: on SQLite the relay watches the file's write-ahead
+// log (wakeup/sqlitewal); PostgreSQL and MariaDB/MySQL relays poll every --poll-interval
+// (MariaDB/MySQL has no LISTEN/NOTIFY).
+func relayWakeup(d *database, poll time.Duration, logger watermill.LoggerAdapter) *sqlitewal.Watcher {
+	fields := watermill.LogFields{"poll-interval": poll.String()}
+	switch d.url.kind {
+	case kindSQLite:
+		w, err := sqlitewal.New(d.url.path, logger)
+		if err != nil {
+			fields["err"] = err
+			logger.Info("SQLite wakeup unavailable, the relay polls every --poll-interval", fields)
+			return nil
+		}
+		fields["wakeup"] = "sqlite-wal"
+		logger.Info("outbox relay wakes on each commit to the SQLite file, and polls every --poll-interval", fields)
+		return w
+	case kindMySQL:
+		fields["wakeup"] = "none"
+		logger.Info("outbox relay polls every --poll-interval: MariaDB/MySQL has no LISTEN/NOTIFY to wake it (lower --poll-interval for lower latency)", fields)
+	default:
+		fields["wakeup"] = "none"
+		logger.Info("outbox relay polls every --poll-interval", fields)
+	}
 	return nil
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -69,8 +70,13 @@ func (f *dbFlags) openTables(ctx context.Context, elems []string) (*database, []
 
 // matchTables returns the outbox tables (those with a leased_by column) whose name matches
 // the glob pattern: "schema.table" on PostgreSQL when the pattern holds a '.', else the table
-// name among the tables of the search path; the table name on SQLite.
+// name among the tables of the search path; on MariaDB/MySQL likewise "db.table" among the
+// server's databases, else the table name among the current database's tables; the table
+// name on SQLite.
 func (d *database) matchTables(ctx context.Context, pattern string) ([]string, error) {
+	if d.url.kind == kindMySQL {
+		return d.matchMySQLTables(ctx, pattern)
+	}
 	var q string
 	arg := pattern
 	if d.url.kind == kindSQLite {
@@ -88,6 +94,33 @@ func (d *database) matchTables(ctx context.Context, pattern string) ([]string, e
 			AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'leased_by' AND NOT a.attisdropped) ORDER BY 1`, name, where)
 	}
 	return d.queryRows(ctx, q, arg)
+}
+
+// matchMySQLTables is matchTables on MariaDB/MySQL. It lists the outbox tables from
+// information_schema and matches them here: information_schema compares names without regard
+// to case, and LIKE's escape character depends on sql_mode (NO_BACKSLASH_ESCAPES), while table
+// names on the server are case-sensitive (lower_case_table_names=0, the Linux default).
+func (d *database) matchMySQLTables(ctx context.Context, pattern string) ([]string, error) {
+	q := `SELECT t.TABLE_NAME FROM information_schema.TABLES t WHERE t.TABLE_SCHEMA = DATABASE()`
+	if strings.Contains(pattern, ".") {
+		q = `SELECT CONCAT(t.TABLE_SCHEMA, '.', t.TABLE_NAME) FROM information_schema.TABLES t
+			WHERE t.TABLE_SCHEMA NOT IN ('mysql', 'information_schema', 'performance_schema', 'sys')`
+	}
+	q += ` AND t.TABLE_TYPE = 'BASE TABLE' AND EXISTS (SELECT 1 FROM information_schema.COLUMNS c
+		WHERE c.TABLE_SCHEMA = t.TABLE_SCHEMA AND c.TABLE_NAME = t.TABLE_NAME AND c.COLUMN_NAME = 'leased_by')`
+	names, err := d.queryRows(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	glob := regexp.MustCompile("^" + strings.NewReplacer(`\*`, ".*", `\?`, ".").Replace(regexp.QuoteMeta(pattern)) + "$")
+	var out []string
+	for _, n := range names {
+		if glob.MatchString(n) {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // queryRows runs q and returns its single text column.

@@ -32,6 +32,14 @@ func TestRelayTables(t *testing.T) {
 					tenants = append(tenants, schema+".watermill_outbox")
 				}
 				pattern = prefix + "_*.watermill_outbox"
+			} else if b.name == "mariadb" {
+				// Tables of a shared database: names of this run only, dropped at the end.
+				prefix := fmt.Sprintf("rt_%d_%s", os.Getpid(), randomHex(4))
+				for _, s := range []string{"a", "b", "c"} {
+					tenants = append(tenants, prefix+"_"+s)
+				}
+				t.Cleanup(func() { dropMariaDBTables(t, tenants...) })
+				pattern = prefix + "_*"
 			} else {
 				tenants = []string{"tenant_a", "tenant_b", "tenant_c"}
 			}

@@ -39,7 +39,7 @@ func TestParseDBURL(t *testing.T) {
 			}
 		}
 	}
-	for _, in := range []string{"", "mysql://root@127.0.0.1/x", "outbox", "sqlite://", "sqlite::memory:", "file::memory:?cache=shared",
+	for _, in := range []string{"", "sqlserver://sa@127.0.0.1/x", "outbox", "sqlite://", "sqlite::memory:", "file::memory:?cache=shared",
 		"redis://127.0.0.1:6379", "postgres://u@127.0.0.1:notaport/x", "http://example.com/x.db"} {
 		_, err := parseDBURL(in)
 		var ue *usageError

@@ -143,7 +143,9 @@ func (*Dialect) BacklogByTopic(ctx context.Context, ex dialect.Executor, t *dial
 		" MIN(IF(o.`dead_lettered_at` IS NULL, o.`created_at`, NULL))," +
 		" SUM(o.`dead_lettered_at` IS NOT NULL)," +
 		" UTC_TIMESTAMP(6)," +
-		" SUM(o.`dead_lettered_at` IS NULL AND o.`last_error` LIKE 'unavailable: %')," +
+		// last_error IS NOT NULL first: NULL LIKE … is NULL, and SUM over a topic whose
+		// events never failed would be NULL, not 0.
+		" SUM(o.`dead_lettered_at` IS NULL AND o.`last_error` IS NOT NULL AND o.`last_error` LIKE 'unavailable: %')," +
 		" SUM(o.`dead_lettered_at` IS NULL AND f.s IS NOT NULL AND o.`sequence` > f.s)" +
 		" FROM " + tb + " o LEFT JOIN (" + failedHeads(t) + ") f ON f.k = o.`outbox_key`" +
 		" WHERE o.`published_at` IS NULL GROUP BY o.`topic` ORDER BY o.`topic`"

@@ -96,6 +96,25 @@ func TestCleanup(t *testing.T) {
 	}
 }
 
+// TestBacklogByTopicNeverFailed: a topic whose pending events never failed (last_error NULL
+// throughout) has 0 unavailable and 0 held, not NULL.
+func TestBacklogByTopicNeverFailed(t *testing.T) {
+	tb := newTable(t)
+	d, ctx := New(), context.Background()
+	mustInsert(t, tb, ev("fresh", `1`, "k", ""), ev("fresh", `2`, "k", ""), ev("fresh", `3`, "", ""))
+	rows, err := d.BacklogByTopic(ctx, sqlEx{testDB}, tb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 {
+		t.Fatalf("BacklogByTopic = %+v, want one topic", rows)
+	}
+	rows[0].Oldest, rows[0].Now = time.Time{}, time.Time{}
+	if want := (dialect.BacklogRow{Topic: "fresh", Pending: 3}); rows[0] != want {
+		t.Fatalf("BacklogByTopic = %+v, want %+v", rows[0], want)
+	}
+}
+
 func TestBacklog(t *testing.T) {
 	tb := newTable(t)
 	d, ctx := New(), context.Background()

@@ -102,7 +102,7 @@ func TestBacklogByTopicNeverFailed(t *testing.T) {
 	tb := newTable(t)
 	d, ctx := New(), context.Background()
 	mustInsert(t, tb, ev("fresh", `1`, "k", ""), ev("fresh", `2`, "k", ""), ev("fresh", `3`, "", ""))
-	rows, err := d.BacklogByTopic(ctx, sqlEx{testDB}, tb)
+	rows, err := d.BacklogByTopic(ctx, sqlEx(testDB), tb)
 	if err != nil {
 		t.Fatal(err)
 	}

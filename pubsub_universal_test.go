@@ -46,6 +46,9 @@ func (tt *topicTables) schema(topic string) (outbox.SchemaConfig, error) {
 func (tt *topicTables) dropAll() {
 	for _, cfg := range tt.tables {
 		tt.b.raw.ExecContext(context.Background(), fmt.Sprintf(`DROP TABLE IF EXISTS %q`, cfg.Table))
+		if tt.b.dialect == outbox.DialectMySQL { // and its key-lock table
+			tt.b.raw.ExecContext(context.Background(), fmt.Sprintf(`DROP TABLE IF EXISTS %q`, cfg.Table+"_keys"))
+		}
 	}
 }
 

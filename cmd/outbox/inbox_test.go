@@ -124,10 +124,11 @@ func TestInboxCommands(t *testing.T) {
 
 // TestRelayAsynqKill: 1,000 task events (and 10 events of another topic) relayed by `outbox
 // relay --to asynq+redis://…` to an asynq worker on 127.0.0.1. The first relay is killed with
-// SIGKILL while a batch of tasks is enqueued but not yet marked published; the second relay
-// takes the batch over when its lease expires, enqueues those events again, and asynq answers
-// "task ID conflict" (logged at debug level): every task runs exactly once, exactly 1,000
-// tasks exist, the other topic is left alone.
+// SIGKILL while its batch of tasks (BatchSize 1000: the whole backlog, so the kill at 200
+// enqueued tasks lands mid-batch even on a loaded machine) is enqueued but not yet marked
+// published; the second relay takes the batch over when its lease expires, enqueues those
+// events again, and asynq answers "task ID conflict" (logged at debug level): every task runs
+// exactly once, exactly 1,000 tasks exist, the other topic is left alone.
 func TestRelayAsynqKill(t *testing.T) {
 	const n = 1000
 	pool := pgtest.Require(t)
@@ -184,7 +185,7 @@ func TestRelayAsynqKill(t *testing.T) {
 	defer srv.Shutdown()
 
 	to := fmt.Sprintf("asynq+redis://%s/9?queue=%s", addr, queue)
-	args := []string{"relay", "--db", db, "--table", table, "--to", to, "--lease", "3s", "--poll-interval", "50ms", "--batch-size", "500", "--debug"}
+	args := []string{"relay", "--db", db, "--table", table, "--to", to, "--lease", "3s", "--poll-interval", "50ms", "--batch-size", "1000", "--debug"}
 	enqueued := func() int {
 		info, err := ins.GetQueueInfo(queue)
 		if err != nil {

@@ -22,7 +22,8 @@ import (
 // poll) on the same server. The variants alternate over OUTBOX_BENCH_ROUNDS rounds (default 3,
 // reversed every other round), each on a freshly seeded table (seeding untimed); it reports
 // each variant's median events/s and ours ÷ watermill-sql per shape and relay count.
-// OUTBOX_BENCH_EVENTS sets the backlog (default 50000).
+// OUTBOX_BENCH_EVENTS sets the backlog (default 50000); OUTBOX_BENCH_SHAPE runs one shape only
+// (unordered, 1000keys, 10hotkeys) besides watermill-sql.
 //
 //	go test -run '^$' -bench 'BenchmarkDrainMariaDB$' -benchtime 1x -timeout 60m .
 func BenchmarkDrainMariaDB(b *testing.B) {
@@ -30,6 +31,9 @@ func BenchmarkDrainMariaDB(b *testing.B) {
 	n := envInt("OUTBOX_BENCH_EVENTS", 50000)
 	rounds := envInt("OUTBOX_BENCH_ROUNDS", 3)
 	shapes := []drainShape{{"unordered", 0}, {"1000keys", 1000}, {"10hotkeys", 10}}
+	if only := os.Getenv("OUTBOX_BENCH_SHAPE"); only != "" {
+		shapes = slices.DeleteFunc(shapes, func(s drainShape) bool { return s.name != only })
+	}
 	type variant struct {
 		name string
 		run  func() float64

@@ -343,7 +343,7 @@ func TestHotKeysContinuedBesideMarks(t *testing.T) {
 		rec.consume(ch, ack)
 		checkPerKeyOrder(t, rec.drainedExactlyOnce(t, b, schema, n))
 		if !b.dialect.Capabilities().ContinuedRuns {
-			return // claims wait for the previous batch's marks (SQLite's one writer; MariaDB)
+			return // claims wait for the previous batch's marks (SQLite's one writer)
 		}
 		// Every key has 2,000 events: 20 runs of 100. A key continued 4 batches in a row is
 		// left out once (one key per batch), so a claim holds 3 or 4 runs until the keys run

@@ -68,13 +68,13 @@ var _ dialect.Dialect = (*Dialect)(nil)
 func (*Dialect) Name() string { return "mysql" }
 
 // Capabilities: no NOTIFY; acks may be flushed beside the marks (row locks, several writers);
-// no continuations yet (ClaimParams.Cont is ignored); SKIP LOCKED and the database clock; a
+// continuations (ClaimParams.Cont, see relay.runs); SKIP LOCKED and the database clock; a
 // table may be qualified by its database ("db.table"); no fillfactor.
 func (*Dialect) Capabilities() dialect.Capabilities {
 	return dialect.Capabilities{
 		Notify:          false,
 		FlushAcks:       true,
-		Continuations:   false,
+		Continuations:   true,
 		SkipLocked:      true,
 		DatabaseClock:   true,
 		SchemaQualified: true,

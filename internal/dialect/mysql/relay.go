@@ -52,30 +52,49 @@ func topicsSQL(p *dialect.ClaimParams, args *[]any) string {
 	return s
 }
 
-// keyHead is a candidate key of a claim: its head (lowest unpublished sequence) and, for a
-// walked key, the lowest sequence the walk locked.
-type keyHead struct {
-	key    string
-	head   int64
-	walked int64 // 0 for a key of the skip scan
+// Kinds of candidate key of a claim.
+const (
+	candWalked  = iota // a walked key: a candidate when the walked event is its head
+	candScanned        // a key of the skip scan whose head is claimable
+	candCont           // a continuation (ClaimParams.Cont)
+)
+
+// candidate is a key whose run a claim reads: from is the walked event (candWalked), the head
+// (candScanned) or the sequence after the previous run (candCont), which orders candidates.
+type candidate struct {
+	key  string
+	kind int
+	from int64
+	cont dialect.Continuation
 }
 
 // Claim leases the next batch under p.Token in one READ COMMITTED transaction of a few short
 // statements (MySQL has no UPDATE … RETURNING, so what is leased is read in the transaction):
 //
-//  1. walk: the p.Oldest oldest claimable pending keyed events (topic filter, from
-//     p.LowKeyed), locked FOR UPDATE SKIP LOCKED, so a relay claiming at the same moment
-//     walks past them to other keys;
-//  2. heads (a plain read, after the walk, so it sees at least what the walk saw): each walked
-//     key's head, the lowest sequence among its unpublished events (dead-lettered ones
-//     included): the key is a candidate when that is the event the walk locked. When the walk
-//     was full or started above 0, also a skip scan of the key index after p.Cursor over up to
-//     KeyScan keys, so keys whose head sits behind other keys' blocked events are reached; a
-//     scanned key is a candidate when its head is claimable and in the topic filter. Heads
-//     are never looked up with a per-key LIMIT 1 FOR UPDATE SKIP LOCKED (which would hand out
-//     a key's second event when its head is locked);
-//  3. runs (a plain read): up to MaxRunPerKey unpublished events of each candidate key from
-//     its head, candidates in head order, p.Limit events in all (one index range per key);
+//  1. walk: a plain read of the 2·p.Oldest oldest claimable pending keyed events (topic
+//     filter, from p.LowKeyed), each with whether it is its key's head (the lowest sequence
+//     among the key's unpublished events, dead-lettered ones included: one read of the key
+//     index per row); then the first p.Oldest of those heads still claimable, locked by
+//     primary key FOR UPDATE SKIP LOCKED, so a relay claiming at the same moment passes over
+//     them to other keys. Only heads are locked: a walk that locked every event of its window
+//     (until the claim commits) held the next events of the keys another relay was
+//     continuing, whose claims then skipped them and leased nothing of those keys (10 hot
+//     keys, two relays: 65 of 219 claims empty and 21,000 of 69,000 run events lost, against
+//     23 of 147 and 13,000 of 63,000). The head check cannot be part of the locking read:
+//     MariaDB's FOR UPDATE SKIP LOCKED applies to a subquery's rows too, which skipped a
+//     locked head and took the key's second event for its head;
+//  2. scan: when the walk was full or started above 0, a skip scan of the key index after
+//     p.Cursor over up to KeyScan keys, so keys whose head sits behind other keys' blocked
+//     events are reached; a scanned key is a candidate when its head is claimable and in the
+//     topic filter;
+//  3. runs (plain reads, after the walk, so they see at least what the walk saw): up to
+//     MaxRunPerKey unpublished events of each candidate key, candidates in order of their
+//     first event, p.Limit events in all (one index range per key, see runs): a walked key's
+//     run from its locked head (checked once more), a scanned key's from its head,
+//     and a continuation's (p.Cont) after its previous run, when that run's marks landed or
+//     its events are still leased under p.ContToken. Heads are never looked up with a per-key
+//     LIMIT 1 FOR UPDATE SKIP LOCKED (which would hand out a key's second event when its head
+//     is locked);
 //  4. lock: the run members by primary key, FOR UPDATE SKIP LOCKED, with the pending and
 //     claimable conditions checked again on the latest row version; a key keeps the gap-free
 //     start of its run (a member skipped or changed meanwhile ends the run there), so when
@@ -87,9 +106,9 @@ type keyHead struct {
 //
 // Per-key order needs no more than that because Insert's key locks make one key's events
 // commit in sequence order: no event of a key becomes visible before an earlier one of the
-// same key. Ranks are 1 for a key's head, 2, 3 … along its run, 0 for unordered events.
-// Continuations (p.Cont) are not implemented. Cursor and Scanned report the skip scan when it
-// ran; Walked is the number of distinct keys the walk found.
+// same key. Ranks are 1 for a key's head (a continuation's first event after its previous
+// run), 2, 3 … along its run, 0 for unordered events. Cursor and Scanned report the skip scan
+// when it ran; Walked is the number of distinct keys the walk found.
 func (r *relay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.ClaimParams) (*dialect.ClaimResult, error) {
 	res := &dialect.ClaimResult{}
 	err := inTx(ctx, ex, sql.LevelReadCommitted, func(q querier) error {
@@ -111,54 +130,99 @@ func (r *relay) claim(ctx context.Context, q querier, p *dialect.ClaimParams, re
 	run := min(r.cfg.MaxRunPerKey, batch)
 	oldest := max(p.Oldest, 1)
 
-	// 1. The walk.
+	// 1. The walk: the window (a plain read, each row with whether it is its key's head),
+	// then the window's heads locked.
 	args := append([]any{p.LowKeyed}, r.fargs...)
-	walk := "SELECT o.`sequence`, o.`ordering_key` FROM " + r.n.table + " o FORCE INDEX (" + r.n.pending + ")" +
+	window := "SELECT w.s, w.k, w.s = (SELECT h.`sequence` FROM " + r.n.table + " h FORCE INDEX (" + r.n.keyIdx + ") WHERE h.`outbox_key` = w.k ORDER BY h.`sequence` LIMIT 1)" +
+		" FROM (SELECT o.`sequence` AS s, o.`outbox_key` AS k FROM " + r.n.table + " o FORCE INDEX (" + r.n.pending + ")" +
 		" WHERE o.`outbox_pending` = 1 AND o.`sequence` >= ? AND " + claimable + " AND " + r.filter + topicsSQL(p, &args) +
-		" ORDER BY o.`sequence` LIMIT " + itoa(oldest) + " FOR UPDATE SKIP LOCKED"
-	rs, err := q.query(ctx, walk, args...)
+		" ORDER BY o.`sequence` LIMIT " + itoa(2*oldest) + ") w"
+	rs, err := q.query(ctx, window, args...)
 	if err != nil {
-		return fmt.Errorf("walk: %w", err)
+		return fmt.Errorf("window: %w", err)
 	}
-	walkedMin := map[string]int64{}
-	var walkOrder []string
+	seen := map[string]bool{}
+	var heads []int64
 	nWalk := 0
 	err = scanEach(rs, func(rs dialect.Rows) error {
 		var (
-			seq int64
-			k   string
+			seq  int64
+			k    string
+			head sql.NullBool
 		)
-		if err := rs.Scan(&seq, &k); err != nil {
+		if err := rs.Scan(&seq, &k, &head); err != nil {
 			return err
 		}
 		nWalk++
-		if _, ok := walkedMin[k]; !ok {
-			walkedMin[k] = seq
-			walkOrder = append(walkOrder, k)
+		if nWalk <= oldest && !seen[k] {
+			res.Walked++
+		}
+		seen[k] = true
+		if head.Bool {
+			heads = append(heads, seq)
 		}
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("walk: %w", err)
+		return fmt.Errorf("window: %w", err)
 	}
-	res.Walked = int64(len(walkOrder))
-
-	// 2. Heads.
-	scan := nWalk >= oldest || p.LowKeyed > 0
-	var cands []keyHead
-	if len(walkOrder) > 0 || scan {
-		cands, err = r.heads(ctx, q, p, walkOrder, walkedMin, scan, res)
+	walkedMin := map[string]int64{}
+	var walkOrder []string
+	if len(heads) > 0 {
+		var hargs []any
+		stmt := "SELECT o.`sequence`, o.`outbox_key` FROM " + r.n.table + " o WHERE " + listSQL("o.`sequence`", heads, &hargs) +
+			" AND o.`outbox_pending` = 1 AND " + claimable + " ORDER BY o.`sequence` LIMIT " + itoa(oldest) + " FOR UPDATE SKIP LOCKED"
+		rs, err := q.query(ctx, stmt, hargs...)
 		if err != nil {
-			return fmt.Errorf("heads: %w", err)
+			return fmt.Errorf("walk: %w", err)
+		}
+		err = scanEach(rs, func(rs dialect.Rows) error {
+			var (
+				seq int64
+				k   string
+			)
+			if err := rs.Scan(&seq, &k); err != nil {
+				return err
+			}
+			walkedMin[k] = seq
+			walkOrder = append(walkOrder, k)
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("walk: %w", err)
 		}
 	}
-	sort.Slice(cands, func(i, j int) bool { return cands[i].head < cands[j].head })
-	if len(cands) > limit {
-		cands = cands[:limit]
+	for k := range seen {
+		if _, ok := walkedMin[k]; !ok {
+			walkedMin[k] = 0 // seen by the walk, not a candidate: left out of the skip scan
+		}
 	}
 
+	// 2. The skip scan, when the walk was full or started above 0.
+	cont := make(map[string]bool, len(p.Cont))
+	for _, c := range p.Cont {
+		cont[c.Key] = true
+	}
+	var cands []candidate
+	if nWalk >= oldest || p.LowKeyed > 0 {
+		scanned, err := r.scan(ctx, q, p, walkedMin, cont, res)
+		if err != nil {
+			return fmt.Errorf("scan: %w", err)
+		}
+		cands = scanned
+	}
+	for _, k := range walkOrder {
+		if !cont[k] {
+			cands = append(cands, candidate{key: k, kind: candWalked, from: walkedMin[k]})
+		}
+	}
+	for _, c := range p.Cont {
+		cands = append(cands, candidate{key: c.Key, kind: candCont, from: c.After + 1, cont: c})
+	}
+	sort.SliceStable(cands, func(i, j int) bool { return cands[i].from < cands[j].from })
+
 	// 3. Runs.
-	members, err := r.runs(ctx, q, cands, run, limit)
+	members, err := r.runs(ctx, q, p, cands, run, limit)
 	if err != nil {
 		return fmt.Errorf("runs: %w", err)
 	}
@@ -231,83 +295,58 @@ func (r *relay) claim(ctx context.Context, q querier, p *dialect.ClaimParams, re
 	return nil
 }
 
-// heads returns the candidate keys: walked keys whose head the walk locked, and (scan) the
-// skip scan's keys whose head is claimable and in the topic filter. It sets res.Cursor and
-// res.Scanned when the skip scan ran.
-//
-// A walked key's head is one UNION ALL branch, outbox_key = k ORDER BY sequence LIMIT 1: one
-// index read (a correlated MIN() per key read all of the key's entries). The skip scan reads
-// MIN(sequence) GROUP BY outbox_key over outbox_key > cursor, ORDER BY outbox_key LIMIT
-// KeyScan, which MariaDB runs either as a loose index scan ("Using index for group-by": one
-// dive per key) or, when its statistics say keys have few events, as a range over those keys'
-// events. MariaDB does not use a loose index scan on a generated column, nor a range for a
-// correlated outbox_key > k (a recursive CTE of MIN() subqueries read the whole index once
-// per key: 130 ms per claim at 10,000 events), which is why outbox_key is a plain column kept
-// by Insert's DEFAULT and the ack, and checked by a CHECK constraint.
-func (r *relay) heads(ctx context.Context, q querier, p *dialect.ClaimParams, walkOrder []string, walkedMin map[string]int64, scan bool, res *dialect.ClaimResult) ([]keyHead, error) {
-	var (
-		args  []any
-		parts []string
-	)
-	for _, k := range walkOrder {
-		args = append(args, k, k)
-		parts = append(parts, "(SELECT 1, ?, h.`sequence`, TRUE FROM "+r.n.table+" h FORCE INDEX ("+r.n.keyIdx+") WHERE h.`outbox_key` = ? ORDER BY h.`sequence` LIMIT 1)")
-	}
-	if scan {
-		args = append(args, p.Cursor)
-		hcond := "o.`dead_lettered_at` IS NULL AND " + claimable + " AND " + r.filter
-		args = append(args, r.fargs...)
-		hcond += topicsSQL(p, &args)
-		parts = append(parts, "(SELECT 2, s.k, s.h, o.`sequence` IS NOT NULL FROM (SELECT h.`outbox_key` AS k, MIN(h.`sequence`) AS h FROM "+r.n.table+" h FORCE INDEX ("+r.n.keyIdx+")"+
-			" WHERE h.`outbox_key` > ? GROUP BY h.`outbox_key` ORDER BY h.`outbox_key` LIMIT "+itoa(max(r.cfg.KeyScan, 1))+") s"+
-			" LEFT JOIN "+r.n.table+" o ON o.`sequence` = s.h AND "+hcond+")")
-	}
-	rs, err := q.query(ctx, strings.Join(parts, "\nUNION ALL\n"), args...)
+// scan runs the key skip scan: MIN(sequence) GROUP BY outbox_key over outbox_key > p.Cursor,
+// ORDER BY outbox_key LIMIT KeyScan, and returns the keys (neither walked nor continued) whose
+// head is claimable and in the topic filter; it sets res.Cursor and res.Scanned. MariaDB runs
+// the scan either as a loose index scan ("Using index for group-by": one dive per key) or,
+// when its statistics say keys have few events, as a range over those keys' events. MariaDB
+// does not use a loose index scan on a generated column, nor a range for a correlated
+// outbox_key > k (a recursive CTE of MIN() subqueries read the whole index once per key: 130 ms
+// per claim at 10,000 events), which is why outbox_key is a plain column kept by Insert's
+// DEFAULT and the ack, and checked by a CHECK constraint.
+func (r *relay) scan(ctx context.Context, q querier, p *dialect.ClaimParams, walkedMin map[string]int64, cont map[string]bool, res *dialect.ClaimResult) ([]candidate, error) {
+	args := []any{p.Cursor}
+	hcond := "o.`dead_lettered_at` IS NULL AND " + claimable + " AND " + r.filter
+	args = append(args, r.fargs...)
+	hcond += topicsSQL(p, &args)
+	stmt := "SELECT s.k, s.h, o.`sequence` IS NOT NULL FROM (SELECT h.`outbox_key` AS k, MIN(h.`sequence`) AS h FROM " + r.n.table + " h FORCE INDEX (" + r.n.keyIdx + ")" +
+		" WHERE h.`outbox_key` > ? GROUP BY h.`outbox_key` ORDER BY h.`outbox_key` LIMIT " + itoa(max(r.cfg.KeyScan, 1)) + ") s" +
+		" LEFT JOIN " + r.n.table + " o ON o.`sequence` = s.h AND " + hcond
+	rs, err := q.query(ctx, stmt, args...)
 	if err != nil {
 		return nil, err
 	}
 	var (
-		out     []keyHead
-		scanned []keyHead
-		n       int64
-		last    string
+		out  []candidate
+		n    int64
+		last string
 	)
 	err = scanEach(rs, func(rs dialect.Rows) error {
 		var (
-			src  int
 			k    string
 			head int64
 			ok   bool
 		)
-		if err := rs.Scan(&src, &k, &head, &ok); err != nil {
+		if err := rs.Scan(&k, &head, &ok); err != nil {
 			return err
 		}
-		switch src {
-		case 1:
-			if head == walkedMin[k] {
-				out = append(out, keyHead{key: k, head: head, walked: head})
-			}
-		case 2:
-			n++
-			if k > last {
-				last = k
-			}
-			if _, walked := walkedMin[k]; ok && !walked {
-				scanned = append(scanned, keyHead{key: k, head: head})
-			}
+		n++
+		if k > last {
+			last = k
+		}
+		if _, walked := walkedMin[k]; ok && !walked && !cont[k] {
+			out = append(out, candidate{key: k, kind: candScanned, from: head})
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	if scan {
-		res.Scanned = &n
-		if n > 0 {
-			res.Cursor = &last
-		}
+	res.Scanned = &n
+	if n > 0 {
+		res.Cursor = &last
 	}
-	return append(out, scanned...), nil
+	return out, nil
 }
 
 // member is one event of a candidate key's run: rank 1 is the key's head.
@@ -320,33 +359,69 @@ type member struct {
 // runsChunk caps the keys of one runs statement (one UNION ALL branch each).
 const runsChunk = 500
 
-// runs reads up to run unpublished events of each candidate key from its head, in head order,
-// limit events in all: one UNION ALL branch per key, a range of the key index
-// (outbox_key = k AND sequence >= head ORDER BY sequence LIMIT run) that reads run entries.
-func (r *relay) runs(ctx context.Context, q querier, cands []keyHead, run, limit int) ([]member, error) {
+// runs reads up to run unpublished events of each candidate key (in order), limit events in
+// all, with one UNION ALL branch per key: a range of the key index (outbox_key = k AND sequence
+// >= from ORDER BY sequence LIMIT run, or > After for a continuation). A walked key's branch
+// holds its head check, that the key's first entry in the key index is the walked event; a
+// continuation's branch holds the check of the PostgreSQL claim's cont fragment: the key's
+// first unpublished event from the previous run's first sequence on is either after that run
+// (its marks landed) or still leased under ContToken with a third of LeaseDuration left (so
+// the events before the new run are this relay's own, delivered and acked). Both checks are
+// uncorrelated scalar subqueries, evaluated once per branch with one index read; a key that
+// fails its check returns no rows.
+//
+// Candidates are read in chunks sized to what the claim still needs at the runs seen so far
+// (the first assumes full runs), each branch capped at what is still needed: one statement
+// over 500 keys returned up to 500 runs (25,000 rows over 1,000 keys of 50 events) of which
+// a claim kept 1,000.
+func (r *relay) runs(ctx context.Context, q querier, p *dialect.ClaimParams, cands []candidate, run, limit int) ([]member, error) {
 	var members []member
-	for start := 0; start < len(cands) && len(members) < limit; start += runsChunk {
+	margin := (r.cfg.LeaseDuration / 3).Microseconds()
+	prev := 0
+	for start := 0; start < len(cands) && len(members) < limit; {
+		need := limit - len(members)
+		n := (need+run-1)/run + 1
+		if start > 0 {
+			if len(members) == 0 {
+				n = 2 * prev
+			} else {
+				per := float64(len(members)) / float64(start)
+				n = int(math.Ceil(float64(need)/per*1.25)) + 1
+			}
+		}
+		n = min(max(n, 1), runsChunk, len(cands)-start)
+		lim := itoa(min(run, need))
 		var (
 			args  []any
 			parts []string
 		)
-		for i, c := range cands[start:min(start+runsChunk, len(cands))] {
-			args = append(args, start+i, c.key, c.head)
-			parts = append(parts, "(SELECT ? AS i, o.`outbox_key`, o.`sequence` FROM "+r.n.table+" o FORCE INDEX ("+r.n.keyIdx+
-				") WHERE o.`outbox_key` = ? AND o.`sequence` >= ? ORDER BY o.`sequence` LIMIT "+itoa(run)+")")
+		for i, c := range cands[start : start+n] {
+			head := "o.`outbox_key` = ? AND o.`sequence` >= ?"
+			args = append(args, start+i, c.key, c.from)
+			switch c.kind {
+			case candWalked:
+				head += " AND (SELECT h.`sequence` FROM " + r.n.table + " h FORCE INDEX (" + r.n.keyIdx + ") WHERE h.`outbox_key` = ? ORDER BY h.`sequence` LIMIT 1) = ?"
+				args = append(args, c.key, c.from)
+			case candCont:
+				head += " AND (SELECT h.`sequence` > ? OR (h.`leased_by` = ? AND h.`lease_until` > UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) FROM " + r.n.table +
+					" h FORCE INDEX (" + r.n.keyIdx + ") WHERE h.`outbox_key` = ? AND h.`sequence` >= ? ORDER BY h.`sequence` LIMIT 1)"
+				args = append(args, c.cont.After, p.ContToken, margin, c.key, c.cont.From)
+			}
+			parts = append(parts, "(SELECT ? AS i, o.`sequence` FROM "+r.n.table+" o FORCE INDEX ("+r.n.keyIdx+") WHERE "+head+
+				" ORDER BY o.`sequence` LIMIT "+lim+")")
 		}
 		rs, err := q.query(ctx, strings.Join(parts, "\nUNION ALL\n"), args...)
 		if err != nil {
 			return nil, err
 		}
 		type row struct {
-			i int
-			m member
+			i   int
+			seq int64
 		}
 		var rows []row
 		err = scanEach(rs, func(rs dialect.Rows) error {
 			var x row
-			if err := rs.Scan(&x.i, &x.m.key, &x.m.seq); err != nil {
+			if err := rs.Scan(&x.i, &x.seq); err != nil {
 				return err
 			}
 			rows = append(rows, x)
@@ -355,25 +430,26 @@ func (r *relay) runs(ctx context.Context, q querier, cands []keyHead, run, limit
 		if err != nil {
 			return nil, err
 		}
-		// In head order, each key's events in sequence order (a UNION ALL's row order is not
-		// guaranteed, and sorting here spares the server a temporary table).
+		// In candidate order, each key's events in sequence order (a UNION ALL's row order
+		// is not guaranteed, and sorting here spares the server a temporary table).
 		sort.Slice(rows, func(a, b int) bool {
 			if rows[a].i != rows[b].i {
 				return rows[a].i < rows[b].i
 			}
-			return rows[a].m.seq < rows[b].m.seq
+			return rows[a].seq < rows[b].seq
 		})
-		prev, rank := -1, int64(0)
+		prevI, rank := -1, int64(0)
 		for _, x := range rows {
-			if x.i != prev {
-				prev, rank = x.i, 0
+			if x.i != prevI {
+				prevI, rank = x.i, 0
 			}
 			rank++
-			x.m.rank = rank
 			if len(members) < limit {
-				members = append(members, x.m)
+				members = append(members, member{key: cands[x.i].key, seq: x.seq, rank: rank})
 			}
 		}
+		start += n
+		prev = n
 	}
 	return members, nil
 }

@@ -300,3 +300,57 @@ func TestRenewAndTakeBack(t *testing.T) {
 		t.Fatalf("released %v, want %d", c, out[0].Sequence)
 	}
 }
+
+// A continuation leases a key's next run while the previous run's events are still leased
+// under ContToken with a third of LeaseDuration left, or once their marks landed; not under
+// another token, nor when that lease is about to expire. The new run is ranked from 1.
+func TestClaimContinuation(t *testing.T) {
+	tb := newTable(t)
+	out := mustInsert(t, tb, ev("t", `1`, "a", ""), ev("t", `2`, "a", ""), ev("t", `3`, "a", ""), ev("t", `4`, "a", ""),
+		ev("t", `5`, "a", ""), ev("t", `6`, "a", ""), ev("t", `7`, "b", ""))
+	s := func(i int) int64 { return out[i].Sequence }
+	table := namesOf(tb).table
+	cfg := relayConfig(10, 3)
+	r := New().NewRelay(tb, cfg, all)
+	ctx := context.Background()
+	if got := seqsOf(claim(t, r, cfg, "tok1").Events); !slices.Equal(sorted(got), []int64{s(0), s(1), s(2), s(6)}) {
+		t.Fatalf("first claim leased %v", got)
+	}
+	cont := []dialect.Continuation{{Key: "a", From: s(0), After: s(2)}}
+	contClaim := func(token, contToken string) map[int64]int64 {
+		t.Helper()
+		res, err := r.Claim(ctx, sqlEx(testDB), &dialect.ClaimParams{Token: token, Limit: 10, Oldest: 10, Cont: cont, ContToken: contToken})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[int64]int64{}
+		for _, e := range res.Events {
+			got[e.Sequence] = e.Rank
+		}
+		return got
+	}
+	if got := contClaim("x1", "other"); len(got) != 0 {
+		t.Fatalf("continuation under another token leased %v", got)
+	}
+	exec(t, "UPDATE "+table+" SET lease_until = UTC_TIMESTAMP(6) + INTERVAL 5 SECOND WHERE leased_by = 'tok1'")
+	if got := contClaim("x2", "tok1"); len(got) != 0 {
+		t.Fatalf("continuation of a lease about to expire leased %v", got)
+	}
+	exec(t, "UPDATE "+table+" SET lease_until = UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE WHERE leased_by = 'tok1'")
+	if got, want := contClaim("tok2", "tok1"), map[int64]int64{s(3): 1, s(4): 2, s(5): 3}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("continuation leased %v, want %v", got, want)
+	}
+	// The marks of both runs land; a continuation after them needs no token.
+	more := mustInsert(t, tb, ev("t", `8`, "a", ""), ev("t", `9`, "a", ""))
+	for tok, seqs := range map[string][]int64{"tok1": {s(0), s(1), s(2), s(6)}, "tok2": {s(3), s(4), s(5)}} {
+		if _, err := r.Mark(ctx, sqlEx(testDB), &dialect.MarkParams{Token: tok, Acked: seqs}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cont = []dialect.Continuation{{Key: "a", From: s(3), After: s(5)}}
+	if got, want := contClaim("tok3", "nobody"), map[int64]int64{more[0].Sequence: 1, more[1].Sequence: 2}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("continuation after the marks leased %v, want %v", got, want)
+	}
+}
+
+func sorted(s []int64) []int64 { s = slices.Clone(s); slices.Sort(s); return s }

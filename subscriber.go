@@ -225,8 +225,8 @@ type subscription struct {
 	// subscription's goroutine.
 	woken, eagerMarks atomic.Bool
 	// contKeys, contFrom, contAfter and contToken are the next claim's continuations
-	// (Capabilities.Continuations: PostgreSQL, MariaDB/MySQL): the keys whose run in the last batch (claimed under contToken) held
-	// MaxRunPerKey events and was acked whole, with the run's first and last sequence. The
+	// (Capabilities.Continuations: PostgreSQL, MariaDB/MySQL): the keys whose run in the last
+	// batch (claimed under contToken) held MaxRunPerKey events and was acked whole, with the run's first and last sequence. The
 	// next claim may lease such a key's following events while that batch's marks are still
 	// being written, because the events before them are this relay's own, already delivered
 	// (see buildClaimSQL).
@@ -630,8 +630,8 @@ func (sub *subscription) confirm(items []*item) {
 
 // continueRuns sets the next claim's continuations from a delivered batch: every ordering
 // key whose run held MaxRunPerKey events, all acked (Capabilities.Continuations: PostgreSQL and
-// MariaDB/MySQL; SQLite's single writer needs none). A key continued contRounds batches in a row is left out once (one key per
-// batch, and never a batch's only key): its next run goes to whichever relay claims it first
+// MariaDB/MySQL; SQLite's single writer needs none). A key continued contRounds batches in a
+// row is left out once (one key per batch, and never a batch's only key): its next run goes to whichever relay claims it first
 // after this batch's marks, so that several relays end up sharing a few hot keys instead of
 // the first one keeping them all.
 func (sub *subscription) continueRuns(token string, deliver []*item) {

@@ -226,10 +226,10 @@ type subscription struct {
 	woken, eagerMarks atomic.Bool
 	// contKeys, contFrom, contAfter and contToken are the next claim's continuations
 	// (Capabilities.Continuations: PostgreSQL, MariaDB/MySQL): the keys whose run in the last
-	// batch (claimed under contToken) held MaxRunPerKey events and was acked whole, with the run's first and last sequence. The
-	// next claim may lease such a key's following events while that batch's marks are still
-	// being written, because the events before them are this relay's own, already delivered
-	// (see buildClaimSQL).
+	// batch (claimed under contToken) held MaxRunPerKey events and was acked whole, with the
+	// run's first and last sequence. The next claim may lease such a key's following events
+	// while that batch's marks are still being written, because the events before them are
+	// this relay's own, already delivered (see the cont fragment of the PostgreSQL claim).
 	contKeys   []string
 	contAfter  []int64
 	contFrom   []int64

@@ -109,9 +109,11 @@ var ErrIdempotencyConflict = errors.New("outbox: idempotency key held by an even
 // table without SchemaConfig.IdempotencyScope when an event's idempotency key is already held
 // by a stored event whose extra columns differ from those the event sets (another tenant's
 // event): the stored event is never returned. Index is the first such event's position in the
-// call, Key its idempotency key. The error comes after the INSERT: inside a transaction roll
-// it back (EnqueueMany already rolled back its savepoint); outside one, the call's other
-// events are stored. Give the table an IdempotencyScope to make keys unique per tenant.
+// call, Key its idempotency key. The error may come after the INSERT: inside a transaction
+// roll it back (EnqueueMany already rolled back its savepoint); outside one, on PostgreSQL and
+// SQLite the call's other events are stored, on MariaDB/MySQL none is (the call runs in a
+// transaction of its own there). Give the table an IdempotencyScope to make keys unique per
+// tenant.
 //
 // It matches ErrIdempotencyConflict with errors.Is.
 type IdempotencyConflictError struct {

@@ -155,9 +155,11 @@ func NewPublisher(db any, cfg PublisherConfig, logger watermill.LoggerAdapter) (
 // sequences unless another writer interleaves). The context is the first message's. A message
 // whose idempotency key is already stored is skipped without error. Errors: a *ValidationError
 // (before any SQL: the caller's transaction stays usable), or the database error wrapped with
-// context — which, inside a transaction, aborts it (PostgreSQL): an event id that is already
+// context — which, inside a transaction, aborts it on PostgreSQL: an event id that is already
 // stored (give a re-published message a new id, e.g. with NewMessage), or an extra-column
-// value the column type refuses. EnqueueMany runs in a savepoint instead. In REPEATABLE READ
+// value the column type refuses. EnqueueMany runs in a savepoint instead. On MariaDB/MySQL
+// such an error aborts only the statement (the transaction stays usable), except a deadlock
+// (error 1213), after which InnoDB has rolled the whole transaction back. In REPEATABLE READ
 // or SERIALIZABLE transactions a concurrent insert of the same idempotency key fails with a
 // serialization error (SQLSTATE 40001): retry the transaction.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {

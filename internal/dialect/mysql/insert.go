@@ -21,7 +21,7 @@ import (
 const maxInsertRows = 1000
 
 // storedCols are the columns of a dialect.Stored, in scanStored's order.
-const storedCols = "o.`sequence`, o.`id`, o.`topic`, o.`ordering_key`, o.`idempotency_key`, o.`created_at`"
+const storedCols = "o.`sequence`, o.`id`, o.`topic`, o.`ordering_key`, o.`idempotency_key`, CAST(o.`created_at` AS CHAR)"
 
 // Insert writes p.Rows in the caller's transaction (or in one of its own, READ COMMITTED, when
 // ex is a *sql.DB or *sql.Conn) and returns one Stored per row, in input order: the inserted
@@ -38,8 +38,9 @@ const storedCols = "o.`sequence`, o.`id`, o.`topic`, o.`ordering_key`, o.`idempo
 // transactions taking two keys in opposite orders deadlock, and InnoDB then rolls back one
 // whole transaction (error 1213).
 //
-// Idempotency keys: stored events are read first (a plain read, no lock: the common retried
-// write locks nothing and draws no sequence value); the rest is inserted with
+// Idempotency keys: the key's stripe of the key-lock table is locked first (see lockKeys), then
+// stored events are read (a plain read: a retried write draws no sequence value); the rest is
+// inserted with
 // ON DUPLICATE KEY UPDATE `id` = IF(<same idempotency key and scope>, `id`, <invalid id>),
 // so a key stored concurrently meanwhile is a no-op on that row, while a conflict on the event
 // id alone fails the id's CHECK constraint (ErrDuplicateEventID) instead of being absorbed
@@ -223,7 +224,10 @@ func insertRows(ctx context.Context, q querier, p *dialect.InsertParams, idx []i
 		idem = idem || r.IdempotencyKey != nil
 	}
 	if idem {
-		same := "VALUES(`idempotency_key`) <=> `idempotency_key`"
+		// Only a row with an idempotency key may be absorbed: a keyless row that collides on
+		// its id with a keyless stored event has NULL <=> NULL, which would otherwise let it be
+		// read back as the stored event.
+		same := "VALUES(`idempotency_key`) IS NOT NULL AND VALUES(`idempotency_key`) <=> `idempotency_key`"
 		for _, c := range t.Scope {
 			same += " AND VALUES(" + ident(c) + ") <=> " + ident(c)
 		}

@@ -23,7 +23,7 @@
 //
 // Times are DATETIME(6) in UTC taken from the database clock (UTC_TIMESTAMP(6)); durations
 // are sent as microseconds. Values are scanned so that the driver's parseTime and loc settings
-// do not matter. The tables are utf8mb4 with the utf8mb4_bin collation, so topics and keys
+// do not matter. The tables are utf8mb4 with a binary NO PAD collation, so topics and keys
 // compare byte for byte and case-sensitively, as on PostgreSQL.
 //
 // The session's sql_mode should be strict (STRICT_TRANS_TABLES or STRICT_ALL_TABLES, the
@@ -87,6 +87,10 @@ func (*Dialect) Capabilities() dialect.Capabilities {
 		JSONDepthRule: "MariaDB's JSON_VALID",
 	}
 }
+
+// ErrServerVersion is returned (wrapped) by Migrate for a server older than MariaDB 10.6 or
+// MySQL 8.0.23.
+var ErrServerVersion = errors.New("mysql: server too old")
 
 // ErrDuplicateEventID is returned (wrapped) by Insert when an event id is already stored under
 // another idempotency key (or none): give a re-published message a new id.
@@ -222,6 +226,12 @@ func inOwnTx(ctx context.Context, ex dialect.Executor, iso sql.IsolationLevel, f
 	return nil
 }
 
+// selectTime selects a DATETIME expression as text ("2006-01-02 15:04:05.999999"), which dbTime
+// reads as UTC: with the driver's parseTime and a loc other than UTC, the driver would turn the
+// stored UTC wall clock into loc's time, and a wall clock in loc's daylight-saving gap (say
+// 02:30 on the day clocks go forward) does not exist there: it came back an hour late.
+func selectTime(expr string) string { return "CAST(" + expr + " AS CHAR)" }
+
 // dbTime scans a DATETIME column as UTC whatever the driver's parseTime and loc settings:
 // text ("2006-01-02 15:04:05.999999") or a time.Time whose wall clock is the stored value.
 // NULL leaves the zero time.
@@ -292,7 +302,7 @@ func int64Args(vals []int64) []any {
 }
 
 // topicSQL renders one topic pattern as a condition on col; parameters are appended to args.
-// A prefix compares the column's first characters (utf8mb4_bin: byte-exact), so '_' and '%'
+// A prefix compares the column's first characters (binary NO PAD collation: byte-exact), so '_' and '%'
 // are ordinary characters.
 func topicSQL(tp dialect.Topic, col string, args *[]any) string {
 	switch {

@@ -52,7 +52,7 @@ func (*Dialect) PurgeDead(ctx context.Context, ex dialect.Executor, t *dialect.T
 func (*Dialect) ListDead(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.DeadFilter, limit int) ([]dialect.DeadRow, error) {
 	var args []any
 	w := deadWhere(f, &args)
-	stmt := "SELECT o.`sequence`, o.`id`, o.`topic`, o.`payload`, o.`headers`, o.`ordering_key`, o.`idempotency_key`, o.`created_at`, o.`attempts`, o.`last_error`, o.`dead_lettered_at` FROM " +
+	stmt := "SELECT o.`sequence`, o.`id`, o.`topic`, o.`payload`, o.`headers`, o.`ordering_key`, o.`idempotency_key`, " + selectTime("o.`created_at`") + ", o.`attempts`, o.`last_error`, " + selectTime("o.`dead_lettered_at`") + " FROM " +
 		namesOf(t).table + " o WHERE " + w + " ORDER BY o.`dead_lettered_at`, o.`sequence` LIMIT " + itoa(max(limit, 0))
 	rs, err := ex.Query(ctx, stmt, args...)
 	if err != nil {
@@ -124,9 +124,9 @@ func backlogSQL(t *dialect.Table) string {
 	pend := from + " WHERE p.`outbox_pending` IN (0, 1)"
 	stmt := "SELECT" +
 		" (SELECT COUNT(*) " + pend + ")," +
-		" LEAST(COALESCE(u.c, k.c), COALESCE(k.c, u.c))," +
+		" " + selectTime("LEAST(COALESCE(u.c, k.c), COALESCE(k.c, u.c))") + "," +
 		" (SELECT COUNT(*) FROM " + tb + " d WHERE d.`dead_lettered_at` IS NOT NULL)," +
-		" UTC_TIMESTAMP(6)," +
+		" " + selectTime("UTC_TIMESTAMP(6)") + "," +
 		" (SELECT COUNT(*) " + pend + " AND p.`last_error` LIKE 'unavailable: %')," +
 		" (SELECT COALESCE(SUM((SELECT COUNT(*) FROM " + tb + " r WHERE r.`outbox_key` = f.k AND r.`sequence` > f.s AND r.`dead_lettered_at` IS NULL)), 0) FROM (" + failedHeads(t) + ") f)" +
 		" FROM (SELECT (SELECT p.`created_at` " + from + " WHERE p.`outbox_pending` = 0 ORDER BY p.`sequence` LIMIT 1) AS c) u," +
@@ -140,9 +140,9 @@ func (*Dialect) BacklogByTopic(ctx context.Context, ex dialect.Executor, t *dial
 	tb := namesOf(t).table
 	stmt := "SELECT o.`topic`," +
 		" SUM(o.`dead_lettered_at` IS NULL)," +
-		" MIN(IF(o.`dead_lettered_at` IS NULL, o.`created_at`, NULL))," +
+		" " + selectTime("MIN(IF(o.`dead_lettered_at` IS NULL, o.`created_at`, NULL))") + "," +
 		" SUM(o.`dead_lettered_at` IS NOT NULL)," +
-		" UTC_TIMESTAMP(6)," +
+		" " + selectTime("UTC_TIMESTAMP(6)") + "," +
 		// last_error IS NOT NULL first: NULL LIKE … is NULL, and SUM over a topic whose
 		// events never failed would be NULL, not 0.
 		" SUM(o.`dead_lettered_at` IS NULL AND o.`last_error` IS NOT NULL AND o.`last_error` LIKE 'unavailable: %')," +

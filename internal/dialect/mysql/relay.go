@@ -28,7 +28,7 @@ type relay struct {
 func (*Dialect) NewRelay(t *dialect.Table, cfg dialect.RelayConfig, sel dialect.TopicSelection) dialect.Relay {
 	r := &relay{t: t, n: namesOf(t), cfg: cfg}
 	r.filter = selectionSQL(sel, "o.`topic`", &r.fargs)
-	cols := "o.`sequence`, o.`id`, o.`topic`, o.`payload`, o.`headers`, o.`ordering_key`, o.`created_at`, o.`attempts`, o.`last_error`, o.`delivery_starts`"
+	cols := "o.`sequence`, o.`id`, o.`topic`, o.`payload`, o.`headers`, o.`ordering_key`, " + selectTime("o.`created_at`") + ", o.`attempts`, o.`last_error`, o.`delivery_starts`"
 	for _, c := range t.Extra {
 		cols += ", o." + ident(c.Name)
 	}
@@ -235,9 +235,14 @@ func (r *relay) claim(ctx context.Context, q querier, p *dialect.ClaimParams, re
 		for i, m := range members {
 			seqs[i] = m.seq
 		}
+		// The topic filter and the paused (or probed) topics are checked here too: a key's run
+		// may hold events of other topics, and leasing one of those would hand it to a
+		// subscription that does not serve its topic (it then ends the key's run, as on
+		// PostgreSQL).
 		var largs []any
-		stmt := "SELECT " + r.cols + " FROM " + r.n.table + " o WHERE " + listSQL("o.`sequence`", seqs, &largs) +
-			" AND o.`published_at` IS NULL AND o.`dead_lettered_at` IS NULL AND " + claimable +
+		stmt := "SELECT " + r.cols + " FROM " + r.n.table + " o WHERE " + listSQL("o.`sequence`", seqs, &largs)
+		largs = append(largs, r.fargs...)
+		stmt += " AND o.`published_at` IS NULL AND o.`dead_lettered_at` IS NULL AND " + claimable + " AND " + r.filter + topicsSQL(p, &largs) +
 			" ORDER BY o.`sequence` FOR UPDATE SKIP LOCKED"
 		if err := r.scanClaimed(ctx, q, stmt, largs, events); err != nil {
 			return fmt.Errorf("lock runs: %w", err)
@@ -529,7 +534,7 @@ func (r *relay) mark(ctx context.Context, q querier, p *dialect.MarkParams, out 
 		return nil
 	}
 	var args []any
-	stmt := "SELECT o.`sequence`, o.`attempts`, UTC_TIMESTAMP(6) FROM " + r.n.table + " o WHERE " + listSQL("o.`sequence`", all, &args) +
+	stmt := "SELECT o.`sequence`, o.`attempts`, " + selectTime("UTC_TIMESTAMP(6)") + " FROM " + r.n.table + " o WHERE " + listSQL("o.`sequence`", all, &args) +
 		" AND " + fence + " FOR UPDATE"
 	args = append(args, p.Token)
 	rs, err := q.query(ctx, stmt, args...)

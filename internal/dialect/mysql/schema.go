@@ -69,14 +69,18 @@ func idempotencyColumns(t *dialect.Table) string {
 //   - No (topic, sequence) index: no statement here needs one, and the claim names its
 //     indexes (FORCE INDEX) so that a topic filter never steers the planner into the history.
 //
-// Text columns are utf8mb4_bin (byte order and case-sensitive equality, as on PostgreSQL).
+// Text columns are utf8mb4 with a binary NO PAD collation (byte order, case-sensitive equality
+// and trailing spaces significant, as on PostgreSQL): MariaDB's utf8mb4_nopad_bin, which
+// Migrate swaps for MySQL 8's utf8mb4_0900_bin on a MySQL server. utf8mb4_bin would compare
+// 'k' and 'k ' equal (PAD SPACE), so an idempotency key with a trailing space would be taken
+// for another key's duplicate.
 // Payloads are LONGTEXT checked with JSON_VALID rather than MySQL's JSON type, which would
 // normalise them (key order, whitespace, duplicate keys): the bytes are kept as written.
 // outbox_pending and outbox_key are INVISIBLE (SELECT * leaves them out; MySQL 8.0.23+).
 func createTable(t *dialect.Table) string {
 	n := namesOf(t)
 	b := t.IndexBase
-	payload := "`payload`          LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL"
+	payload := "`payload`          LONGTEXT CHARACTER SET utf8mb4 COLLATE " + textCollation + " NOT NULL"
 	payloadCheck := fmt.Sprintf(",\n\tCONSTRAINT %s CHECK (JSON_VALID(`payload`))", ident(b+"_payload_chk"))
 	if t.Payload == dialect.PayloadBytea {
 		payload = "`payload`          LONGBLOB NOT NULL"
@@ -117,18 +121,44 @@ func createTable(t *dialect.Table) string {
 		"\tUNIQUE INDEX %[12]s (%[13]s),\n"+
 		"\tINDEX %[14]s (`published_at`),\n"+
 		"\tINDEX %[15]s (`dead_lettered_at`)\n"+
-		") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
+		") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE="+textCollation,
 		n.table, payload, extra.String(),
 		ident(b+"_id_key"), ident(b+"_id_chk"), ident(b+"_topic_chk"), ident(b+"_okey_chk"), ident(b+"_headers_chk"), payloadCheck,
 		n.pending, n.keyIdx, ident(idempotencyIndex(t)), idempotencyColumns(t),
 		ident(b+"_published_idx"), ident(b+"_dead_idx"), ident(b+"_outbox_key_chk"))
 }
 
+// checkVersion refuses servers older than MariaDB 10.6 or MySQL 8.0.23: the claim needs
+// SKIP LOCKED (MariaDB 10.6, MySQL 8.0.1) and JSON_TABLE (MariaDB 10.6, MySQL 8.0.4), the
+// schema INVISIBLE columns (MySQL 8.0.23) and a NO PAD binary collation.
+func checkVersion(version string) error {
+	var major, minor, patch int
+	fmt.Sscanf(version, "%d.%d.%d", &major, &minor, &patch)
+	mariadb := strings.Contains(strings.ToLower(version), "mariadb")
+	ok := major > 10 || (major == 10 && minor >= 6)
+	need := "MariaDB 10.6"
+	if !mariadb {
+		ok = major > 8 || (major == 8 && (minor > 0 || patch >= 23))
+		need = "MySQL 8.0.23"
+	}
+	if !ok {
+		return fmt.Errorf("%w: server version %q, need %s or later (FOR UPDATE SKIP LOCKED, JSON_TABLE, invisible columns)", ErrServerVersion, version, need)
+	}
+	return nil
+}
+
+// textCollation is the collation of the tables' text (see Statements); mysqlCollation replaces
+// it on MySQL 8, which has no utf8mb4_nopad_bin.
+const (
+	textCollation  = "utf8mb4_nopad_bin"
+	mysqlCollation = "utf8mb4_0900_bin"
+)
+
 // createKeys is the key-lock table: at most lockStripes rows (stripes of ordering and
 // idempotency keys, see lockKeys), X-locked by Insert
 // until the writer's transaction ends (see Insert).
 func createKeys(t *dialect.Table) string {
-	return fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n\t`ordering_key` VARCHAR(255) NOT NULL,\n\tPRIMARY KEY (`ordering_key`)\n) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
+	return fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n\t`ordering_key` VARCHAR(255) NOT NULL,\n\tPRIMARY KEY (`ordering_key`)\n) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE="+textCollation,
 		namesOf(t).keys)
 }
 
@@ -180,7 +210,20 @@ func (d *Dialect) Migrate(ctx context.Context, ex dialect.Executor, t *dialect.T
 		_, _ = conn.ExecContext(context.WithoutCancel(ctx), "DO RELEASE_LOCK(?)", lock)
 	}()
 	q := sqlQuerier(conn)
-	for _, st := range d.Statements(t) {
+	stmts := d.Statements(t)
+	var version string
+	if err := conn.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+		return err
+	}
+	if err := checkVersion(version); err != nil {
+		return err
+	}
+	if !strings.Contains(strings.ToLower(version), "mariadb") {
+		for i := range stmts {
+			stmts[i] = strings.ReplaceAll(stmts[i], textCollation, mysqlCollation)
+		}
+	}
+	for _, st := range stmts {
 		if _, err := q.exec(ctx, st); err != nil {
 			return err
 		}

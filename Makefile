@@ -23,10 +23,10 @@ bench:
 	$(GO) run ./cmd/outbox bench --db "sqlite://$$(mktemp -d)/bench.db"
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m $(PKGS)
 
-## chaos: the full chaos suite (private PostgreSQL and Redis, relay processes killed, destination
+## chaos: the full chaos suite (private PostgreSQL, MariaDB and Redis, the shared MariaDB; relay processes killed, destination
 ## and database restarted); `make test` runs its short version. OUTBOX_CHAOS_REPORT=FILE keeps the cell table.
 chaos:
-	OUTBOX_CHAOS=full $(GO) test -count=1 -v -timeout 40m -run 'TestChaos$$' ./integration/chaos/
+	OUTBOX_CHAOS=full $(GO) test -count=1 -v -timeout 40m -run '^TestChaos(MariaDB)?$$' ./integration/chaos/
 
 ## lint: go vet, gofmt and golangci-lint when installed.
 lint:

@@ -15,7 +15,14 @@
 //   - pg-restart-{fast,immediate}: `pg_ctl restart -m fast|immediate` while two relays drain a
 //     backlog into Redis.
 //   - poison: one event the webhook receiver always refuses with 500.
-//   - writers: 8 concurrent writers on 5 shared ordering keys while two relays run.
+//   - writers: 8 concurrent writers on 5 shared ordering keys while two relays run; one
+//     transaction in 8 rolls back after publishing.
+//
+// TestChaosMariaDB runs kill9 (to the Redis destination) and writers against the shared
+// MariaDB/MySQL test database (internal/mariadbtest, relays with --db mysql://…), and
+// mariadb-restart-{term,kill} (SIGTERM or SIGKILL, then a start on the same data directory)
+// against a private mariadbd initialised with mariadb-install-db in a temp dir. The cells take
+// their database as a backend (backend_test.go): URL, handle, and the cell's own reads.
 //
 // Every cell checks, by reading the destination back (Redis XRANGE or the receiver's log)
 // against the committed events: lost = 0 and reordered = 0 (per key, first deliveries against
@@ -26,6 +33,6 @@
 // PostgreSQL accepts connections (full run) and one ERROR/one INFO line per relay for it.
 //
 // By default the suite runs its short version (part of `go test ./...`); OUTBOX_CHAOS=full runs
-// the full one (`make chaos`). A missing initdb, pg_ctl or redis-server skips it locally and
-// fails it when CI=true.
+// the full one (`make chaos`). A missing initdb, pg_ctl, redis-server, mariadbd or an
+// unreachable shared MariaDB skips it locally and fails it when CI=true.
 package chaos

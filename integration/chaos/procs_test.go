@@ -230,9 +230,14 @@ type redisServer struct {
 	dir  string
 	port int
 
+	child
+}
+
+// child is a server process of the suite that tests signal and wait for.
+type child struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
-	done chan struct{}
+	done chan struct{} // closed when cmd has exited
 }
 
 // startRedis starts a private redis-server in dir and stops it when tb ends.
@@ -292,19 +297,19 @@ func (r *redisServer) start() error {
 }
 
 // signal sends sig to the running server, if any.
-func (r *redisServer) signal(sig syscall.Signal) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cmd != nil && r.cmd.Process != nil {
-		_ = r.cmd.Process.Signal(sig)
+func (c *child) signal(sig syscall.Signal) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cmd != nil && c.cmd.Process != nil {
+		_ = c.cmd.Process.Signal(sig)
 	}
 }
 
 // waitExit waits until the server process has exited and reports whether it did in time.
-func (r *redisServer) waitExit(timeout time.Duration) bool {
-	r.mu.Lock()
-	done := r.done
-	r.mu.Unlock()
+func (c *child) waitExit(timeout time.Duration) bool {
+	c.mu.Lock()
+	done := c.done
+	c.mu.Unlock()
 	if done == nil {
 		return true
 	}

@@ -128,6 +128,31 @@ func createTable(t *dialect.Table) string {
 		ident(b+"_published_idx"), ident(b+"_dead_idx"), ident(b+"_outbox_key_chk"))
 }
 
+// fillKeysSQL creates every key-lock row (see lockStripes) the table lacks: "i:00000" …
+// "o:04095", the stripe numbers made by a cross join of four 8-row digit tables (no recursive
+// CTE: MySQL stops one at cte_max_recursion_depth, 1,000 by default).
+func fillKeysSQL(t *dialect.Table) string {
+	digits := "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7)"
+	var ns []string
+	for _, n := range lockNamespaces {
+		ns = append(ns, "SELECT '"+n+"' AS p")
+	}
+	return "INSERT INTO " + namesOf(t).keys + " (`ordering_key`) SELECT CONCAT(ns.p, ':', LPAD(a.d * 512 + b.d * 64 + c.d * 8 + e.d, 5, '0')) FROM (" +
+		strings.Join(ns, " UNION ALL ") + ") ns, " + digits + " a, " + digits + " b, " + digits + " c, " + digits + " e" +
+		" ON DUPLICATE KEY UPDATE `ordering_key` = `ordering_key`"
+}
+
+// keysFilled reports whether the key-lock table has every row (one COUNT).
+func keysFilled(ctx context.Context, q querier, n names) (bool, error) {
+	rs, err := q.query(ctx, "SELECT COUNT(*) FROM "+n.keys)
+	if err != nil {
+		return false, err
+	}
+	var have int64
+	err = scanEach(rs, func(rs dialect.Rows) error { return rs.Scan(&have) })
+	return have >= int64(len(lockNamespaces)*lockStripes), err
+}
+
 // checkVersion refuses servers older than MariaDB 10.6 or MySQL 8.0.23: the claim needs
 // SKIP LOCKED (MariaDB 10.6, MySQL 8.0.1) and JSON_TABLE (MariaDB 10.6, MySQL 8.0.4), the
 // schema INVISIBLE columns (MySQL 8.0.23) and a NO PAD binary collation.
@@ -154,8 +179,8 @@ const (
 	mysqlCollation = "utf8mb4_0900_bin"
 )
 
-// createKeys is the key-lock table: at most lockStripes rows (stripes of ordering and
-// idempotency keys, see lockKeys), X-locked by Insert
+// createKeys is the key-lock table: one row per stripe of ordering and idempotency keys (see
+// lockStripes; Migrate fills it), X-locked by Insert
 // until the writer's transaction ends (see Insert).
 func createKeys(t *dialect.Table) string {
 	return fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n\t`ordering_key` VARCHAR(255) NOT NULL,\n\tPRIMARY KEY (`ordering_key`)\n) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE="+textCollation,
@@ -163,10 +188,11 @@ func createKeys(t *dialect.Table) string {
 }
 
 // Statements returns the DDL: the outbox table (extra columns included) and its key-lock
-// table <table>_keys (<IndexBase>_keys), each CREATE TABLE IF NOT EXISTS. Migrate also adds
+// table <table>_keys (<IndexBase>_keys), each CREATE TABLE IF NOT EXISTS, and the INSERT that
+// fills the key-lock table (idempotent; the last statement). Migrate also adds
 // extra columns missing from an existing table and checks its idempotency index.
 func (*Dialect) Statements(t *dialect.Table) []string {
-	return []string{createTable(t), createKeys(t)}
+	return []string{createTable(t), createKeys(t), fillKeysSQL(t)}
 }
 
 // migrateLockWait is how long Migrate waits for a concurrent Migrate of the same table when
@@ -223,7 +249,15 @@ func (d *Dialect) Migrate(ctx context.Context, ex dialect.Executor, t *dialect.T
 			stmts[i] = strings.ReplaceAll(stmts[i], textCollation, mysqlCollation)
 		}
 	}
-	for _, st := range stmts {
+	for i, st := range stmts {
+		if i == len(stmts)-1 { // fillKeysSQL: 8,192 rows written again only when some lack
+			if full, err := keysFilled(ctx, q, namesOf(t)); err != nil || full {
+				if err != nil {
+					return err
+				}
+				continue
+			}
+		}
 		if _, err := q.exec(ctx, st); err != nil {
 			return err
 		}

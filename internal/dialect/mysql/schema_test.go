@@ -3,6 +3,7 @@ package mysql
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -110,8 +111,11 @@ func TestMigrateScopeMismatch(t *testing.T) {
 func TestStatements(t *testing.T) {
 	tb := &dialect.Table{Parts: []string{"shop", "out`box"}, IndexBase: "out`box", Extra: []dialect.Column{{Name: "tenant", Type: "INT NULL"}}, Scope: []string{"tenant"}}
 	st := New().Statements(tb)
-	if len(st) != 2 {
-		t.Fatalf("%d statements", len(st))
+	if len(st) != 3 {
+		t.Fatalf("%d statements, want 3 (table, key-lock table, its rows)", len(st))
+	}
+	if !strings.HasPrefix(st[2], "INSERT INTO `shop`.`out``box_keys` (`ordering_key`) SELECT") {
+		t.Errorf("key rows: %s", st[2])
 	}
 	for _, want := range []string{"CREATE TABLE IF NOT EXISTS `shop`.`out``box` (", "`tenant` INT NULL", "UNIQUE INDEX `out``box_idempotency_scope_idx` (`tenant`, `idempotency_key`)"} {
 		if !strings.Contains(st[0], want) {
@@ -123,5 +127,30 @@ func TestStatements(t *testing.T) {
 	}
 	if got := New().Quote(tb); got != "`shop`.`out``box`" {
 		t.Errorf("Quote = %s", got)
+	}
+}
+
+// TestMigrateFillsKeyLockRows: Migrate creates every stripe's row ("i:00000" … "o:04095"), so
+// writers only ever lock existing rows; a second Migrate leaves them as they are.
+func TestMigrateFillsKeyLockRows(t *testing.T) {
+	tb := newTable(t)
+	for range 2 {
+		var n, distinct, i, o int64
+		if err := testDB.QueryRow("SELECT COUNT(*), COUNT(DISTINCT ordering_key), SUM(ordering_key LIKE 'i:%'), SUM(ordering_key LIKE 'o:%') FROM "+namesOf(tb).keys).Scan(&n, &distinct, &i, &o); err != nil {
+			t.Fatal(err)
+		}
+		if got := []int64{n, distinct, i, o}; fmt.Sprint(got) != "[8192 8192 4096 4096]" {
+			t.Fatalf("key-lock rows (count, distinct, i, o) = %v, want [8192 8192 4096 4096]", got)
+		}
+		var lo, hi string
+		if err := testDB.QueryRow("SELECT MIN(ordering_key), MAX(ordering_key) FROM "+namesOf(tb).keys).Scan(&lo, &hi); err != nil {
+			t.Fatal(err)
+		}
+		if lo != "i:00000" || hi != "o:04095" || stripe("o", "any key") > hi {
+			t.Fatalf("rows %s … %s", lo, hi)
+		}
+		if err := New().Migrate(t.Context(), sqlEx(testDB), tb); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -34,14 +34,10 @@ func BenchmarkDrainMariaDB(b *testing.B) {
 	if only := os.Getenv("OUTBOX_BENCH_SHAPE"); only != "" {
 		shapes = slices.DeleteFunc(shapes, func(s drainShape) bool { return s.name != only })
 	}
-	type variant struct {
-		name string
-		run  func() float64
-	}
-	var variants []variant
+	var variants []benchVariant
 	for _, sh := range shapes {
 		for _, relays := range []int{1, 2} {
-			variants = append(variants, variant{fmt.Sprintf("outbox/%s/relays=%d", sh.name, relays), func() float64 {
+			variants = append(variants, benchVariant{fmt.Sprintf("outbox/%s/relays=%d", sh.name, relays), func() float64 {
 				schema := outbox.SchemaConfig{Table: mariadbtest.Table(b), Dialect: outbox.DialectMySQL}
 				seedMariaDB(b, db, schema, n, sh.keys)
 				return drainRate(b, db, schema, n, relays, func() int {
@@ -52,26 +48,8 @@ func BenchmarkDrainMariaDB(b *testing.B) {
 			}})
 		}
 	}
-	variants = append(variants, variant{"watermill-sql/unordered/relays=1", func() float64 { return watermillMySQLDrain(b, db, n) }})
-	results := map[string][]float64{}
-	for range b.N {
-		for r := range rounds {
-			order := slices.Clone(variants)
-			if r%2 == 1 {
-				slices.Reverse(order)
-			}
-			for _, v := range order {
-				rate := v.run()
-				results[v.name] = append(results[v.name], rate)
-				b.Logf("round %d %-34s %8.0f events/s", r+1, v.name, rate)
-			}
-		}
-	}
-	med := func(name string) float64 {
-		xs := slices.Clone(results[name])
-		slices.Sort(xs)
-		return xs[len(xs)/2]
-	}
+	variants = append(variants, benchVariant{"watermill-sql/unordered/relays=1", func() float64 { return watermillMySQLDrain(b, db, n) }})
+	med := runInterleaved(b, rounds, variants)
 	var table strings.Builder
 	fmt.Fprintf(&table, "\nmedians of %d interleaved rounds, %d events each (MariaDB):\n", rounds, n)
 	for _, v := range variants {

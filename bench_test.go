@@ -252,14 +252,10 @@ func BenchmarkDrain(b *testing.B) {
 		return schema
 	}
 	drop := func(table string) { pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %q`, table)) }
-	type variant struct {
-		name string
-		run  func() float64 // one drain of a fresh backlog, events/s
-	}
-	var variants []variant
+	var variants []benchVariant
 	for _, sh := range shapes {
 		for _, relays := range []int{1, 2} {
-			variants = append(variants, variant{fmt.Sprintf("outbox/%s/relays=%d", sh.name, relays), func() float64 {
+			variants = append(variants, benchVariant{fmt.Sprintf("outbox/%s/relays=%d", sh.name, relays), func() float64 {
 				schema := fresh(sh.keys)
 				defer drop(schema.Table)
 				return drainRate(b, pool, schema, n, relays, func() int {
@@ -271,36 +267,15 @@ func BenchmarkDrain(b *testing.B) {
 		}
 	}
 	for _, relays := range []int{1, 2} {
-		variants = append(variants, variant{fmt.Sprintf("rawpgx/unordered/relays=%d", relays), func() float64 {
+		variants = append(variants, benchVariant{fmt.Sprintf("rawpgx/unordered/relays=%d", relays), func() float64 {
 			schema := fresh(0)
 			defer drop(schema.Table)
 			return rawDrain(b, pool, schema.Table, n, relays)
 		}})
 	}
-	variants = append(variants, variant{"watermill-sql/unordered/relays=1", func() float64 { return watermillSQLDrain(b, pool, n) }})
+	variants = append(variants, benchVariant{"watermill-sql/unordered/relays=1", func() float64 { return watermillSQLDrain(b, pool, n) }})
 
-	results := map[string][]float64{}
-	for range b.N {
-		for r := range rounds {
-			order := slices.Clone(variants)
-			if r%2 == 1 {
-				slices.Reverse(order)
-			}
-			for _, v := range order {
-				rate := v.run()
-				results[v.name] = append(results[v.name], rate)
-				b.Logf("round %d %-34s %8.0f events/s", r+1, v.name, rate)
-			}
-		}
-	}
-	med := func(name string) float64 {
-		xs := slices.Clone(results[name])
-		if len(xs) == 0 {
-			return 0
-		}
-		slices.Sort(xs)
-		return xs[len(xs)/2]
-	}
+	med := runInterleaved(b, rounds, variants)
 	var table strings.Builder
 	fmt.Fprintf(&table, "\nmedians of %d interleaved rounds, %d events each:\n", rounds, n)
 	fmt.Fprintf(&table, "%-34s %10s\n", "variant", "events/s")
@@ -328,6 +303,41 @@ func BenchmarkDrain(b *testing.B) {
 		table.WriteString("\n")
 	}
 	b.Log(table.String())
+}
+
+// benchVariant is one contender of an interleaved benchmark: run drains a fresh backlog once
+// and returns events/s.
+type benchVariant struct {
+	name string
+	run  func() float64
+}
+
+// runInterleaved runs every variant once per round, b.N × rounds times, in reverse order every
+// other round (so that the machine's drift hits all alike), logs each result, and returns the
+// median events/s of a variant by name (0 for one that never ran).
+func runInterleaved(b *testing.B, rounds int, variants []benchVariant) (median func(name string) float64) {
+	results := map[string][]float64{}
+	for range b.N {
+		for r := range rounds {
+			order := slices.Clone(variants)
+			if r%2 == 1 {
+				slices.Reverse(order)
+			}
+			for _, v := range order {
+				rate := v.run()
+				results[v.name] = append(results[v.name], rate)
+				b.Logf("round %d %-34s %8.0f events/s", r+1, v.name, rate)
+			}
+		}
+	}
+	return func(name string) float64 {
+		xs := slices.Clone(results[name])
+		if len(xs) == 0 {
+			return 0
+		}
+		slices.Sort(xs)
+		return xs[len(xs)/2]
+	}
 }
 
 // rawDrain drains table with relays goroutines running the order-blind comparator: lease the

@@ -107,10 +107,7 @@ var columnNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 // schema is a validated SchemaConfig with its SQL pieces.
 type schema struct {
 	cfg       SchemaConfig
-	table     string // quoted, possibly qualified
-	indexBase string // unquoted base for index names
-	tableName string // unquoted table part
-	lockSeed  int64  // seed of the per-ordering-key advisory lock hash
+	table     string // quoted, possibly qualified (the dialect's Quote of t)
 	extra     map[string]bool
 	d         dialect.Dialect // the dialect's SQL
 	caps      dialect.Capabilities
@@ -158,8 +155,7 @@ func (c SchemaConfig) compile() (*schema, error) {
 	if c.PayloadType != PayloadJSONB && c.PayloadType != PayloadBytea && c.PayloadType != PayloadJSON {
 		return nil, &ConfigError{Field: "SchemaConfig.PayloadType", Reason: fmt.Sprintf("unknown payload type %d", c.PayloadType)}
 	}
-	s := &schema{cfg: c, tableName: parts[len(parts)-1], extra: map[string]bool{}, d: d, caps: caps}
-	s.indexBase = indexBase(s.tableName)
+	s := &schema{cfg: c, extra: map[string]bool{}, d: d, caps: caps}
 	for i, col := range c.ExtraColumns {
 		field := fmt.Sprintf("SchemaConfig.ExtraColumns[%d]", i)
 		if !columnNameRe.MatchString(col.Name) {
@@ -183,13 +179,13 @@ func (c SchemaConfig) compile() (*schema, error) {
 	for i, col := range c.ExtraColumns {
 		extra[i] = dialect.Column{Name: col.Name, Type: col.Type}
 	}
-	s.t = &dialect.Table{Parts: parts, IndexBase: s.indexBase, Payload: dialect.Payload(c.PayloadType), Extra: extra,
-		Scope: c.IdempotencyScope, FillFactor: c.FillFactor, FillDefault: fillDefault}
-	s.table = s.d.Quote(s.t)
+	// The lock seed hashes the PostgreSQL spelling of the name in every dialect, as it always
+	// has: writers of different versions must take the same per-key locks.
 	h := fnv.New64a()
 	h.Write([]byte(pgx.Identifier(parts).Sanitize()))
-	s.lockSeed = int64(h.Sum64())
-	s.t.LockSeed = s.lockSeed
+	s.t = &dialect.Table{Parts: parts, IndexBase: indexBase(parts[len(parts)-1]), Payload: dialect.Payload(c.PayloadType), Extra: extra,
+		Scope: c.IdempotencyScope, FillFactor: c.FillFactor, FillDefault: fillDefault, LockSeed: int64(h.Sum64())}
+	s.table = s.d.Quote(s.t)
 	return s, nil
 }
 

@@ -383,6 +383,7 @@ type IdempotencyConflict struct {
 	Key   string
 }
 
+// Error names the key.
 func (e *IdempotencyConflict) Error() string {
 	return "idempotency key " + e.Key + " is stored with other extra column values"
 }

@@ -135,9 +135,6 @@ func (s *Stmt) Args(named map[string]any) []any {
 	return args
 }
 
-// Names returns the parameter names in placeholder order.
-func (s *Stmt) Names() []string { return append([]string(nil), s.names...) }
-
 func isNameStart(c byte) bool {
 	return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
 }

@@ -51,10 +51,14 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// needDB returns the test database, or skips the test (outside CI) when it is unreachable.
+// needDB returns the test database. Unreachable, it fails the test when CI=true (TestMain has
+// already exited then) and skips it otherwise.
 func needDB(t testing.TB) *sql.DB {
 	t.Helper()
 	if testDB == nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("MariaDB/MySQL unreachable and CI=true: %v", testDBErr)
+		}
 		t.Skipf("MariaDB/MySQL unreachable (set OUTBOX_MYSQL_DSN): %v", testDBErr)
 	}
 	return testDB

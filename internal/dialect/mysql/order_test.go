@@ -269,9 +269,10 @@ func TestLockErrorsStatementOrTransaction(t *testing.T) {
 	if err := ins(tx4, "C"); err != nil {
 		t.Fatal(err)
 	}
+	// Whichever request comes first, each transaction then waits for the other's key: the
+	// cycle forms without any ordering between the two calls.
 	errc := make(chan error, 1)
 	go func() { errc <- ins(tx3, "C") }()
-	time.Sleep(200 * time.Millisecond) // let tx3 queue on C before tx4 asks for B
 	err4 := ins(tx4, "B")
 	err3 := <-errc
 	if code(err3) != 1213 && code(err4) != 1213 {

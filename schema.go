@@ -106,12 +106,12 @@ var columnNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
 // schema is a validated SchemaConfig with its SQL pieces.
 type schema struct {
-	cfg       SchemaConfig
-	table     string // quoted, possibly qualified (the dialect's Quote of t)
-	extra     map[string]bool
-	d         dialect.Dialect // the dialect's SQL
-	caps      dialect.Capabilities
-	t         *dialect.Table // the table as the dialect sees it
+	cfg   SchemaConfig
+	table string // quoted, possibly qualified (the dialect's Quote of t)
+	extra map[string]bool
+	d     dialect.Dialect // the dialect's SQL
+	caps  dialect.Capabilities
+	t     *dialect.Table // the table as the dialect sees it
 }
 
 // Validate checks the configuration and returns a *ConfigError naming the field, or nil.

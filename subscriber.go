@@ -838,7 +838,16 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		sub.lastKeyCount = len(keys)
 	}
 	if res.Floors != nil && sub.sweep != nil {
-		sub.fl.Update(res.Floors)
+		now := time.Now()
+		sub.fl.Update(res.Floors, now)
+		if ll, ok := sub.relay.(dialect.LockLooker); ok && sub.fl.LookAtLocks(now) {
+			// xmin waits for a transaction that may not be the outbox's (see FloorTracker).
+			if holders, err := ll.LockHolders(sub.ctx, s.db); err == nil {
+				sub.fl.CheckLocks(holders, now)
+			} else {
+				s.logger.Debug("outbox: reading the table's lock holders failed", watermill.LogFields{"error": err.Error()})
+			}
+		}
 		s.logger.Trace("outbox: claim floors", watermill.LogFields{"keyed": sub.fl.Keyed, "unordered": sub.fl.Unordered, "xmin": res.Floors.Xmin})
 		sub.sweep.keyed.Store(sub.fl.Keyed)
 		sub.sweep.unordered.Store(sub.fl.Unordered)

@@ -237,16 +237,16 @@ func runBench(ctx context.Context, out io.Writer, d *database, f benchFlags) err
 		}
 	}
 
-	fmt.Fprintf(out, "\n%-36s %12s %12s %7s\n", "measure", "outbox", "raw loop", "ratio")
+	fmt.Fprintf(out, "\n%-46s %12s %12s %7s\n", "measure", "outbox", "raw loop", "ratio")
 	for _, r := range runs {
 		o, t := median(r.ours), median(r.theirs)
-		fmt.Fprintf(out, "%-36s %12.0f %12.0f %7.2f\n", r.name+" ("+r.unit+")", o, t, o/t)
+		fmt.Fprintf(out, "%-46s %12.0f %12.0f %7.2f\n", r.name+" ("+r.unit+")", o, t, o/t)
 	}
 	if len(heldRuns) > 0 {
-		fmt.Fprintf(out, "%-36s %12s %12s %7s\n", "with a snapshot held open", "outbox", "without", "ratio")
+		fmt.Fprintf(out, "%-46s %12s %12s %7s\n", "with a snapshot held open", "outbox", "without", "ratio")
 		for _, r := range heldRuns {
 			o, t := median(r.ours), median(r.theirs)
-			fmt.Fprintf(out, "%-36s %12.0f %12.0f %7.2f\n", r.name+" ("+r.unit+")", o, t, o/t)
+			fmt.Fprintf(out, "%-46s %12.0f %12.0f %7.2f\n", r.name+" ("+r.unit+")", o, t, o/t)
 		}
 	}
 	if latency {
@@ -254,13 +254,13 @@ func runBench(ctx context.Context, out io.Writer, d *database, f benchFlags) err
 		if f.latKeys > 0 {
 			shape = fmt.Sprintf("%d keys", f.latKeys)
 		}
-		fmt.Fprintf(out, "%-36s %12s\n", fmt.Sprintf("latency at %.0f/s, %s, p50/p99/worst (ms)", f.rate, shape), lat)
+		fmt.Fprintf(out, "%-46s %12s\n", fmt.Sprintf("latency at %.0f/s, %s, p50/p99/worst (ms)", f.rate, shape), lat)
 		if f.held {
-			fmt.Fprintf(out, "%-36s %12s %12s %7.2f\n", "  with a held snapshot (ms)", held, "p99 ratio", held.p99/lat.p99)
+			fmt.Fprintf(out, "%-46s %12s %12s %7.2f\n", "  with a held snapshot (ms)", held, "p99 ratio", held.p99/lat.p99)
 		}
 	}
 	if len(runs) > 0 {
-		fmt.Fprintf(out, "%-36s %12.0f\n", "peak RSS after the drains (MiB)", peak)
+		fmt.Fprintf(out, "%-46s %12.0f\n", "peak RSS after the drains (MiB)", peak)
 	}
 	return nil
 }

@@ -272,6 +272,12 @@ type Sweeper interface {
 	Sweep(ctx context.Context, ex Executor, floorKeyed, floorUnordered int64) (keyed, unordered int64, err error)
 }
 
+// LockLooker is implemented by the relays of dialects with Capabilities.Floors: LockHolders
+// returns the transactions that hold a lock on the outbox table (see FloorTracker.CheckLocks).
+type LockLooker interface {
+	LockHolders(ctx context.Context, ex Executor) ([]string, error)
+}
+
 // Continuation is a key whose last run (From..After, leased under ClaimParams.ContToken) was
 // full and acked whole: its next run may be leased while that run's marks are written.
 type Continuation struct {

@@ -91,7 +91,7 @@ func TestClaimFlatUnderHeldSnapshot(t *testing.T) {
 					lows[*e.OrderingKey] = e.Sequence
 				}
 			}
-			fl.Update(res.Floors)
+			fl.Update(res.Floors, time.Now())
 			marked, err := r.Mark(ctx, ex, &dialect.MarkParams{Token: p.Token, Acked: acked})
 			if err != nil || len(marked) != 1200 {
 				t.Fatalf("round %d: marked %d, %v", round, len(marked), err)
@@ -146,4 +146,110 @@ func explainBuffers(t *testing.T, db *sql.DB, r *relay, p *dialect.ClaimParams) 
 		t.Fatal(err)
 	}
 	return doc[0].Plan.Hit + doc[0].Plan.Read
+}
+
+// TestFloorsWaitForOpenWriters: the floors never pass an event whose writer is still open, and
+// an open transaction that writes elsewhere (it holds the cluster's xmin back) does not hold them.
+// A writer of the outbox W1 inserts an event and stays open; W2 inserts a later one and commits;
+// an unrelated transaction writes to another table and stays open. After claims spread over more
+// than dialect.SettleWait (so the floors look at the table's lock holders), the floors stay at or
+// below W1's event, and the claim after W1's commit leases it. Once W1 has ended, the floors pass
+// both events although the unrelated transaction is still open.
+func TestFloorsWaitForOpenWriters(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.StdDB(t)
+	ex := dialect.StdSQL{D: db, Pgx: true}
+	name := pgtest.Table(t)
+	tbl := &dialect.Table{Parts: []string{name}, IndexBase: name, FillFactor: 50, FillDefault: true, LockSeed: 1}
+	d := Dialect{}
+	if err := d.Migrate(ctx, ex, tbl); err != nil {
+		t.Fatal(err)
+	}
+	other := pgtest.Table(t)
+	if _, err := db.ExecContext(ctx, `CREATE TABLE `+dialect.DoubleQuote(other)+` (x int)`); err != nil {
+		t.Fatal(err)
+	}
+	unrelated, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unrelated.Rollback() //nolint:errcheck
+	if _, err := unrelated.ExecContext(ctx, `INSERT INTO `+dialect.DoubleQuote(other)+` VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	insert := func(tx *sql.Tx, key string) int64 {
+		t.Helper()
+		k := key
+		st, err := d.Insert(ctx, dialect.StdSQL{D: tx, Tx: true, Pgx: true}, &dialect.InsertParams{Table: tbl,
+			Rows: []dialect.InsertRow{{ID: uuid.NewString(), Topic: "t", Payload: []byte(`{}`), Headers: "{}", OrderingKey: &k}}})
+		if err != nil || len(st) != 1 {
+			t.Fatalf("insert: %v", err)
+		}
+		return st[0].Sequence
+	}
+	w1, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w1.Rollback() //nolint:errcheck
+	s1 := insert(w1, "a")
+	w2, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2 := insert(w2, "b")
+	if err := w2.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := dialect.RelayConfig{BatchSize: 100, MaxRunPerKey: 10, KeyScan: 100, LeaseDuration: 30 * time.Second, MaxAttempts: 10, RetryBase: time.Second, RetryMax: time.Minute}
+	r := d.NewRelay(tbl, cfg, dialect.TopicSelection{Include: dialect.Topic{All: true}}).(*relay)
+	var fl dialect.FloorTracker
+	var got []int64
+	claim := func() {
+		t.Helper()
+		p := &dialect.ClaimParams{Token: uuid.NewString(), Limit: 100, Oldest: 100, LowKeyed: fl.Keyed, LowUnordered: fl.Unordered}
+		res, err := r.Claim(ctx, ex, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var acked []int64
+		for _, e := range res.Events {
+			acked = append(acked, e.Sequence)
+			got = append(got, e.Sequence)
+		}
+		now := time.Now()
+		fl.Update(res.Floors, now)
+		if fl.LookAtLocks(now) {
+			h, err := r.LockHolders(ctx, ex)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fl.CheckLocks(h, now)
+		}
+		if _, err := r.Mark(ctx, ex, &dialect.MarkParams{Token: p.Token, Acked: acked}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for end := time.Now().Add(3 * dialect.SettleWait); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		claim()
+		if fl.Keyed > s1 {
+			t.Fatalf("keyed floor %d passed the open writer's event %d", fl.Keyed, s1)
+		}
+	}
+	if len(got) != 1 || got[0] != s2 {
+		t.Fatalf("claimed %v before W1's commit, want [%d]", got, s2)
+	}
+	if err := w1.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	claim()
+	if len(got) != 2 || got[1] != s1 {
+		t.Fatalf("claimed %v after W1's commit, want [%d %d]", got, s2, s1)
+	}
+	for end := time.Now().Add(3 * dialect.SettleWait); time.Now().Before(end) && fl.Keyed <= s2; time.Sleep(20 * time.Millisecond) {
+		claim()
+	}
+	if fl.Keyed <= s2 {
+		t.Fatalf("keyed floor %d did not pass %d while an unrelated transaction held xmin", fl.Keyed, s2)
+	}
 }

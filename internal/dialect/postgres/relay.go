@@ -95,6 +95,29 @@ func composeSweep(t *dialect.Table, filter string) string {
 	return "SELECT COALESCE((" + below("next_keyed", "floor_keyed") + "), 0), COALESCE((" + below("next_unordered", "floor_unordered") + "), 0)"
 }
 
+// LockHolders implements dialect.LockLooker: the virtual transaction ids holding a
+// RowExclusiveLock on the table (pg_locks, fast-path locks included): a writer takes it at the
+// start of its INSERT and keeps it until it ends. Readers (AccessShareLock: a report, the
+// snapshot held open) do not count. It reads the lock manager's state: the relay runs it
+// at most once per dialect.SettleWait, only while its floors wait for xmin.
+func (r *relay) LockHolders(ctx context.Context, ex dialect.Executor) ([]string, error) {
+	rs, err := ex.Query(ctx, `SELECT DISTINCT virtualtransaction FROM pg_locks WHERE locktype = 'relation' AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND relation = to_regclass($1) AND mode = 'RowExclusiveLock' AND virtualtransaction IS NOT NULL`,
+		dialect.DoubleQuote(r.t.Parts...))
+	if err != nil {
+		return nil, err
+	}
+	defer rs.Close()
+	var out []string
+	for rs.Next() {
+		var v string
+		if err := rs.Scan(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rs.Err()
+}
+
 // Sweep implements dialect.Sweeper.
 func (r *relay) Sweep(ctx context.Context, ex dialect.Executor, floorKeyed, floorUnordered int64) (keyed, unordered int64, err error) {
 	named := params{"floor_keyed": floorKeyed, "floor_unordered": floorUnordered}

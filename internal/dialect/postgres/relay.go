@@ -106,16 +106,7 @@ func (r *relay) LockHolders(ctx context.Context, ex dialect.Executor) ([]string,
 	if err != nil {
 		return nil, err
 	}
-	defer rs.Close()
-	var out []string
-	for rs.Next() {
-		var v string
-		if err := rs.Scan(&v); err != nil {
-			return nil, err
-		}
-		out = append(out, v)
-	}
-	return out, rs.Err()
+	return dialect.ScanList[string](rs)
 }
 
 // Sweep implements dialect.Sweeper.

@@ -31,8 +31,9 @@ type FloorTracker struct {
 	Keyed, Unordered int64
 	settled          int64 // every event up to this sequence is committed or rolled back
 	points           []settlePoint
-	// holders are the table's lock holders at the last look (nil: none taken), covering the
-	// first covers points; looked is when.
+	// holders are the holders of the round's first look still there at the last look (nil: no
+	// round started); the round covers the first covers points. looked is when the last look
+	// was taken.
 	holders []string
 	covers  int
 	looked  time.Time
@@ -93,22 +94,26 @@ func (f *FloorTracker) LookAtLocks(now time.Time) bool {
 }
 
 // CheckLocks takes a look at the outbox table's lock holders (PostgreSQL virtual transaction
-// ids), taken at now: when none of the holders of the previous look is among them, the claims
-// recorded before that look are settled. The floors move at the next Update.
+// ids), taken at now. The holders of the first look are waited for: once none of them is among
+// a later look's holders, the claims recorded before that first look are settled, and the later
+// look becomes the first of the next round (each transaction ends at some point, so every round
+// ends, however many writers come and go meanwhile). The floors move at the next Update.
 func (f *FloorTracker) CheckLocks(holders []string, now time.Time) {
+	f.looked = now
 	if f.holders != nil {
-		left := false
+		var left []string
 		for _, h := range f.holders {
 			if slices.Contains(holders, h) {
-				left = true
-				break
+				left = append(left, h)
 			}
 		}
-		if !left {
-			f.settle(min(f.covers, len(f.points)))
+		if len(left) > 0 {
+			f.holders = left
+			return
 		}
+		f.settle(min(f.covers, len(f.points)))
 	}
-	f.holders, f.covers, f.looked = holders, len(f.points), now
+	f.holders, f.covers = holders, len(f.points)
 	if f.holders == nil {
 		f.holders = []string{}
 	}

@@ -52,7 +52,8 @@ var sweepInterval = 30 * time.Second // a variable for the tests (export_test.go
 // sweeper runs the sweeps of one subscription until ctx ends; found receives the lowest
 // sequences found below the floors that were current when the sweep began.
 type sweeper struct {
-	keyed, unordered atomic.Int64 // the floors, published by the claiming goroutine
+	every            time.Duration // sweepInterval when the subscription started
+	keyed, unordered atomic.Int64  // the floors, published by the claiming goroutine
 	// foundKeyed and foundUnordered are what the last sweeps found (0: nothing), taken by the
 	// next claim.
 	foundKeyed, foundUnordered atomic.Int64
@@ -60,7 +61,7 @@ type sweeper struct {
 
 // run sweeps every sweepInterval until ctx ends.
 func (w *sweeper) run(ctx context.Context, sub *subscription, sw dialect.Sweeper) {
-	t := time.NewTicker(sweepInterval)
+	t := time.NewTicker(w.every)
 	defer t.Stop()
 	for {
 		select {

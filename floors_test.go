@@ -107,7 +107,7 @@ func TestEventsBehindAFloor(t *testing.T) {
 // without the Publisher (here: into the sequence gap a rolled-back write left, after the floors
 // moved past it) is found by the sweep and delivered.
 func TestSweepFindsEventsBelowTheFloors(t *testing.T) {
-	defer outbox.SetSweepInterval(300 * time.Millisecond)()
+	t.Cleanup(outbox.SetSweepInterval(300 * time.Millisecond)) // after the Subscriber's Close
 	b := pgBackend(t)
 	schema := b.table(t)
 	tx, err := b.raw.BeginTx(ctx, nil)

@@ -220,15 +220,12 @@ type subscription struct {
 	lowUnordered, lowKeyed int64
 	lowAge                 int
 	// With Capabilities.Floors (PostgreSQL) the scans start at floors instead (see floors.go):
-	// fl, the head checks' per-key lows, the sweeper below the floors, and follow: the keys of
-	// the last batch that were claimed below the keyed floor (a retry, or an event an operator
-	// took back from the dead letters) or continued as such, whose later events lie below the
-	// floor too: such a key's run, acked whole, is continued like a full one (see continueRuns),
-	// since no walk finds its later events any more.
-	fl     dialect.FloorTracker
-	lows   keyLows
-	sweep  *sweeper
-	follow map[string]bool
+	// fl, the head checks' per-key lows, the sweeper below the floors, and contFollow: which
+	// of contKeys are followed (see item.follow).
+	fl         dialect.FloorTracker
+	lows       keyLows
+	sweep      *sweeper
+	contFollow map[string]bool
 	// woken is set when the subscription's last wait ended with a wakeup signal (events were
 	// just committed): the next SQLite claim, and its batch's marks (eagerMarks), then retry
 	// for the write lock eagerly (see ClaimParams.Eager). Atomic: marks may run beside the
@@ -281,7 +278,7 @@ func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscr
 	}
 	sub := &subscription{s: s, sel: sel, oldest: s.cfg.BatchSize, walked: -1}
 	if s.s.caps.Floors {
-		sub.lows, sub.sweep = keyLows{}, &sweeper{}
+		sub.lows, sub.sweep = keyLows{}, &sweeper{every: sweepInterval}
 	}
 	sub.relay = s.s.d.NewRelay(s.s.t, dialect.RelayConfig{BatchSize: s.cfg.BatchSize, MaxRunPerKey: s.cfg.MaxRunPerKey, KeyScan: s.cfg.KeyScan,
 		LeaseDuration: s.cfg.LeaseDuration, MaxAttempts: s.cfg.MaxAttempts, RetryBase: s.cfg.RetryBase, RetryMax: s.cfg.RetryMax}, sel.dialect())
@@ -417,9 +414,14 @@ const maxPollRetryWait = 500 * time.Millisecond
 
 // item is one claimed event on its way out.
 type item struct {
-	ev     *Event
-	rank   int64 // position in its key's run, 1 for the head; 0 for unordered
-	cont   bool  // leased as a continuation of the previous batch's run of its key
+	ev   *Event
+	rank int64 // position in its key's run, 1 for the head; 0 for unordered
+	cont bool  // leased as a continuation of the previous batch's run of its key
+	// follow: the key was claimed below the keyed floor (a retry, or an event an operator took
+	// back from the dead letters) or continued as such, so its later events lie below the floor
+	// too: its run, acked whole, is continued like a full one (see continueRuns), since no walk
+	// finds those events any more (PostgreSQL floors).
+	follow bool
 	msg    *message.Message
 	hold   *errHolder
 	cancel context.CancelFunc // cancels msg's context once it is answered
@@ -651,20 +653,22 @@ func (sub *subscription) confirm(items []*item) {
 }
 
 // continueRuns sets the next claim's continuations from a delivered batch: every ordering
-// key whose run held MaxRunPerKey events, all acked (Capabilities.Continuations: PostgreSQL and
-// MariaDB/MySQL; SQLite's single writer needs none). A key continued contRounds batches in a
-// row is left out once (one key per batch, and never a batch's only key): its next run goes to whichever relay claims it first
+// key whose run held MaxRunPerKey events, or was followed (item.follow), all acked
+// (Capabilities.Continuations: PostgreSQL and MariaDB/MySQL; SQLite's single writer needs none).
+// A key continued contRounds batches in a row is left out once (one key per batch, never a
+// batch's only key, never a followed key): its next run goes to whichever relay claims it first
 // after this batch's marks, so that several relays end up sharing a few hot keys instead of
 // the first one keeping them all.
 func (sub *subscription) continueRuns(token string, deliver []*item) {
 	sub.contKeys, sub.contAfter, sub.contFrom, sub.contToken = sub.contKeys[:0], sub.contAfter[:0], sub.contFrom[:0], token
+	sub.contFollow = nil
 	if !sub.s.s.caps.Continuations || sub.ctx.Err() != nil {
 		return
 	}
 	type run struct {
 		n           int
 		first, last int64
-		ok          bool
+		ok, follow  bool
 	}
 	runs := map[string]*run{}
 	var order []string
@@ -682,13 +686,14 @@ func (sub *subscription) continueRuns(token string, deliver []*item) {
 		r.n++
 		r.last = it.ev.Sequence
 		r.ok = r.ok && it.state == stateAcked
+		r.follow = r.follow || it.follow
 	}
 	rounds := make(map[string]int, len(order))
 	dropped := false
 	for _, k := range order {
-		if r := runs[k]; r.ok && (r.n >= sub.s.cfg.MaxRunPerKey || sub.follow[k]) {
+		if r := runs[k]; r.ok && (r.n >= sub.s.cfg.MaxRunPerKey || r.follow) {
 			n := sub.contStreak[k] + 1
-			if n > contRounds && !dropped && len(order) > 1 && !sub.follow[k] {
+			if n > contRounds && !dropped && len(order) > 1 && !r.follow {
 				dropped = true
 				continue
 			}
@@ -696,6 +701,12 @@ func (sub *subscription) continueRuns(token string, deliver []*item) {
 			sub.contKeys = append(sub.contKeys, k)
 			sub.contAfter = append(sub.contAfter, r.last)
 			sub.contFrom = append(sub.contFrom, r.first)
+			if r.follow {
+				if sub.contFollow == nil {
+					sub.contFollow = map[string]bool{}
+				}
+				sub.contFollow[k] = true
+			}
 		}
 	}
 	sub.contStreak = rounds
@@ -790,6 +801,7 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	for i, k := range sub.contKeys {
 		p.Cont = append(p.Cont, dialect.Continuation{Key: k, From: sub.contFrom[i], After: sub.contAfter[i]})
 	}
+	follow := sub.contFollow
 	// Eager locking (SQLite) for the first claim after a wakeup only, and that batch's marks:
 	// a relay draining a backlog claims back to back and takes its turn like the writers.
 	p.Eager = sub.woken.Swap(false)
@@ -851,16 +863,10 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		s.logger.Trace("outbox: claim floors", watermill.LogFields{"keyed": sub.fl.Keyed, "unordered": sub.fl.Unordered, "xmin": res.Floors.Xmin})
 		sub.sweep.keyed.Store(sub.fl.Keyed)
 		sub.sweep.unordered.Store(sub.fl.Unordered)
-		var follow map[string]bool
 		for _, it := range items {
-			if k := it.ev.OrderingKey; k != "" && (it.ev.Sequence < p.LowKeyed || (it.cont && sub.follow[k])) {
-				if follow == nil {
-					follow = map[string]bool{}
-				}
-				follow[k] = true
-			}
+			k := it.ev.OrderingKey
+			it.follow = k != "" && (it.ev.Sequence < p.LowKeyed || (it.cont && follow[k]))
 		}
-		sub.follow = follow
 	} else {
 		sub.advanceLows(items)
 	}

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -9,34 +10,69 @@ import (
 	"github.com/watermill-outbox/outbox/internal/dialect"
 )
 
-// keyLows are per-key sequences below which every event of the key is published (the heads the
-// relay claimed: a claimed head is its key's first unpublished event, and per-key commit order
-// keeps any later event of the key above it), sent with each claim so that its head checks start
-// there instead of at the key's first index entry (see the walk fragment of claim.sql). At most
+// keyLows are per-key sequences below which every event of the key is published, sent with
+// each claim so that its head checks start there instead of at the key's first index entry (see
+// the walk fragment of claim.sql). They come from the heads the relay claimed (a claimed head is
+// its key's first unpublished event, and per-key commit order keeps any later event of the key
+// above it) and from the marks it wrote (a run acked and written from its start: every event up
+// to its last is published; without this a key served by continuations kept the low of its first
+// head, and under a held snapshot its head checks read every event published since). At most
 // maxKeyLows keys are kept: when full, the map starts over (many distinct keys have few events
-// each, so a head check of theirs has little to step over).
-type keyLows map[string]int64
+// each, so a head check of theirs has little to step over). Safe for concurrent use (marks are
+// written beside the next claim).
+type keyLows struct {
+	mu sync.Mutex
+	m  map[string]int64
+}
 
 const maxKeyLows = 1024
+
+// set raises key's low to low. Call with l.mu held.
+func (l *keyLows) set(key string, low int64) {
+	if l.m == nil || (len(l.m) >= maxKeyLows && l.m[key] == 0) {
+		l.m = make(map[string]int64, maxKeyLows)
+	}
+	l.m[key] = max(l.m[key], low)
+}
 
 // note records the heads of a claim's items (rank 1), but not a continuation's first event: the
 // events before it are this relay's, and their marks may still fail (see subscription.confirm).
 func (l *keyLows) note(items []*item) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	for _, it := range items {
-		if it.rank != 1 || it.cont || it.ev.OrderingKey == "" {
+		if it.rank == 1 && !it.cont && it.ev.OrderingKey != "" {
+			l.set(it.ev.OrderingKey, it.ev.Sequence)
+		}
+	}
+}
+
+// noteWritten records, for each key of a batch whose marks were written, the event after the
+// last of the key's run that was acked and written as published without a gap from the run's
+// start. Items are in sequence order.
+func (l *keyLows) noteWritten(items []*item, written func(*item) bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	broken := map[string]bool{}
+	for _, it := range items {
+		k := it.ev.OrderingKey
+		if k == "" || broken[k] || it.rank < 1 {
 			continue
 		}
-		if len(*l) >= maxKeyLows {
-			*l = make(keyLows, maxKeyLows)
+		if !written(it) {
+			broken[k] = true
+			continue
 		}
-		(*l)[it.ev.OrderingKey] = it.ev.Sequence
+		l.set(k, it.ev.Sequence+1)
 	}
 }
 
 // params returns the lows for a claim.
-func (l keyLows) params() []dialect.KeyLow {
-	out := make([]dialect.KeyLow, 0, len(l))
-	for k, v := range l {
+func (l *keyLows) params() []dialect.KeyLow {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]dialect.KeyLow, 0, len(l.m))
+	for k, v := range l.m {
 		out = append(out, dialect.KeyLow{Key: k, Low: v})
 	}
 	return out

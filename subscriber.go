@@ -223,9 +223,14 @@ type subscription struct {
 	// fl, the head checks' per-key lows, the sweeper below the floors, and contFollow: which
 	// of contKeys are followed (see item.follow).
 	fl         dialect.FloorTracker
-	lows       keyLows
+	lows       *keyLows
 	sweep      *sweeper
 	contFollow map[string]bool
+	// keyScanIn is how many more claims leave out the key skip scan, keyScanEvery how many the
+	// last backoff was (PostgreSQL floors): a skip scan that found no claimable head of a key the
+	// relay does not know (the known keys' heads come from their lows) doubles the backoff up to
+	// maxKeyScanBackoff; one that found some ends it.
+	keyScanIn, keyScanEvery int
 	// woken is set when the subscription's last wait ended with a wakeup signal (events were
 	// just committed): the next SQLite claim, and its batch's marks (eagerMarks), then retry
 	// for the write lock eagerly (see ClaimParams.Eager). Atomic: marks may run beside the
@@ -278,7 +283,7 @@ func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscr
 	}
 	sub := &subscription{s: s, sel: sel, oldest: s.cfg.BatchSize, walked: -1}
 	if s.s.caps.Floors {
-		sub.lows, sub.sweep = keyLows{}, &sweeper{every: sweepInterval}
+		sub.lows, sub.sweep = &keyLows{}, &sweeper{every: sweepInterval}
 	}
 	sub.relay = s.s.d.NewRelay(s.s.t, dialect.RelayConfig{BatchSize: s.cfg.BatchSize, MaxRunPerKey: s.cfg.MaxRunPerKey, KeyScan: s.cfg.KeyScan,
 		LeaseDuration: s.cfg.LeaseDuration, MaxAttempts: s.cfg.MaxAttempts, RetryBase: s.cfg.RetryBase, RetryMax: s.cfg.RetryMax}, sel.dialect())
@@ -717,6 +722,10 @@ func (sub *subscription) continueRuns(token string, deliver []*item) {
 // spread over both relays; without it the first relay kept all ten and the second only polled.
 const contRounds = 4
 
+// maxKeyScanBackoff is the most claims in a row that leave out the key skip scan after it found
+// no head of a key the relay does not know (see subscription.keyScanIn).
+const maxKeyScanBackoff = 16
+
 // lowClaims is how many full batches in a row may start their scans at the lows (see
 // subscription.lowUnordered) before a claim scans from the start again.
 const lowClaims = 16
@@ -794,6 +803,9 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	if sub.sweep != nil {
 		sub.fl.Lower(sub.sweep.take())
 		p.LowKeyed, p.LowUnordered, p.KeyLows = sub.fl.Keyed, sub.fl.Unordered, sub.lows.params()
+		if p.NoKeyScan = sub.keyScanIn > 0; p.NoKeyScan {
+			sub.keyScanIn--
+		}
 	}
 	if sub.splitFor > 0 {
 		p.Limit = sub.splitLimit
@@ -850,6 +862,14 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		sub.lastKeyCount = len(keys)
 	}
 	if res.Floors != nil && sub.sweep != nil {
+		if !p.NoKeyScan && res.Scanned != nil && *res.Scanned > 0 {
+			if res.Floors.ScanHeads > 0 {
+				sub.keyScanEvery = 0
+			} else {
+				sub.keyScanEvery = min(max(2*sub.keyScanEvery, 1), maxKeyScanBackoff)
+			}
+			sub.keyScanIn = sub.keyScanEvery
+		}
 		now := time.Now()
 		sub.fl.Update(res.Floors, now)
 		if ll, ok := sub.relay.(dialect.LockLooker); ok && sub.fl.LookAtLocks(now) {
@@ -884,9 +904,11 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	}
 	// Resume the key skip scan after the last key it reached; start over once it reached the
 	// end of the keys.
-	if scanned != nil && *scanned >= int64(s.cfg.KeyScan) && cursor != nil {
+	switch {
+	case p.NoKeyScan: // the cursor waits for the next skip scan
+	case scanned != nil && *scanned >= int64(s.cfg.KeyScan) && cursor != nil:
 		sub.cursor, more = *cursor, true
-	} else {
+	default:
 		sub.cursor = ""
 	}
 	s.logger.Trace("outbox: claimed", watermill.LogFields{"events": len(items), "token": token, "duration": time.Since(began)})
@@ -1306,6 +1328,11 @@ func (sub *subscription) mark(token string, items []*item) (unconfirmed map[stri
 	}
 	if err != nil {
 		return unconfirmed, fmt.Errorf("outbox: mark batch %s: %w", token, err)
+	}
+	if sub.lows != nil {
+		sub.lows.noteWritten(items, func(it *item) bool {
+			return it.state == stateAcked && (it.flushed == flushWritten || written[it.ev.Sequence])
+		})
 	}
 	sub.leaseLost(token, len(byseq)-len(results))
 	sub.reportMarks(results, byseq, false)

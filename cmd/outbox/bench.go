@@ -33,6 +33,7 @@ type benchFlags struct {
 	keep     bool
 	only     []string
 	latKeys  int
+	shapes   []int
 }
 
 func newBenchCmd() *cobra.Command {
@@ -56,7 +57,9 @@ tables of its own (created, then dropped), and prints one table:
                leases and marks leave), beside the same without it;
   memory       the process's peak resident memory after the drains.
 
---only runs some of write, drain and latency. Write path and drain alternate ours and the raw loop for --rounds rounds (the second round in
+--only runs some of write, drain and latency; --drain-keys picks the drains' shapes.
+
+Write path and drain alternate ours and the raw loop for --rounds rounds (the second round in
 reverse order) on fresh tables and print medians and their ratio: one run's figures are only
 comparable with each other. Run it on a database like production's, on a quiet machine.`,
 		Args: noArgs,
@@ -69,8 +72,8 @@ comparable with each other. Run it on a database like production's, on a quiet m
 			if f.rate <= 0 || f.duration <= 0 {
 				return &usageError{errors.New("--rate and --duration must be positive")}
 			}
-			if f.latKeys < 0 {
-				return &usageError{errors.New("--latency-keys must not be negative")}
+			if f.latKeys < 0 || slices.ContainsFunc(f.shapes, func(k int) bool { return k < 0 }) {
+				return &usageError{errors.New("--latency-keys and --drain-keys must not be negative")}
 			}
 			for _, m := range f.only {
 				if m != "write" && m != "drain" && m != "latency" {
@@ -101,6 +104,7 @@ comparable with each other. Run it on a database like production's, on a quiet m
 	fl.BoolVar(&f.held, "held-snapshot", true, "run the drains and the latency test a second time with a snapshot held open")
 	fl.StringSliceVar(&f.only, "only", []string{"write", "drain", "latency"}, "measurements to run: write, drain, latency")
 	fl.IntVar(&f.latKeys, "latency-keys", 100, "ordering keys of the latency run's events (0: unordered)")
+	fl.IntSliceVar(&f.shapes, "drain-keys", []int{0, 1000, 10}, "ordering keys of each drain's backlog (0: unordered)")
 	fl.BoolVar(&f.keep, "keep", false, "keep the bench tables")
 	return withEnv(cmd)
 }
@@ -111,6 +115,15 @@ type benchRun struct {
 	unit   string
 	ours   []float64
 	theirs []float64
+}
+
+// humanInt writes n with thousands separators (1000 → "1,000").
+func humanInt(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }
 
 func median(xs []float64) float64 {
@@ -164,10 +177,21 @@ func runBench(ctx context.Context, out io.Writer, d *database, f benchFlags) err
 	fmt.Fprintf(out, "outbox bench: %s, tables %s_*, %d rounds (medians), %d events per drain\n", d.where(), b.base, f.rounds, f.events)
 
 	var runs, heldRuns []*benchRun
-	shapes := []struct {
+	type shape struct {
 		name string
 		keys int
-	}{{"unordered", 0}, {"1,000 keys", 1000}, {"10 hot keys", 10}}
+	}
+	var shapes []shape
+	for _, k := range f.shapes {
+		switch k {
+		case 0:
+			shapes = append(shapes, shape{"unordered", 0})
+		case 10:
+			shapes = append(shapes, shape{"10 hot keys", 10})
+		default:
+			shapes = append(shapes, shape{fmt.Sprintf("%s keys", humanInt(k)), k})
+		}
+	}
 	for _, sh := range shapes {
 		if !slices.Contains(f.only, "drain") {
 			break

@@ -300,6 +300,9 @@ type ClaimParams struct {
 	// below them that are due again (next_attempt_at), and reports the next floors' candidates
 	// (ClaimResult.Floors).
 	LowUnordered, LowKeyed int64
+	// NoKeyScan: the claim does not run its key skip scan (Capabilities.Floors; the relay backs
+	// it off while it finds no claimable head, see FloorReport.ScanHeads).
+	NoKeyScan bool
 	// KeyLows bound the head checks of these keys (Capabilities.Floors): every event of
 	// Key below Low is published.
 	KeyLows   []KeyLow
@@ -323,10 +326,13 @@ type KeyLow struct {
 // FloorReport is what a claim reports for the next claim's floors (Capabilities.Floors): the
 // claim's snapshot's xmin, its own transaction id (0: none assigned), the highest sequence its
 // snapshot sees (0: none), and the first keyed and unordered events at or above the floors that
-// hold them (0: none). Transaction ids are PostgreSQL's 64-bit xid8 values.
+// hold them (0: none). Transaction ids are PostgreSQL's 64-bit xid8 values. ScanHeads is how
+// many claimable heads of keys not in ClaimParams.KeyLows the key skip scan found (0 also when it
+// did not run).
 type FloorReport struct {
 	Xmin, Xid, MaxSeq        int64
 	NextKeyed, NextUnordered int64
+	ScanHeads                int64
 }
 
 // Claimed is one leased event. Rank is the event's place in its key's run (1 = the key's

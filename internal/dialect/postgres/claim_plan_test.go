@@ -56,7 +56,7 @@ func TestClaimPlanShape(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			named := params{"cursor": "", "lease_us": int64(30e6), "token": "x", "run_limit": 1000, "floor_unordered": int64(0),
 				"cont_token": "", "cont_margin_us": int64(10e6), "cont_keys": []string(nil), "cont_after": []int64(nil), "cont_from": []int64(nil),
-				"low_keys": []string{}, "low_seqs": []int64{}}
+				"low_keys": []string{}, "low_seqs": []int64{}, "no_key_scan": false}
 			for k, v := range c.p {
 				named[k] = v
 			}

@@ -10,7 +10,7 @@ import (
 
 // claimOrder is the order in which composeClaim joins claim.sql's fragments into one WITH
 // RECURSIVE statement (each may read those before it).
-var claimOrder = []string{"skip", "walked_new", "walked_retry", "walked", "walk", "scanned", "cont", "sheads", "runs", "keyed", "locked",
+var claimOrder = []string{"skip", "walked_new", "walked_retry", "walked", "walk", "scanned", "probed", "cont", "sheads", "runs", "keyed", "locked",
 	"unordered_new", "unordered_retry", "unordered", "next_keyed", "next_unordered", "picked", "upd"}
 
 // relay is one subscription's compiled statements.
@@ -134,7 +134,7 @@ func (r *relay) claimArgs(p *dialect.ClaimParams) (*dialect.Stmt, params) {
 	st := r.claim
 	named := params{
 		"cursor": p.Cursor, "lease_us": r.cfg.LeaseDuration.Microseconds(), "token": p.Token,
-		"oldest": p.Oldest, "run_limit": p.Limit, "floor_unordered": p.LowUnordered, "floor_keyed": p.LowKeyed,
+		"oldest": p.Oldest, "run_limit": p.Limit, "floor_unordered": p.LowUnordered, "floor_keyed": p.LowKeyed, "no_key_scan": p.NoKeyScan,
 		"cont_token": p.ContToken, "cont_margin_us": (r.cfg.LeaseDuration / 3).Microseconds(),
 	}
 	var keys []string
@@ -170,12 +170,13 @@ func (r *relay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.Claim
 	if err != nil {
 		return nil, err
 	}
-	var xmin, xid, maxSeq, nextKeyed, nextUnordered *int64
-	res, err := dialect.ScanClaimed(rs, len(r.t.Extra), &xmin, &xid, &maxSeq, &nextKeyed, &nextUnordered)
+	var xmin, xid, maxSeq, nextKeyed, nextUnordered, heads *int64
+	res, err := dialect.ScanClaimed(rs, len(r.t.Extra), &xmin, &xid, &maxSeq, &nextKeyed, &nextUnordered, &heads)
 	if err != nil {
 		return nil, err
 	}
-	res.Floors = &dialect.FloorReport{Xmin: deref(xmin), Xid: deref(xid), MaxSeq: deref(maxSeq), NextKeyed: deref(nextKeyed), NextUnordered: deref(nextUnordered)}
+	res.Floors = &dialect.FloorReport{Xmin: deref(xmin), Xid: deref(xid), MaxSeq: deref(maxSeq), NextKeyed: deref(nextKeyed),
+		NextUnordered: deref(nextUnordered), ScanHeads: deref(heads)}
 	return res, nil
 }
 

@@ -295,7 +295,7 @@ func (p *tracedPublisher) publishTraced(topic string, msg *message.Message) erro
 //
 //go:noinline
 func growStack() {
-	var buf [12 << 10]byte
+	var buf [4 << 10]byte
 	stackSink(buf[:])
 }
 

@@ -4,16 +4,24 @@
 //   - writers: PublisherConfig.InjectHeaders = tracing.InjectHeaders(nil) stores the span
 //     context of each write (the message's Context() for Publish, ctx for Enqueue) in the
 //     event's headers;
-//   - relay: forwarder.New(sub, tracing.Publisher(dest, tracing.Config{}), …) starts one
-//     consumer span per delivery whose parent is the writer's span, records topic, event id,
-//     attempt and outcome (the span status), and hands the destination the headers of the delivery span, so a
-//     downstream consumer (Kafka, RabbitMQ, Redis Streams headers, webhook HTTP headers)
-//     continues the same trace.
+//   - relay: forwarder.New(sub, tracing.Publisher(dest, tracing.Config{}), …) starts a
+//     producer span per delivery whose parent is the writer's span, records topic, event id,
+//     attempt and outcome (the span status), and hands the destination the headers of the
+//     delivery span, so a downstream consumer (Kafka, RabbitMQ, Redis Streams headers,
+//     webhook HTTP headers) continues the same trace.
 //
 // Parent, not link: a delivery is caused by exactly one write, and making it a child keeps
 // writer, relay and consumer in one trace that a trace view shows as one tree, with the wait
 // in the outbox visible as the gap between the write and the delivery span. (A batch of
 // deliveries is still one span per event.)
+//
+// The writer's sampling decision is the relay's: only an event whose writer's context is
+// sampled gets a span by default. An unsampled writer's context is passed on unchanged (the
+// consumer continues the writer's trace, unsampled), and an event without a trace context
+// gets neither a span nor trace headers; Config.UnsampledSpans and Config.RootSpans change
+// that. A recorded span costs the relay several µs of CPU per delivery, a large share of the
+// relay's own work per event (README, "Operating the relay"), so the share of traced
+// deliveries is set where traces begin: the writers' sampler.
 //
 // The root package never imports OpenTelemetry; capture is opt-in through
 // PublisherConfig.InjectHeaders for that reason.

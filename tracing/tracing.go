@@ -87,15 +87,15 @@ type Config struct {
 	// sampler that may record what the writer did not). Default false: such an event is
 	// handed to the destination with its headers unchanged, so a downstream consumer
 	// continues the writer's (unsampled) trace; the SDK's default sampler
-	// (ParentBased(AlwaysSample)) would not record that span either, and an unrecorded span
-	// costs about half of a recorded one.
+	// (ParentBased(AlwaysSample)) would not record that span either, and starting it costs
+	// IDs, contexts and headers for nothing.
 	UnsampledSpans bool
 	// RootSpans starts a delivery span, a new trace, for an event that carries no trace
 	// context (written without PublisherConfig.InjectHeaders, or outside any span), subject
 	// to the TracerProvider's sampler. Default false: such an event gets no span and no trace
-	// headers. A recorded span costs the relay about as much CPU as 15-20 % of a
-	// delivery's own work (see the README, "Operating the relay"): turn this on with a
-	// sampler that records a fraction (sdktrace.TraceIDRatioBased).
+	// headers. A recorded span costs the relay 6-10 µs of CPU, a quarter or more of its own
+	// work per event (README, "What tracing and metrics cost"): turn this on with a sampler
+	// that records a fraction (sdktrace.TraceIDRatioBased).
 	RootSpans bool
 }
 
@@ -103,8 +103,9 @@ type Config struct {
 // forwarder hands it over) is published inside a producer span "outbox deliver <topic>" whose
 // parent is the context in the message's headers, and carries that span's context on in its
 // headers. Which events get a span: those whose writer's context is sampled, plus those that
-// Config.UnsampledSpans and Config.RootSpans add; the others are published unchanged. The result is a forwarder.BatchPublisher when pub is one (each message of a batch
-// gets its own span, ended with the batch's result). Safe for concurrent use if pub is.
+// Config.UnsampledSpans and Config.RootSpans add; the others are published unchanged. The
+// result is a forwarder.BatchPublisher when pub is one (each message of a batch gets its own
+// span, ended with the batch's result). Safe for concurrent use if pub is.
 func Publisher(pub message.Publisher, cfg Config) message.Publisher {
 	if cfg.TracerProvider == nil {
 		cfg.TracerProvider = otel.GetTracerProvider()
@@ -293,13 +294,14 @@ func (p *tracedPublisher) publishTraced(topic string, msg *message.Message) erro
 	return err
 }
 
-// growStack grows the calling goroutine's stack to at least 16 KiB at once, while its stack
-// is still shallow. The forwarder's per-message path runs each delivery on a new goroutine
-// (Watermill's Router), whose stack starts at 2 KiB; the SDK's span start and end need more,
-// and growing the stack down there copies every frame of the router, the middlewares and
-// the SDK, once per doubling: about 4 µs per delivery, half of a recorded span's cost, where
-// one copy of the few frames above Publish costs well under 1 µs. (CockroachDB's growstack
-// package does the same.) A goroutine whose stack is already large pays a call.
+// growStack grows the calling goroutine's stack to 8 KiB at once, while its stack is still
+// shallow. The forwarder's per-message path runs each delivery on a new goroutine
+// (Watermill's Router), whose stack starts at 2 KiB; the SDK's span start and end need more
+// (4 KiB do not do), and growing the stack down there copies every frame of the router, the
+// middlewares and the SDK, once per doubling: about 4 µs per delivery, where one copy of the
+// few frames above Publish costs about 1.5 µs (CPU profiles of BenchmarkRelayPathCost; the
+// cost of a copy grows with the frames, not the bytes). CockroachDB's growstack package does
+// the same. A goroutine whose stack is already large pays a call and a 4 KiB clear.
 //
 //go:noinline
 func growStack() {

@@ -56,6 +56,13 @@ func fwdBenchEnv(name string, def int) int {
 // ordering keys, written straight with SQL (the write path is measured elsewhere).
 func fwdBenchSeed(b *testing.B, topic string, n, keys int) outbox.SchemaConfig {
 	b.Helper()
+	return fwdBenchSeedHeaders(b, topic, n, keys, `'{"trace-id":"bench"}'`)
+}
+
+// fwdBenchSeedHeaders is fwdBenchSeed with each event's headers given by a SQL expression
+// of the event's number g (1…n).
+func fwdBenchSeedHeaders(b *testing.B, topic string, n, keys int, headers string) outbox.SchemaConfig {
+	b.Helper()
 	pool := pgtest.Require(b)
 	schema := outbox.SchemaConfig{Table: pgtest.Table(b)}
 	ctx := context.Background()
@@ -63,8 +70,8 @@ func fwdBenchSeed(b *testing.B, topic string, n, keys int) outbox.SchemaConfig {
 		b.Fatal(err)
 	}
 	q := fmt.Sprintf(`INSERT INTO %q (id, topic, payload, headers, ordering_key)
-SELECT gen_random_uuid(), $1, json_build_object('n', g, 'text', 'some event payload of a typical size'), '{"trace-id":"bench"}', 'key-' || (g %% $2)
-FROM generate_series(1, $3) g`, schema.Table)
+SELECT gen_random_uuid(), $1, json_build_object('n', g, 'text', 'some event payload of a typical size'), %s, 'key-' || (g %% $2)
+FROM generate_series(1, $3) g`, schema.Table, headers)
 	if _, err := pool.Exec(ctx, q, topic, keys, n); err != nil {
 		b.Fatal(err)
 	}

@@ -3,8 +3,11 @@ package integration_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -34,10 +37,13 @@ import (
 // write). The drain also reports this process's CPU time per event in each mode (getrusage:
 // the relay's and the tracer's goroutines, not the database's), which the machine's load
 // drifts far less than wall-clock rates. OUTBOX_BENCH_EVENTS sets the events per drain
-// (default 20000), OUTBOX_BENCH_ROUNDS the rounds (default 3).
+// (default 20000), OUTBOX_BENCH_ROUNDS the rounds (default 3), OUTBOX_BENCH_TRACE the
+// writers' trace context in the events (see obsTraceMode; default: every event's writer
+// sampled, a recorded delivery span each, the worst case).
 func BenchmarkObservabilityOverhead(b *testing.B) {
 	n := fwdBenchEnv("OUTBOX_BENCH_EVENTS", 20000)
 	rounds := fwdBenchEnv("OUTBOX_BENCH_ROUNDS", 3)
+	headers, roots, pct := obsTraceMode(b)
 	b.Run("drain", func(b *testing.B) {
 		// Modes: 0 off, 1 metrics only, 2 metrics and tracing; each round runs them in
 		// order, the next round in reverse (ABC CBA …).
@@ -50,7 +56,7 @@ func BenchmarkObservabilityOverhead(b *testing.B) {
 					if r%2 == 1 {
 						mode = 2 - i
 					}
-					rate, cpu := obsDrain(b, n, mode >= 1, mode == 2)
+					rate, cpu := obsDrain(b, n, headers, mode >= 1, mode == 2, roots, pct)
 					rates[mode] = append(rates[mode], rate)
 					cpus[mode] = append(cpus[mode], cpu)
 				}
@@ -66,7 +72,7 @@ func BenchmarkObservabilityOverhead(b *testing.B) {
 		b.ReportMetric(cOff, "off-cpu-µs/event")
 		b.ReportMetric(cMet, "metrics-cpu-µs/event")
 		b.ReportMetric(cOn, "on-cpu-µs/event")
-		b.Logf("rates off %v metrics %v on %v; cpu µs/event off %v metrics %v on %v", rates[0], rates[1], rates[2], cpus[0], cpus[1], cpus[2])
+		b.Logf("OUTBOX_BENCH_TRACE=%q (%d %% of deliveries record a span): rates off %v metrics %v on %v; cpu µs/event off %v metrics %v on %v", os.Getenv("OUTBOX_BENCH_TRACE"), pct, rates[0], rates[1], rates[2], cpus[0], cpus[1], cpus[2])
 	})
 	b.Run("write", func(b *testing.B) {
 		var off, on, cpuOff, cpuOn []float64
@@ -103,12 +109,47 @@ func median(v []float64) float64 {
 	return v[len(v)/2]
 }
 
-// obsDrain drains n events to a destination that does nothing, with metrics (observe) and
-// tracing (trace) on or off, and returns events/s and this process's CPU µs per event.
-func obsDrain(b *testing.B, n int, observe, trace bool) (float64, float64) {
+// Writer trace context of the drained events (W3C traceparent; the writer's span is the same
+// for all, which the relay does not care about).
+const obsWriterContext = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0"
+
+// obsTraceMode reads OUTBOX_BENCH_TRACE and returns the SQL expression of the drained events'
+// headers and whether tracing.Config.RootSpans is set: "sampled" (the default: every event
+// carries a sampled writer's traceparent, so every delivery records a span), "sampled:P"
+// (P % of the events carry a sampled writer's traceparent, the others an unsampled one: what
+// a writer-side ratio sampler gives), "unsampled" (sampled:0), "none" (no trace headers) or
+// "roots" (none, with RootSpans: every delivery records a new trace).
+func obsTraceMode(b *testing.B) (headers string, roots bool, sampledPct int) {
+	mode := os.Getenv("OUTBOX_BENCH_TRACE")
+	pct := 100
+	switch {
+	case mode == "" || mode == "sampled":
+	case mode == "unsampled":
+		pct = 0
+	case strings.HasPrefix(mode, "sampled:"):
+		p, err := strconv.Atoi(strings.TrimPrefix(mode, "sampled:"))
+		if err != nil || p < 0 || p > 100 {
+			b.Fatalf("OUTBOX_BENCH_TRACE=%q: want sampled:P with P in 0…100", mode)
+		}
+		pct = p
+	case mode == "none":
+		return `'{"trace-id":"bench"}'`, false, 0
+	case mode == "roots":
+		return `'{"trace-id":"bench"}'`, true, 100
+	default:
+		b.Fatalf("OUTBOX_BENCH_TRACE=%q: want sampled, sampled:P, unsampled, none or roots", mode)
+	}
+	return fmt.Sprintf(`json_build_object('trace-id', 'bench', 'traceparent', '%s' || CASE WHEN g %% 100 < %d THEN '1' ELSE '0' END)`, obsWriterContext, pct), false, pct
+}
+
+// obsDrain drains n events (headers: the SQL expression of their headers) to a destination
+// that does nothing, with metrics (observe) and tracing (trace; roots: Config.RootSpans) on
+// or off, and returns events/s and this process's CPU µs per event. With tracing, it fails
+// unless exactly pct % of the deliveries ended a recorded span.
+func obsDrain(b *testing.B, n int, headers string, observe, trace, roots bool, pct int) (float64, float64) {
 	b.Helper()
 	pool := pgtest.Require(b)
-	schema := fwdBenchSeed(b, "bench.obs", n, 100)
+	schema := fwdBenchSeedHeaders(b, "bench.obs", n, 100, headers)
 	var delivered atomic.Int64
 	done := make(chan struct{})
 	hooks := outbox.Hooks{OnDelivered: func(outbox.DeliveredInfo) {
@@ -131,9 +172,10 @@ func obsDrain(b *testing.B, n int, observe, trace bool) (float64, float64) {
 		hooks = metrics.ComposeHooks(hooks, obs.Hooks())
 	}
 	var tp *sdktrace.TracerProvider
+	var ended spanCounter
 	if trace {
-		tp = sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()))
-		pub = tracing.Publisher(pub, tracing.Config{TracerProvider: tp})
+		tp = sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()), sdktrace.WithSpanProcessor(&ended))
+		pub = tracing.Publisher(pub, tracing.Config{TracerProvider: tp, RootSpans: roots})
 	}
 	sub, err := outbox.NewSubscriber(pool, outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, PollInterval: 10 * time.Millisecond, Hooks: hooks}, nil)
 	if err != nil {
@@ -160,6 +202,15 @@ func obsDrain(b *testing.B, n int, observe, trace bool) (float64, float64) {
 	_ = f.Close()
 	if tp != nil {
 		_ = tp.Shutdown(context.Background())
+		var want int64 // events g (1…n) with g % 100 < pct, as obsTraceMode's headers
+		for g := 1; g <= n; g++ {
+			if g%100 < pct {
+				want++
+			}
+		}
+		if ended.n.Load() != want {
+			b.Fatalf("%d spans recorded, want %d (%d %% of %d events)", ended.n.Load(), want, pct, n)
+		}
 	}
 	return float64(n) / took.Seconds(), float64(cpu.Microseconds()) / float64(n)
 }
@@ -206,3 +257,12 @@ func obsWrite(b *testing.B, txs int, capture bool) float64 {
 	}
 	return float64(txs) / time.Since(start).Seconds()
 }
+
+// spanCounter is a span processor that counts the spans ended (recorded ones only: the SDK
+// hands no other to its processors).
+type spanCounter struct{ n atomic.Int64 }
+
+func (c *spanCounter) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
+func (c *spanCounter) OnEnd(sdktrace.ReadOnlySpan)                     { c.n.Add(1) }
+func (c *spanCounter) Shutdown(context.Context) error                  { return nil }
+func (c *spanCounter) ForceFlush(context.Context) error                { return nil }

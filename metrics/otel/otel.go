@@ -7,6 +7,8 @@ package otel
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -34,7 +36,15 @@ type Recorder struct {
 	relayUp, subsRunning                 metric.Int64Gauge
 	written, writeDup, writeInvalid      metric.Int64Counter
 	writeDur                             metric.Float64Histogram
+
+	topics  sync.Map     // topic → *topicOpts
+	nTopics atomic.Int64 // entries in topics (bounded by maxCachedTopics)
 }
+
+// maxCachedTopics bounds the cache of topic attribute sets; topics beyond it get their set
+// built per measurement. Topics are bounded labels already (metrics.Config), so the bound
+// only matters for a Recorder used directly.
+const maxCachedTopics = 1000
 
 var _ metrics.Recorder = (*Recorder)(nil)
 
@@ -128,25 +138,45 @@ func exp(start, factor float64, n int) []float64 {
 // ctx is the context of every measurement: hooks carry none, and no exemplar is wanted.
 var ctx = context.Background()
 
-func topicAttr(topic string) metric.MeasurementOption {
-	return metric.WithAttributes(attribute.String("topic", topic))
+// topicOpts are the measurement options of one topic's attribute set, built once: with
+// metric.WithAttributes each measurement would build (sort, hash, allocate) the set, and a
+// variadic option list allocates its slice on every call.
+type topicOpts struct {
+	add []metric.AddOption
+	rec []metric.RecordOption
+}
+
+// topicAttr returns topic's measurement options.
+func (r *Recorder) topicAttr(topic string) *topicOpts {
+	if o, ok := r.topics.Load(topic); ok {
+		return o.(*topicOpts)
+	}
+	a := metric.WithAttributeSet(attribute.NewSet(attribute.String("topic", topic)))
+	o := &topicOpts{add: []metric.AddOption{a}, rec: []metric.RecordOption{a}}
+	if r.nTopics.Load() < maxCachedTopics {
+		if v, loaded := r.topics.LoadOrStore(topic, o); loaded {
+			return v.(*topicOpts)
+		}
+		r.nTopics.Add(1)
+	}
+	return o
 }
 
 // Delivered implements metrics.Recorder.
 func (r *Recorder) Delivered(topic string, delay time.Duration) {
-	a := topicAttr(topic)
-	r.delivered.Add(ctx, 1, a)
-	r.delay.Record(ctx, delay.Seconds(), a)
+	o := r.topicAttr(topic)
+	r.delivered.Add(ctx, 1, o.add...)
+	r.delay.Record(ctx, delay.Seconds(), o.rec...)
 }
 
 // Failed implements metrics.Recorder.
-func (r *Recorder) Failed(topic string) { r.failed.Add(ctx, 1, topicAttr(topic)) }
+func (r *Recorder) Failed(topic string) { r.failed.Add(ctx, 1, r.topicAttr(topic).add...) }
 
 // DeadLettered implements metrics.Recorder.
-func (r *Recorder) DeadLettered(topic string) { r.dead.Add(ctx, 1, topicAttr(topic)) }
+func (r *Recorder) DeadLettered(topic string) { r.dead.Add(ctx, 1, r.topicAttr(topic).add...) }
 
 // Unavailable implements metrics.Recorder.
-func (r *Recorder) Unavailable(topic string) { r.unavailable.Add(ctx, 1, topicAttr(topic)) }
+func (r *Recorder) Unavailable(topic string) { r.unavailable.Add(ctx, 1, r.topicAttr(topic).add...) }
 
 // LeaseLost implements metrics.Recorder.
 func (r *Recorder) LeaseLost(events int) { r.leaseLost.Add(ctx, int64(events)) }
@@ -208,10 +238,10 @@ func (r *Recorder) Subscriptions(running, total int) {
 // Written implements metrics.Recorder.
 func (r *Recorder) Written(topic string, duplicate bool) {
 	if duplicate {
-		r.writeDup.Add(ctx, 1, topicAttr(topic))
+		r.writeDup.Add(ctx, 1, r.topicAttr(topic).add...)
 		return
 	}
-	r.written.Add(ctx, 1, topicAttr(topic))
+	r.written.Add(ctx, 1, r.topicAttr(topic).add...)
 }
 
 // WriteInvalid implements metrics.Recorder.

@@ -597,7 +597,7 @@ func (sub *subscription) claimLeased(token string) (b *leased, more bool, err er
 }
 
 // mayPrefetch reports whether to claim the next batch while b is out: b was full (a batch
-// that was not found the backlog drained; the poll after it claims what came meanwhile) and
+// that was not full found the backlog drained; the poll after it claims what came meanwhile) and
 // does not hold every key its claim's walk found (leased.held), the last batch left no key out
 // of its continuations (that key is held by the marks being written; the claim after b takes
 // it), no outage probe is due (it is claimed on its own, after b), no claim is to wait for

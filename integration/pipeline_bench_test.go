@@ -3,6 +3,8 @@ package integration_test
 import (
 	"context"
 	"fmt"
+	"math"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -33,12 +35,14 @@ func (noopBatchPublisher) PublishBatch(_ context.Context, batch []forwarder.Outg
 // BenchmarkForwarderRatios measures how much of each destination's capacity the relay uses,
 // with the contenders interleaved: each of OUTBOX_BENCH_ROUNDS rounds (default 3), in reverse
 // order every other round, runs RabbitMQ alone (PublishBatch calls of 1,000 with publisher
-// confirms, no database), the relay to RabbitMQ, the relay to a no-op destination, the relay
-// to Kafka (kfake) and Watermill's components/forwarder tuned (batch 1000, 10 ms poll) to
-// Kafka, each on a fresh backlog of OUTBOX_BENCH_EVENTS events (default 100000) over
-// OUTBOX_BENCH_KEYS keys (1000), one subscription, BatchSize 1000. It logs every run, the
-// medians and the ratios of the medians: relay → RabbitMQ ÷ RabbitMQ alone, relay → Kafka ÷
-// relay → no-op, relay → Kafka ÷ Watermill's forwarder.
+// confirms, no database), the relay to RabbitMQ, the relay to a no-op destination, Kafka
+// (kfake) alone and the relay to Kafka, each with the default per-key rounds and with
+// kafka.Config.KeyRunsInOneCall, and Watermill's components/forwarder tuned (batch 1000, 10 ms
+// poll) to Kafka, each on a fresh backlog of OUTBOX_BENCH_EVENTS events (default 100000) over
+// OUTBOX_BENCH_KEYS keys (1000), one subscription, BatchSize 1000, MaxRunPerKey 100. It logs
+// every run, the medians and the ratios of the medians: relay → RabbitMQ ÷ RabbitMQ alone,
+// relay → Kafka ÷ Kafka alone, relay → Kafka ÷ relay → no-op, relay → Kafka ÷ Watermill's
+// forwarder. OUTBOX_BENCH_ONLY (comma-separated variant names) runs a subset.
 //
 //	go test ./integration -run '^$' -bench 'ForwarderRatios' -benchtime 1x -timeout 60m
 func BenchmarkForwarderRatios(b *testing.B) {
@@ -98,21 +102,49 @@ func BenchmarkForwarderRatios(b *testing.B) {
 		{"relay-noop", func(b *testing.B) float64 {
 			return fwdBenchDrain(b, fwdBenchSeed(b, "bench", n, keys), n, noopBatchPublisher{}, 1)
 		}},
-		{"relay-kafka", func(b *testing.B) float64 {
+	}
+	for _, oneCall := range []bool{false, true} {
+		suffix := ""
+		if oneCall {
+			suffix = "-one-call"
+		}
+		kafkaPub := func(b *testing.B) (*kfake.Cluster, *kafka.Publisher) {
 			c := brokertest.Kafka(b, kfake.SeedTopics(8, "bench"))
-			schema := fwdBenchSeed(b, "bench", n, keys)
-			pub, err := kafka.NewPublisher(kafka.Config{Brokers: c.ListenAddrs()}, nil)
+			pub, err := kafka.NewPublisher(kafka.Config{Brokers: c.ListenAddrs(), KeyRunsInOneCall: oneCall}, nil)
 			if err != nil {
 				b.Fatal(err)
 			}
-			defer pub.Close()
-			rate := fwdBenchDrain(b, schema, n, pub, 1)
+			b.Cleanup(func() { pub.Close() })
+			return c, pub
+		}
+		variants = append(variants, variant{"kafka-alone" + suffix, func(b *testing.B) float64 {
+			c, pub := kafkaPub(b)
+			var bs [][]forwarder.Outgoing
+			for start := 0; start < n; start += 1000 {
+				var batch []forwarder.Outgoing
+				for i := start; i < min(n, start+1000); i++ {
+					batch = append(batch, fwdBenchOutgoing("bench", i, keys))
+				}
+				bs = append(bs, batch)
+			}
+			rate := fwdBenchSend(b, pub, bs)
 			fwdBenchKafkaCheck(b, c, "bench", n, outbox.MetadataOrderingKey)
 			return rate
-		}},
+		}}, variant{"relay-kafka" + suffix, func(b *testing.B) float64 {
+			c, pub := kafkaPub(b)
+			rate := fwdBenchDrain(b, fwdBenchSeed(b, "bench", n, keys), n, pub, 1)
+			fwdBenchKafkaCheck(b, c, "bench", n, outbox.MetadataOrderingKey)
+			return rate
+		}})
+	}
+	variants = append(variants, []variant{
 		{"watermill-forwarder-tuned-kafka", func(b *testing.B) float64 {
 			return fwdBenchWatermillOnce(b, n, keys, wmsql.DefaultPostgreSQLSchema{SubscribeBatchSize: 1000}, wmsql.SubscriberConfig{PollInterval: 10 * time.Millisecond})
 		}},
+	}...)
+	if only := os.Getenv("OUTBOX_BENCH_ONLY"); only != "" {
+		names := strings.Split(only, ",")
+		variants = slices.DeleteFunc(variants, func(v variant) bool { return !slices.Contains(names, v.name) })
 	}
 	results := map[string][]float64{}
 	for r := range rounds {
@@ -137,6 +169,9 @@ func BenchmarkForwarderRatios(b *testing.B) {
 	}
 	med := func(name string) float64 {
 		xs := slices.Clone(results[name])
+		if len(xs) == 0 {
+			return 0
+		}
 		sort.Float64s(xs)
 		if len(xs)%2 == 1 {
 			return xs[len(xs)/2]
@@ -146,17 +181,23 @@ func BenchmarkForwarderRatios(b *testing.B) {
 	var t strings.Builder
 	fmt.Fprintf(&t, "\nmedians of %d interleaved rounds, %d events over %d keys:\n", rounds, n, keys)
 	for _, v := range variants {
-		fmt.Fprintf(&t, "%-34s %8.0f events/s  (runs %.0f)\n", v.name, med(v.name), results[v.name])
+		fmt.Fprintf(&t, "%-44s %8.0f events/s  (runs %.0f)\n", v.name, med(v.name), results[v.name])
 	}
 	for _, r := range []struct {
 		name string
 		v    float64
 	}{
 		{"relay-rabbitmq ÷ rabbitmq-alone", med("relay-rabbitmq") / med("rabbitmq-alone")},
+		{"relay-kafka ÷ kafka-alone", med("relay-kafka") / med("kafka-alone")},
 		{"relay-kafka ÷ relay-noop", med("relay-kafka") / med("relay-noop")},
 		{"relay-kafka ÷ watermill-tuned", med("relay-kafka") / med("watermill-forwarder-tuned-kafka")},
+		{"relay-kafka-one-call ÷ kafka-alone-one-call", med("relay-kafka-one-call") / med("kafka-alone-one-call")},
+		{"relay-kafka-one-call ÷ relay-noop", med("relay-kafka-one-call") / med("relay-noop")},
+		{"relay-kafka-one-call ÷ watermill-tuned", med("relay-kafka-one-call") / med("watermill-forwarder-tuned-kafka")},
 	} {
-		fmt.Fprintf(&t, "%-34s %8.2f\n", r.name, r.v)
+		if !math.IsNaN(r.v) && !math.IsInf(r.v, 0) {
+			fmt.Fprintf(&t, "%-44s %8.2f\n", r.name, r.v)
+		}
 	}
 	fmt.Print(t.String())
 }

@@ -28,6 +28,10 @@ import (
 // different keys and unordered events go concurrently; and it turns Ack into published and Nack
 // (or DeliveryTimeout) into a retry with backoff or, after MaxAttempts, a dead letter.
 //
+// While a full batch is out, each subscription claims the next one (at most one batch ahead,
+// its lease renewed from the claim on) and writes the previous batch's marks; a key of the
+// batch out is not claimed again before its marks land.
+//
 // Delivery is at least once: a relay that stops between delivering and marking lets the lease
 // expire and the batch is delivered again. Every message carries the event id as its UUID.
 //

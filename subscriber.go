@@ -223,6 +223,16 @@ type subscription struct {
 	// batch that was not full, and after lowClaims full batches in a row (lowAge).
 	lowUnordered, lowKeyed int64
 	lowAge                 int
+	// With Capabilities.Floors (PostgreSQL) the scans start at floors instead (see floors.go):
+	// fl, the head checks' per-key lows, the sweeper below the floors, and follow: the keys of
+	// the last batch that were claimed below the keyed floor (a retry, or an event an operator
+	// took back from the dead letters) or continued as such, whose later events lie below the
+	// floor too: such a key's run, acked whole, is continued like a full one (see continueRuns),
+	// since no walk finds its later events any more.
+	fl     dialect.FloorTracker
+	lows   keyLows
+	sweep  *sweeper
+	follow map[string]bool
 	// woken is set when the subscription's last wait ended with a wakeup signal (events were
 	// just committed): the next SQLite claim, and its batch's marks (eagerMarks), then retry
 	// for the write lock eagerly (see ClaimParams.Eager). Atomic: marks may run beside the
@@ -294,6 +304,10 @@ type leased struct {
 	// nil when it continued none: its continuation acks are written only once those marks
 	// wrote the previous run's acks (see confirm, flusher).
 	prev *marks
+	// follow is the claim's subscription.follow: the keys it claimed below the keyed floor
+	// (or continued as such), set again before the batch's continueRuns (a claim beside the
+	// batch replaced it).
+	follow map[string]bool
 	// full: the claim leased a whole batch or stopped at its key scan bound, so more work is
 	// likely waiting and the next batch is claimed while this one is out. held: every key
 	// the claim's walk found is in the batch (a few hot keys), which holds no unordered
@@ -316,6 +330,9 @@ func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscr
 		return nil, err
 	}
 	sub := &subscription{s: s, sel: sel, oldest: s.cfg.BatchSize, walked: -1}
+	if s.s.caps.Floors {
+		sub.lows, sub.sweep = keyLows{}, &sweeper{}
+	}
 	sub.relay = s.s.d.NewRelay(s.s.t, dialect.RelayConfig{BatchSize: s.cfg.BatchSize, MaxRunPerKey: s.cfg.MaxRunPerKey, KeyScan: s.cfg.KeyScan,
 		LeaseDuration: s.cfg.LeaseDuration, MaxAttempts: s.cfg.MaxAttempts, RetryBase: s.cfg.RetryBase, RetryMax: s.cfg.RetryMax}, sel.dialect())
 	sub.ctx, sub.cancel = context.WithCancel(ctx)
@@ -378,6 +395,15 @@ func (sub *subscription) run() {
 		wake = s.cfg.Wakeup.Listen(sub.ctx, sub.sel.match)
 	}
 	sub.takeBack()
+	if sw, ok := sub.relay.(dialect.Sweeper); ok && sub.sweep != nil {
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sub.sweep.run(sub.ctx, sub, sw)
+		}()
+	}
 	var (
 		failures   int // polls failed in a row
 		failedFrom time.Time
@@ -556,6 +582,7 @@ func (sub *subscription) poll() (again bool, err error) {
 	sub.noteOutcomes(b.items, nil)
 	sub.waitMarks()
 	sub.confirm(b)
+	sub.follow = b.follow
 	sub.continueRuns(b.token, deliver)
 	m := &marks{done: make(chan struct{})}
 	sub.marking, sub.contMarks = m, m
@@ -589,6 +616,7 @@ func (sub *subscription) claimLeased(token string) (b *leased, more bool, err er
 		return nil, more, err
 	}
 	b = sub.lease(token, items, prev)
+	b.follow = sub.follow
 	b.full = more || len(items) >= sub.s.cfg.BatchSize
 	keys := map[string]bool{}
 	for _, it := range items {
@@ -867,9 +895,9 @@ func (sub *subscription) continueRuns(token string, deliver []*item) {
 	rounds := make(map[string]int, len(order))
 	dropped := false
 	for _, k := range order {
-		if r := runs[k]; r.ok && r.n >= sub.s.cfg.MaxRunPerKey {
+		if r := runs[k]; r.ok && (r.n >= sub.s.cfg.MaxRunPerKey || sub.follow[k]) {
 			n := sub.contStreak[k] + 1
-			if n > contRounds && !dropped && len(order) > 1 {
+			if n > contRounds && !dropped && len(order) > 1 && !sub.follow[k] {
 				dropped, sub.contLeftOut = true, true
 				continue
 			}
@@ -961,6 +989,10 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	sub.walked = -1
 	p := &dialect.ClaimParams{Token: token, Limit: s.cfg.BatchSize, Oldest: sub.oldest, Cursor: sub.cursor,
 		LowUnordered: sub.lowUnordered, LowKeyed: sub.lowKeyed, ContToken: sub.contToken, Paused: sub.pausedTopics(began)}
+	if sub.sweep != nil {
+		sub.fl.Lower(sub.sweep.take())
+		p.LowKeyed, p.LowUnordered, p.KeyLows = sub.fl.Keyed, sub.fl.Unordered, sub.lows.params()
+	}
 	if sub.splitFor > 0 {
 		p.Limit = sub.splitLimit
 	}
@@ -1014,7 +1046,24 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	if len(items) > 0 {
 		sub.lastKeyCount = len(keys)
 	}
-	sub.advanceLows(items)
+	if res.Floors != nil && sub.sweep != nil {
+		sub.fl.Update(res.Floors)
+		s.logger.Trace("outbox: claim floors", watermill.LogFields{"keyed": sub.fl.Keyed, "unordered": sub.fl.Unordered, "xmin": res.Floors.Xmin})
+		sub.sweep.keyed.Store(sub.fl.Keyed)
+		sub.sweep.unordered.Store(sub.fl.Unordered)
+		var follow map[string]bool
+		for _, it := range items {
+			if k := it.ev.OrderingKey; k != "" && (it.ev.Sequence < p.LowKeyed || (it.cont && sub.follow[k])) {
+				if follow == nil {
+					follow = map[string]bool{}
+				}
+				follow[k] = true
+			}
+		}
+		sub.follow = follow
+	} else {
+		sub.advanceLows(items)
+	}
 	if sub.splitFor > 0 {
 		sub.splitFor--
 		// Still a few hot keys filling the capped claim with long runs (at least half of
@@ -1024,6 +1073,9 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		}
 	}
 	rankRuns(items)
+	if sub.lows != nil {
+		sub.lows.note(items)
+	}
 	// Resume the key skip scan after the last key it reached; start over once it reached the
 	// end of the keys.
 	if scanned != nil && *scanned >= int64(s.cfg.KeyScan) && cursor != nil {

@@ -45,15 +45,17 @@ func TestClaimPlanShape(t *testing.T) {
 		st   *dialect.Stmt
 		p    params
 	}{
-		{"claim", r.claim, params{"oldest": 1000, "low_keyed": int64(0)}},
-		{"claim after a full batch", r.claim, params{"oldest": 1000, "low_keyed": int64(50000)}},
-		{"claim with continuations", r.claim, params{"oldest": 32, "low_keyed": int64(0), "cont_keys": []string{"k2", "k4"}, "cont_after": []int64{10, 12}, "cont_from": []int64{2, 4}}},
-		{"paused", r.paused, params{"oldest": 1000, "low_keyed": int64(0), "paused": []string{"u"}}},
+		{"claim", r.claim, params{"oldest": 1000, "floor_keyed": int64(0)}},
+		{"claim above floors", r.claim, params{"oldest": 1000, "floor_keyed": int64(50000), "floor_unordered": int64(50001),
+			"low_keys": []string{"k2", "k4"}, "low_seqs": []int64{2, 4}}},
+		{"claim with continuations", r.claim, params{"oldest": 32, "floor_keyed": int64(0), "cont_keys": []string{"k2", "k4"}, "cont_after": []int64{10, 12}, "cont_from": []int64{2, 4}}},
+		{"paused", r.paused, params{"oldest": 1000, "floor_keyed": int64(0), "paused": []string{"u"}}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			named := params{"cursor": "", "lease_us": int64(30e6), "token": "x", "run_limit": 1000, "low_unordered": int64(0),
-				"cont_token": "", "cont_margin_us": int64(10e6), "cont_keys": []string(nil), "cont_after": []int64(nil), "cont_from": []int64(nil)}
+			named := params{"cursor": "", "lease_us": int64(30e6), "token": "x", "run_limit": 1000, "floor_unordered": int64(0),
+				"cont_token": "", "cont_margin_us": int64(10e6), "cont_keys": []string(nil), "cont_after": []int64(nil), "cont_from": []int64(nil),
+				"low_keys": []string{}, "low_seqs": []int64{}}
 			for k, v := range c.p {
 				named[k] = v
 			}
@@ -92,7 +94,7 @@ func TestClaimPlanShape(t *testing.T) {
 					indexes = append(indexes, strings.TrimPrefix(ix, name+"_"))
 				}
 			}
-			for _, want := range []string{"keyed_idx", "unordered_idx", "key_idx"} {
+			for _, want := range []string{"keyed_idx", "unordered_idx", "key_idx", "blocking_idx"} {
 				if !slices.Contains(indexes, want) {
 					t.Errorf("index %s not used; the plan uses %v", want, indexes)
 				}

@@ -36,9 +36,9 @@ func (sh insertShape) build() string {
 	}
 	if sh.single {
 		// One event (the common Publish): scalar parameters, no array encoding.
-		fmt.Fprintf(&b, "WITH input AS MATERIALIZED (SELECT $1::uuid AS id, $2::text AS topic, $3::%s AS payload, $4::text AS headers, $5::text AS ordering_key, $6::text AS idempotency_key, 1::bigint AS ord)", payloadType)
+		fmt.Fprintf(&b, "WITH input AS MATERIALIZED (SELECT $1::uuid AS id, $2::text AS topic, $3::%s AS payload, $4::text AS headers, $5::text AS ordering_key, $6::text AS idempotency_key, 1::bigint AS ord, pg_current_xact_id() AS xid)", payloadType)
 	} else {
-		fmt.Fprintf(&b, "WITH input AS MATERIALIZED (SELECT * FROM unnest($1::uuid[], $2::text[], $3::%s[], $4::text[], $5::text[], $6::text[]%s) WITH ORDINALITY AS t(id, topic, payload, headers, ordering_key, idempotency_key%s, ord))",
+		fmt.Fprintf(&b, "WITH input AS MATERIALIZED (SELECT t.*, pg_current_xact_id() AS xid FROM unnest($1::uuid[], $2::text[], $3::%s[], $4::text[], $5::text[], $6::text[]%s) WITH ORDINALITY AS t(id, topic, payload, headers, ordering_key, idempotency_key%s, ord))",
 			payloadType, map[bool]string{true: ", $7::jsonb[]"}[sh.extras != ""], map[bool]string{true: ", extra"}[sh.extras != ""])
 	}
 	var extras []string
@@ -70,7 +70,11 @@ func (sh insertShape) build() string {
 	if sh.keys {
 		b.WriteString(" CROSS JOIN locks")
 	}
-	b.WriteString(" ORDER BY i.ord")
+	// The writer's transaction gets its id (pg_current_xact_id, read by this always-true test
+	// on each input row) before the row draws its identity value: the relays' floors rely on
+	// every unfinished event's transaction id being lower than the id of a claim that saw a
+	// later sequence (see subscription.floors).
+	b.WriteString(" WHERE i.xid IS NOT NULL ORDER BY i.ord")
 	if !cte {
 		b.WriteString(" RETURNING false, " + returning)
 		return b.String()

@@ -107,7 +107,9 @@ func TestEventsBehindAFloor(t *testing.T) {
 // without the Publisher (here: into the sequence gap a rolled-back write left, after the floors
 // moved past it) is found by the sweep and delivered.
 func TestSweepFindsEventsBelowTheFloors(t *testing.T) {
-	defer outbox.SetSweepInterval(300 * time.Millisecond)()
+	// Restored after the Subscriber's Close (cleanups run last-in first-out): its sweeper
+	// reads the interval.
+	t.Cleanup(outbox.SetSweepInterval(300 * time.Millisecond))
 	b := pgBackend(t)
 	schema := b.table(t)
 	tx, err := b.raw.BeginTx(ctx, nil)

@@ -20,28 +20,33 @@ const (
 //
 // Only an ack whose key's earlier events of the batch are all acked is written (unordered
 // events always), so the table never shows a key's event published before an earlier one; and
-// a continuation's acks (subscription.contKeys) only once the previous batch's marks are written
-// and confirmed its key, for the same reason (see subscription.confirm).
+// a continuation's acks (subscription.contKeys) only once the marks of the batch it continues
+// are written and confirmed its key, for the same reason (see subscription.confirm).
 type flusher struct {
-	sub      *subscription
-	token    string
-	items    []*item // the emitted batch, in sequence order
-	prevDone <-chan struct{}
-	stopc    chan struct{}
-	wg       sync.WaitGroup
+	sub   *subscription
+	token string
+	items []*item // the emitted batch, in sequence order
+	prev  *marks  // the marks of the batch whose runs it continues (nil: none)
+	stopc chan struct{}
+	wg    sync.WaitGroup
 	// mu serialises flushes with lease renewals: a renewal expects every row of the batch
 	// not yet written as published (len(items) − written) to be still leased by the token.
 	mu      sync.Mutex
 	written int
 }
 
-// startFlusher starts flushing items' acks; prevDone is closed when the previous batch's marks
-// are written (nil: there is none). Call stop before reading the items' states.
-func (sub *subscription) startFlusher(token string, items []*item, prevDone <-chan struct{}) *flusher {
-	f := &flusher{sub: sub, token: token, items: items, prevDone: prevDone, stopc: make(chan struct{})}
+// newFlusher returns the flusher of the batch claimed under token, not started: its count of
+// written acks serves the lease renewal from the claim on.
+func (sub *subscription) newFlusher(token string) *flusher {
+	return &flusher{sub: sub, token: token, stopc: make(chan struct{})}
+}
+
+// start starts flushing the acks of items, the batch's emitted events; prev is the marks of
+// the batch whose runs it continues (nil: none). Call stop before reading the items' states.
+func (f *flusher) start(items []*item, prev *marks) {
+	f.items, f.prev = items, prev
 	f.wg.Add(1)
 	go f.run()
-	return f
 }
 
 func (f *flusher) run() {
@@ -71,14 +76,15 @@ func (f *flusher) stop() {
 	f.wg.Wait()
 }
 
-// prevConfirmed reports whether the previous batch's marks are written and wrote key's acks.
+// prevConfirmed reports whether the marks of the batch this one continues are written and
+// wrote key's acks.
 func (f *flusher) prevConfirmed(key string) bool {
-	if f.prevDone == nil {
+	if f.prev == nil {
 		return true
 	}
 	select {
-	case <-f.prevDone:
-		return !f.sub.unconfirmed[key]
+	case <-f.prev.done:
+		return !f.prev.unconfirmed[key]
 	default:
 		return false
 	}

@@ -28,6 +28,10 @@ import (
 // different keys and unordered events go concurrently; and it turns Ack into published and Nack
 // (or DeliveryTimeout) into a retry with backoff or, after MaxAttempts, a dead letter.
 //
+// While a full batch is out, each subscription claims the next one (at most one batch ahead,
+// its lease renewed from the claim on) and writes the previous batch's marks; a key of the
+// batch out is not claimed again before its marks land.
+//
 // Delivery is at least once: a relay that stops between delivering and marking lets the lease
 // expire and the batch is delivered again. Every message carries the event id as its UUID.
 //
@@ -247,11 +251,11 @@ type subscription struct {
 	contFrom   []int64
 	contStreak map[string]int // continued batches in a row, per key in contKeys
 	contToken  string
-	// unconfirmed holds the ordering keys of a batch whose acks its mark did not write (the
-	// statement failed, or the lease had passed to another relay): that batch's continuation
-	// events of those keys are released instead of marked published, so they go out again
-	// after the events before them. Written by the mark goroutine before marking is closed.
-	unconfirmed map[string]bool
+	// contMarks is the marks of the batch contKeys continue (see leased.prev).
+	contMarks *marks
+	// contLeftOut: the last delivered batch left a key out of its continuations (see
+	// continueRuns).
+	contLeftOut bool
 
 	// outages are the destinations found unavailable, by UnavailableError.Destination (see
 	// outage.go); their topics are left out of claims but for one probe event at a time.
@@ -270,10 +274,52 @@ type subscription struct {
 	// lets the messages out finish (see SubscriberConfig.CloseTimeout). It keeps ctx's values.
 	deliveries     context.Context
 	stopDeliveries context.CancelFunc
-	// marking is closed when the previous batch's marks are written; nil before the first.
-	// Marks run while the next claim does: that batch's events stay leased (so no claim takes
-	// them, nor a later event of their keys) until the marks land.
-	marking chan struct{}
+	// marking is the previous batch's marks; nil before the first. Marks run while the next
+	// batch is delivered and the one after it claimed: that batch's events stay leased (so no
+	// claim takes them, nor a later event of their keys) until the marks land.
+	marking *marks
+	// next is the batch claimed while the current one was out (see poll), delivered next;
+	// nil when none is. noPrefetch counts the next batches delivered without a claim beside
+	// them (a claim beside the last one leased nothing while claimable keyed events waited:
+	// their keys were held by the batch out, e.g. a few hot keys).
+	next       *leased
+	noPrefetch int
+}
+
+// marks is one batch's mark statement, written beside the delivery of the batches after it.
+type marks struct {
+	done chan struct{} // closed when the statement is over
+	// unconfirmed holds the ordering keys of the batch whose acks the statement did not write
+	// (it failed, or the lease had passed to another relay): the continuation events of those
+	// keys (see leased.prev) are released instead of marked published, so they go out again
+	// after the events before them. Written before done is closed.
+	unconfirmed map[string]bool
+}
+
+// leased is a claimed batch from its claim to the end of its delivery. Its lease is renewed
+// from the claim on (three times per LeaseDuration), so a batch claimed while the previous one
+// is out keeps its lease while it waits.
+type leased struct {
+	token string
+	items []*item
+	// prev is the marks of the batch whose runs this claim continued (subscription.contKeys),
+	// nil when it continued none: its continuation acks are written only once those marks
+	// wrote the previous run's acks (see confirm, flusher).
+	prev *marks
+	// full: the claim leased a whole batch or stopped at its key scan bound, so more work is
+	// likely waiting and the next batch is claimed while this one is out. held: every key
+	// the claim's walk found is in the batch (a few hot keys), which holds no unordered
+	// event, so a claim beside it would find nothing; their runs are continued after it.
+	full, held bool
+	// prefetched: claimed while the previous batch was out (its topics may have been paused
+	// since).
+	prefetched bool
+	// bctx ends emitting (a stop, a lost lease); mctx ends the messages out (CloseTimeout
+	// after a stop, a lost lease at once); lost ends both.
+	bctx, mctx context.Context
+	lost       func()
+	fl         *flusher
+	stopRenew  func()
 }
 
 func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscription, error) {
@@ -333,13 +379,14 @@ func (sub *subscription) start(done func()) error {
 // waitMarks waits until the previous batch's marks are written.
 func (sub *subscription) waitMarks() {
 	if sub.marking != nil {
-		<-sub.marking
+		<-sub.marking.done
 	}
 }
 
 func (sub *subscription) run() {
 	s := sub.s
 	defer sub.waitMarks()
+	defer sub.releaseNext()
 	defer func() { sub.outages = nil; sub.publishOutages() }()
 	var wake <-chan struct{}
 	if s.cfg.Wakeup != nil {
@@ -472,104 +519,225 @@ func (it *item) failed(err error) {
 	}
 }
 
-// poll claims one batch, delivers it and writes its marks. It reports whether to poll again
-// at once: events were claimed, or keys remain unexamined.
+// poll claims one batch (or takes the one claimed beside the previous batch), delivers it
+// while it claims the next (at most one batch ahead, see prefetch), and starts writing its
+// marks. It reports whether to poll again at once: events were claimed, or keys remain
+// unexamined.
 func (sub *subscription) poll() (again bool, err error) {
 	s := sub.s
-	token := s.tokenPrefix + strconv.FormatInt(s.claims.Add(1), 10)
-	if o := sub.dueProbe(time.Now()); o != nil {
-		return sub.probe(token, o)
-	}
-	if sub.serialFor > 0 {
-		sub.serialFor--
-		sub.waitMarks()
-	}
-	inflight := false // the previous batch's marks are being written beside this claim
-	if sub.marking != nil {
-		select {
-		case <-sub.marking:
-		default:
-			inflight = true
+	b := sub.next
+	sub.next = nil
+	if b == nil {
+		token := s.tokenPrefix + strconv.FormatInt(s.claims.Add(1), 10)
+		if o := sub.dueProbe(time.Now()); o != nil {
+			return sub.probe(token, o)
+		}
+		if sub.serialFor > 0 {
+			sub.serialFor--
+			sub.waitMarks()
+		}
+		inflight := false // the previous batch's marks are being written beside this claim
+		if sub.marking != nil {
+			select {
+			case <-sub.marking.done:
+			default:
+				inflight = true
+			}
+		}
+		splitting := sub.splitFor > 0 // before claim counts this claim off
+		var more bool
+		b, more, err = sub.claimLeased(token)
+		if err == nil && b == nil && inflight {
+			// The claim ran beside the previous batch's marks and leased nothing: poll again as
+			// soon as they land, since the batch's keys may have more events waiting for them.
+			// When the walk found such claimable keyed events and the batch held a few keys,
+			// the next claims take the runs of half of those keys each (one half is claimed
+			// while the other half's marks are written); with one key, or when that split was
+			// already on (another relay holds the other half), they wait for the marks first
+			// instead of claiming nothing beside them.
+			sub.waitMarks()
+			if sub.walked > 0 {
+				switch n := sub.lastKeyCount; {
+				case splitting:
+					sub.splitFor, sub.serialFor = splitClaims, splitClaims
+				case n > 1 && n <= maxHotKeys:
+					sub.splitLimit, sub.splitFor = min(s.cfg.BatchSize, (n+1)/2*s.cfg.MaxRunPerKey), splitClaims
+				case n == 1:
+					sub.serialFor = splitClaims
+				}
+			}
+			return true, nil
+		}
+		if err != nil || b == nil {
+			return more, err
 		}
 	}
-	splitting := sub.splitFor > 0 // before claim counts this claim off
+	deliver := sub.deliverable(b)
+	delivered := make(chan struct{})
+	go func() {
+		defer close(delivered)
+		sub.deliver(b, deliver)
+	}()
+	if sub.mayPrefetch(b) {
+		sub.next, err = sub.prefetch()
+	}
+	<-delivered
+	sub.noteOutcomes(b.items, nil)
+	sub.waitMarks()
+	sub.confirm(b)
+	sub.continueRuns(b.token, deliver)
+	m := &marks{done: make(chan struct{})}
+	sub.marking, sub.contMarks = m, m
+	go func() {
+		defer close(m.done)
+		var err error
+		m.unconfirmed, err = sub.mark(b.token, b.items)
+		if err != nil {
+			s.logger.Error("outbox: writing marks failed; the events are delivered again after their lease", err, watermill.LogFields{"token": b.token})
+		}
+	}()
+	if err != nil && sub.ctx.Err() == nil {
+		// The claim beside the batch failed: the poll loop backs off as after any failed claim.
+		return true, err
+	}
+	return true, nil
+}
+
+// claimLeased claims a batch under token (see claim) and starts renewing its lease; nil when
+// it leased nothing. It uses the continuations set by the last delivered batch.
+func (sub *subscription) claimLeased(token string) (b *leased, more bool, err error) {
+	var prev *marks
+	if len(sub.contKeys) > 0 {
+		prev = sub.contMarks
+	}
+	walkLimit := sub.oldest
 	items, more, err := sub.claim(token)
 	sub.contKeys, sub.contAfter, sub.contFrom = sub.contKeys[:0], sub.contAfter[:0], sub.contFrom[:0]
 	if err != nil || len(items) == 0 {
 		sub.contStreak = nil // the streaks ended: the next batch starts them over
+		return nil, more, err
 	}
-	if err == nil && len(items) == 0 && inflight {
-		// The claim ran beside the previous batch's marks and leased nothing: poll again as
-		// soon as they land, since the batch's keys may have more events waiting for them.
-		// When the walk found such claimable keyed events and the batch held a few keys,
-		// the next claims take the runs of half of those keys each (one half is claimed
-		// while the other half's marks are written); with one key, or when that split was
-		// already on (another relay holds the other half), they wait for the marks first
-		// instead of claiming nothing beside them.
-		sub.waitMarks()
-		if sub.walked > 0 {
-			switch n := sub.lastKeyCount; {
-			case splitting:
-				sub.splitFor, sub.serialFor = splitClaims, splitClaims
-			case n > 1 && n <= maxHotKeys:
-				sub.splitLimit, sub.splitFor = min(s.cfg.BatchSize, (n+1)/2*s.cfg.MaxRunPerKey), splitClaims
-			case n == 1:
-				sub.serialFor = splitClaims
-			}
-		}
-		return true, nil
+	b = sub.lease(token, items, prev)
+	b.full = more || len(items) >= sub.s.cfg.BatchSize
+	keys := map[string]bool{}
+	for _, it := range items {
+		keys[it.ev.OrderingKey] = true
 	}
-	if err != nil || len(items) == 0 {
-		return more, err
-	}
-	deliver := sub.deliverClaimed(token, items)
-	sub.noteOutcomes(items, nil)
-	sub.waitMarks()
-	sub.confirm(items)
-	sub.continueRuns(token, deliver)
-	done := make(chan struct{})
-	sub.marking = done
-	go func() {
-		defer close(done)
-		var err error
-		sub.unconfirmed, err = sub.mark(token, items)
-		if err != nil {
-			s.logger.Error("outbox: writing marks failed; the events are delivered again after their lease", err, watermill.LogFields{"token": token})
-		}
-	}()
-	return true, nil
+	// The walk ended before its limit (it saw every claimable keyed event) and found no key
+	// the batch does not hold.
+	b.held = !keys[""] && sub.walked > 0 && sub.walked <= int64(len(keys)) && sub.walked < int64(walkLimit)
+	return b, more, nil
 }
 
-// deliverClaimed delivers a claimed batch: each key's gap-free run from its head, without
-// poison events (dropPoison); the rest is released. It returns the items it emitted.
-func (sub *subscription) deliverClaimed(token string, items []*item) []*item {
-	deliver, release := splitRuns(items)
+// mayPrefetch reports whether to claim the next batch while b is out: b was full (a batch
+// that was not full found the backlog drained; the poll after it claims what came meanwhile) and
+// does not hold every key its claim's walk found (leased.held), the last batch left no key out
+// of its continuations (that key is held by the marks being written; the claim after b takes
+// it), no outage probe is due (it is claimed on its own, after b), no claim is to wait for
+// marks (serialFor), and no claim beside a batch came back empty lately (noPrefetch).
+func (sub *subscription) mayPrefetch(b *leased) bool {
+	if sub.noPrefetch > 0 {
+		sub.noPrefetch--
+		return false
+	}
+	return b.full && !b.held && !sub.contLeftOut && sub.serialFor == 0 && sub.ctx.Err() == nil && sub.dueProbe(time.Now()) == nil
+}
+
+// prefetch claims the next batch while the current one is out, beside the previous batch's
+// marks. Per-key order needs nothing more: every claim leaves out the keys whose head is
+// leased, so the keys of the batch out (and of the batch being marked) are not claimed again
+// before their marks land — but for continuations, which follow a run acked whole (see
+// contKeys; they continue the batch before the one out). A claim that leased nothing while
+// claimable keyed events waited (their keys are the batch's out, e.g. a few hot keys) turns
+// prefetching off for splitClaims batches: those keys are continued after the batch instead.
+func (sub *subscription) prefetch() (*leased, error) {
+	token := sub.s.tokenPrefix + strconv.FormatInt(sub.s.claims.Add(1), 10)
+	marking := sub.marking
+	if marking != nil {
+		select {
+		case <-marking.done:
+			marking = nil
+		default:
+		}
+	}
+	b, _, err := sub.claimLeased(token)
+	if err == nil && b == nil && marking != nil {
+		// It ran beside the previous batch's marks and leased nothing (on MariaDB a claim
+		// beside a mark may lock none of the rows it found, though the mark holds others):
+		// claim again once they landed.
+		<-marking.done
+		token = sub.s.tokenPrefix + strconv.FormatInt(sub.s.claims.Add(1), 10)
+		b, _, err = sub.claimLeased(token)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if b == nil {
+		if sub.walked > 0 {
+			sub.noPrefetch = splitClaims
+		}
+		return nil, nil
+	}
+	b.prefetched = true
+	return b, nil
+}
+
+// releaseNext gives back the lease of a batch claimed ahead but not delivered (the
+// subscription stops): its events are released with no attempt and no delivery start counted.
+func (sub *subscription) releaseNext() {
+	b := sub.next
+	if b == nil {
+		return
+	}
+	sub.next = nil
+	b.stopRenew()
+	b.lost()
+	for _, it := range b.items {
+		it.state = stateReleased
+	}
+	sub.waitMarks()
+	if _, err := sub.mark(b.token, b.items); err != nil {
+		sub.s.logger.Error("outbox: releasing a batch claimed ahead failed; it is claimed again after its lease", err, watermill.LogFields{"token": b.token})
+	}
+}
+
+// lease starts renewing a claimed batch's lease and returns it, ready for deliver.
+func (sub *subscription) lease(token string, items []*item, prev *marks) *leased {
+	b := &leased{token: token, items: items, prev: prev, fl: sub.newFlusher(token)}
+	var stopEmit, stopMsgs context.CancelFunc
+	b.bctx, stopEmit = context.WithCancel(sub.ctx)
+	b.mctx, stopMsgs = context.WithCancel(sub.deliveries)
+	b.lost = func() { stopEmit(); stopMsgs() }
+	b.stopRenew = sub.renewWhileOut(token, items, b.lost, b.fl)
+	return b
+}
+
+// deliverable returns the events of a claimed batch to emit: each key's gap-free run from its
+// head, without poison events (dropPoison) and, in a batch claimed ahead, without the events
+// of topics paused since (dropPaused); the rest is released.
+func (sub *subscription) deliverable(b *leased) []*item {
+	deliver, release := splitRuns(b.items)
 	for _, it := range release {
 		it.state = stateReleased
 	}
 	deliver = sub.dropPoison(deliver)
-	sub.deliver(token, items, deliver)
+	if b.prefetched {
+		deliver = sub.dropPaused(deliver)
+	}
 	return deliver
 }
 
-// deliver emits a claimed batch's deliverable events while renewing the batch's lease and
-// flushing its acks every MarkInterval; it returns when every emitted event was answered, or
-// was left unanswered by a stop (after CloseTimeout) or a lost lease (at once).
-func (sub *subscription) deliver(token string, items, deliver []*item) {
+// deliver emits a claimed batch's deliverable events while flushing its acks every
+// MarkInterval; it returns when every emitted event was answered, or was left unanswered by a
+// stop (after CloseTimeout) or a lost lease (at once), and ends the batch's lease renewal.
+func (sub *subscription) deliver(b *leased, deliver []*item) {
+	defer func() { b.stopRenew(); b.lost() }()
 	if len(deliver) == 0 {
 		return
 	}
-	// bctx ends emitting (a stop, a lost lease); mctx ends the messages out (CloseTimeout
-	// after a stop, a lost lease at once).
-	bctx, stopEmit := context.WithCancel(sub.ctx)
-	mctx, stopMsgs := context.WithCancel(sub.deliveries)
-	lost := func() { stopEmit(); stopMsgs() }
-	fl := sub.startFlusher(token, deliver, sub.marking)
-	stopRenew := sub.renewWhileOut(token, items, lost, fl)
-	sub.emit(bctx, mctx, deliver)
-	fl.stop()
-	stopRenew()
-	lost()
+	b.fl.start(deliver, b.prev)
+	sub.emit(b.bctx, b.mctx, deliver)
+	b.fl.stop()
 }
 
 // probe delivers one event of an outage's topics (see outage.go) and writes its mark before
@@ -582,7 +750,8 @@ func (sub *subscription) probe(token string, o *outage) (again bool, err error) 
 		o.nextProbe = time.Now().Add(sub.probeWait(o, time.Now()))
 		return false, err
 	}
-	sub.deliverClaimed(token, items)
+	b := sub.lease(token, items, nil)
+	sub.deliver(b, sub.deliverable(b))
 	sub.noteOutcomes(items, o)
 	if _, err := sub.mark(token, items); err != nil {
 		sub.s.logger.Error("outbox: writing marks failed; the events are delivered again after their lease", err, watermill.LogFields{"token": token})
@@ -629,6 +798,36 @@ func (sub *subscription) dropPoison(deliver []*item) []*item {
 	return out
 }
 
+// dropPaused takes out of deliver (in sequence order) the events of topics paused by an
+// outage that opened after their batch was claimed ahead, and their keys' later events: they
+// are released without an attempt, as if the claim had left them out.
+func (sub *subscription) dropPaused(deliver []*item) []*item {
+	if len(sub.outages) == 0 {
+		return deliver
+	}
+	paused := map[string]bool{}
+	for _, t := range sub.pausedTopics(time.Now()) {
+		paused[t] = true
+	}
+	if len(paused) == 0 {
+		return deliver
+	}
+	out := deliver[:0:0]
+	held := map[string]bool{}
+	for _, it := range deliver {
+		k := it.ev.OrderingKey
+		if paused[it.ev.Topic] || (k != "" && held[k]) {
+			it.state = stateReleased
+			if k != "" {
+				held[k] = true
+			}
+			continue
+		}
+		out = append(out, it)
+	}
+	return out
+}
+
 // noteRetry records that an event this relay failed is due again at next (now and next
 // from the mark's clock), so that run polls then. Safe for concurrent use.
 func (sub *subscription) noteRetry(now, next time.Time) {
@@ -641,20 +840,23 @@ func (sub *subscription) noteRetry(now, next time.Time) {
 	}
 }
 
-// confirm releases, instead of marking published, the acked continuation events (see
-// subscription.contKeys) whose keys' previous events the last mark did not write as
-// published: publishing them would put them before those events, which go out again after
-// their lease (at least once, in order). Call after waitMarks.
-func (sub *subscription) confirm(items []*item) {
-	if len(sub.unconfirmed) == 0 {
+// confirm releases, instead of marking published, b's acked continuation events (see
+// leased.prev) whose keys' previous events the marks they follow did not write as published:
+// publishing them would put them before those events, which go out again after their lease
+// (at least once, in order).
+func (sub *subscription) confirm(b *leased) {
+	if b.prev == nil {
 		return
 	}
-	for _, it := range items {
-		if it.cont && it.state == stateAcked && sub.unconfirmed[it.ev.OrderingKey] {
+	<-b.prev.done
+	if len(b.prev.unconfirmed) == 0 {
+		return
+	}
+	for _, it := range b.items {
+		if it.cont && it.state == stateAcked && b.prev.unconfirmed[it.ev.OrderingKey] {
 			it.state = stateReleased
 		}
 	}
-	sub.unconfirmed = nil
 }
 
 // continueRuns sets the next claim's continuations from a delivered batch: every ordering
@@ -666,7 +868,7 @@ func (sub *subscription) confirm(items []*item) {
 // the first one keeping them all.
 func (sub *subscription) continueRuns(token string, deliver []*item) {
 	sub.contKeys, sub.contAfter, sub.contFrom, sub.contToken = sub.contKeys[:0], sub.contAfter[:0], sub.contFrom[:0], token
-	sub.contFollow = nil
+	sub.contFollow, sub.contLeftOut = nil, false
 	if !sub.s.s.caps.Continuations || sub.ctx.Err() != nil {
 		return
 	}
@@ -699,7 +901,7 @@ func (sub *subscription) continueRuns(token string, deliver []*item) {
 		if r := runs[k]; r.ok && (r.n >= sub.s.cfg.MaxRunPerKey || r.follow) {
 			n := sub.contStreak[k] + 1
 			if n > contRounds && !dropped && len(order) > 1 && !r.follow {
-				dropped = true
+				dropped, sub.contLeftOut = true, true
 				continue
 			}
 			rounds[k] = n
@@ -1190,7 +1392,7 @@ func (sub *subscription) deliverBatch(ctx, mctx context.Context, items []*item, 
 }
 
 // renewWhileOut renews the batch's lease three times per LeaseDuration until the returned
-// function is called. When a renewal finds the lease no longer held (it expired and another
+// function is called (from its claim to the end of its delivery). When a renewal finds the lease no longer held (it expired and another
 // relay took the events over), it calls lost, which stops emitting the rest of the batch.
 func (sub *subscription) renewWhileOut(token string, items []*item, lost func(), fl *flusher) (stop func()) {
 	s := sub.s

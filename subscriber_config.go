@@ -72,7 +72,8 @@ type SubscriberConfig struct {
 	RetryBase time.Duration
 	RetryMax  time.Duration
 	// LeaseDuration is how long a claim leases its events; the lease is renewed three times
-	// per LeaseDuration while a batch is out. Default 60s; at least 1s.
+	// per LeaseDuration from the claim until the batch's delivery ends (a batch claimed while
+	// the previous one is out keeps its lease while it waits). Default 60s; at least 1s.
 	LeaseDuration time.Duration
 	// DeliveryTimeout is how long an emitted message may stay neither acked nor nacked before
 	// it counts as failed (ErrDeliveryTimeout). Default min(30s, LeaseDuration/2); must be

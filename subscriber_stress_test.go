@@ -34,19 +34,7 @@ func TestStressFourRelaysKeyOrderWithFailures(t *testing.T) {
 		keys[nkeys] = "" // every 201st event unordered
 		b.seed(t, schema, "stress", n, keys)
 
-		// seqsOfKey: every sequence of each key, ascending.
-		seqsOfKey := map[string][]int64{}
-		rows, err := b.raw.QueryContext(ctx, fmt.Sprintf(`SELECT ordering_key, sequence FROM %q WHERE ordering_key IS NOT NULL ORDER BY sequence`, schema.Table))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for rows.Next() {
-			var k string
-			var s int64
-			rows.Scan(&k, &s)
-			seqsOfKey[k] = append(seqsOfKey[k], s)
-		}
-		rows.Close()
+		seqsOfKey := b.keySequences(t, schema.Table)
 
 		var mu sync.Mutex
 		acked := map[int64]bool{}
@@ -108,4 +96,24 @@ func TestStressFourRelaysKeyOrderWithFailures(t *testing.T) {
 			t.Fatalf("acked %d distinct events, want %d", len(acked), n)
 		}
 	})
+}
+
+// keySequences returns every sequence of each ordering key of table, ascending.
+func (b *backend) keySequences(t *testing.T, table string) map[string][]int64 {
+	t.Helper()
+	out := map[string][]int64{}
+	rows, err := b.raw.QueryContext(ctx, fmt.Sprintf(`SELECT ordering_key, sequence FROM %q WHERE ordering_key IS NOT NULL ORDER BY sequence`, table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k string
+		var s int64
+		if err := rows.Scan(&k, &s); err != nil {
+			t.Fatal(err)
+		}
+		out[k] = append(out[k], s)
+	}
+	return out
 }

@@ -27,12 +27,15 @@ type insertShape struct {
 
 func (sh insertShape) build() string {
 	var b strings.Builder
-	payloadType, payloadExpr := "text", "i.payload::jsonb"
+	// JSON text is cast to json (PostgreSQL's json input checks the syntax and keeps the bytes)
+	// or jsonb; headers to json. A column of the other JSON type (a JSONB table created before
+	// JSON became the default) takes the value through PostgreSQL's assignment cast.
+	payloadType, payloadExpr := "text", "i.payload::json"
 	switch sh.payload {
 	case dialect.PayloadBytea:
 		payloadType, payloadExpr = "bytea", "i.payload"
-	case dialect.PayloadJSON:
-		payloadType, payloadExpr = "text", "i.payload::json"
+	case dialect.PayloadJSONB:
+		payloadType, payloadExpr = "text", "i.payload::jsonb"
 	}
 	if sh.single {
 		// One event (the common Publish): scalar parameters, no array encoding.
@@ -62,7 +65,7 @@ func (sh insertShape) build() string {
 	for _, c := range extras {
 		b.WriteString(", " + dialect.DoubleQuote(c))
 	}
-	fmt.Fprintf(&b, ") SELECT i.id, i.topic, %s, i.headers::jsonb, i.ordering_key, i.idempotency_key", payloadExpr)
+	fmt.Fprintf(&b, ") SELECT i.id, i.topic, %s, i.headers::json, i.ordering_key, i.idempotency_key", payloadExpr)
 	for _, c := range extras {
 		fmt.Fprintf(&b, ", (jsonb_populate_record(NULL::%s, i.extra)).%s", sh.table, dialect.DoubleQuote(c))
 	}

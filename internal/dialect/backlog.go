@@ -184,7 +184,14 @@ func IndexStatements(t *Table, table string) []string {
 		IdempotencyIndexSQL(t, table, DoubleQuote(t.IdempotencyIndexName()), false),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("published_at") WHERE "published_at" IS NOT NULL`, index("published_idx"), table),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("dead_lettered_at") WHERE "dead_lettered_at" IS NOT NULL`, index("dead_idx"), table),
-		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("topic", "sequence")`, index("topic_idx"), table),
+		// No ("topic", "sequence") index: it held every event ever written and no bounded
+		// read needs it. Claims filter topics on the pending indexes' rows (claim.sql keeps
+		// the planner off a topic index on purpose); dead-letter operations by topic, prefix
+		// or id read dead_idx (O(dead letters)); cleanup reads published_idx / dead_idx;
+		// backlogs read the pending and key indexes (TestOperationPlans proves each). It
+		// cost every write and every mark an index entry (WAL per keyed write, 8 writers:
+		// scripts/walcost). Tables created with it keep it until dropped:
+		// DROP INDEX CONCURRENTLY IF EXISTS "<table>_topic_idx" (see README).
 	}
 }
 

@@ -74,7 +74,7 @@ type SchemaConfig struct {
 	// Default DefaultFillFactor (50). The free half lets a claim's lease write (lease_until,
 	// leased_by: no index covers them) be a heap-only tuple (HOT) update on the row's own
 	// page, so it adds no index entries; with full pages every leased row added one entry to
-	// each index that holds it (five for a pending keyed row, four for an unordered one).
+	// each index that holds it (four for a pending keyed row, three for an unordered one).
 	// Measured on a 2-core box (BenchmarkDrain, 100,000 events): unordered +20 %, 10 hot
 	// keys +35 %. The costs: pending rows take about twice the pages (published rows' space
 	// is reused after VACUUM), and the write path measured 0.93× of fillfactor 100

@@ -73,6 +73,7 @@ func main() {
 		{name: "new: json", cfg: outbox.SchemaConfig{}},
 		{name: "json-unique_id", setup: []string{`ALTER TABLE %[1]s DROP CONSTRAINT %[2]s_id_key`}},
 		{name: "json ff100", cfg: outbox.SchemaConfig{FillFactor: 100}},
+		{name: "json-claim_idx", setup: []string{`DROP INDEX %[2]s_keyed_idx`, `DROP INDEX %[2]s_key_idx`}}, // what the claim's indexes cost (not a usable table)
 		{name: "watermill-sql", wm: true},
 	}
 	if *only != "" {

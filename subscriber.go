@@ -219,6 +219,13 @@ type subscription struct {
 	// batch that was not full, and after lowClaims full batches in a row (lowAge).
 	lowUnordered, lowKeyed int64
 	lowAge                 int
+	// With Capabilities.Floors (PostgreSQL) the scans start at floors instead (see floors.go):
+	// fl, the head checks' per-key lows, the sweeper below the floors, and contFollow: which
+	// of contKeys are followed (see item.follow).
+	fl         dialect.FloorTracker
+	lows       keyLows
+	sweep      *sweeper
+	contFollow map[string]bool
 	// woken is set when the subscription's last wait ended with a wakeup signal (events were
 	// just committed): the next SQLite claim, and its batch's marks (eagerMarks), then retry
 	// for the write lock eagerly (see ClaimParams.Eager). Atomic: marks may run beside the
@@ -270,6 +277,9 @@ func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscr
 		return nil, err
 	}
 	sub := &subscription{s: s, sel: sel, oldest: s.cfg.BatchSize, walked: -1}
+	if s.s.caps.Floors {
+		sub.lows, sub.sweep = keyLows{}, &sweeper{every: sweepInterval}
+	}
 	sub.relay = s.s.d.NewRelay(s.s.t, dialect.RelayConfig{BatchSize: s.cfg.BatchSize, MaxRunPerKey: s.cfg.MaxRunPerKey, KeyScan: s.cfg.KeyScan,
 		LeaseDuration: s.cfg.LeaseDuration, MaxAttempts: s.cfg.MaxAttempts, RetryBase: s.cfg.RetryBase, RetryMax: s.cfg.RetryMax}, sel.dialect())
 	sub.ctx, sub.cancel = context.WithCancel(ctx)
@@ -331,6 +341,15 @@ func (sub *subscription) run() {
 		wake = s.cfg.Wakeup.Listen(sub.ctx, sub.sel.match)
 	}
 	sub.takeBack()
+	if sw, ok := sub.relay.(dialect.Sweeper); ok && sub.sweep != nil {
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sub.sweep.run(sub.ctx, sub, sw)
+		}()
+	}
 	var (
 		failures   int // polls failed in a row
 		failedFrom time.Time
@@ -395,9 +414,14 @@ const maxPollRetryWait = 500 * time.Millisecond
 
 // item is one claimed event on its way out.
 type item struct {
-	ev     *Event
-	rank   int64 // position in its key's run, 1 for the head; 0 for unordered
-	cont   bool  // leased as a continuation of the previous batch's run of its key
+	ev   *Event
+	rank int64 // position in its key's run, 1 for the head; 0 for unordered
+	cont bool  // leased as a continuation of the previous batch's run of its key
+	// follow: the key was claimed below the keyed floor (a retry, or an event an operator took
+	// back from the dead letters) or continued as such, so its later events lie below the floor
+	// too: its run, acked whole, is continued like a full one (see continueRuns), since no walk
+	// finds those events any more (PostgreSQL floors).
+	follow bool
 	msg    *message.Message
 	hold   *errHolder
 	cancel context.CancelFunc // cancels msg's context once it is answered
@@ -629,20 +653,22 @@ func (sub *subscription) confirm(items []*item) {
 }
 
 // continueRuns sets the next claim's continuations from a delivered batch: every ordering
-// key whose run held MaxRunPerKey events, all acked (Capabilities.Continuations: PostgreSQL and
-// MariaDB/MySQL; SQLite's single writer needs none). A key continued contRounds batches in a
-// row is left out once (one key per batch, and never a batch's only key): its next run goes to whichever relay claims it first
+// key whose run held MaxRunPerKey events, or was followed (item.follow), all acked
+// (Capabilities.Continuations: PostgreSQL and MariaDB/MySQL; SQLite's single writer needs none).
+// A key continued contRounds batches in a row is left out once (one key per batch, never a
+// batch's only key, never a followed key): its next run goes to whichever relay claims it first
 // after this batch's marks, so that several relays end up sharing a few hot keys instead of
 // the first one keeping them all.
 func (sub *subscription) continueRuns(token string, deliver []*item) {
 	sub.contKeys, sub.contAfter, sub.contFrom, sub.contToken = sub.contKeys[:0], sub.contAfter[:0], sub.contFrom[:0], token
+	sub.contFollow = nil
 	if !sub.s.s.caps.Continuations || sub.ctx.Err() != nil {
 		return
 	}
 	type run struct {
 		n           int
 		first, last int64
-		ok          bool
+		ok, follow  bool
 	}
 	runs := map[string]*run{}
 	var order []string
@@ -660,13 +686,14 @@ func (sub *subscription) continueRuns(token string, deliver []*item) {
 		r.n++
 		r.last = it.ev.Sequence
 		r.ok = r.ok && it.state == stateAcked
+		r.follow = r.follow || it.follow
 	}
 	rounds := make(map[string]int, len(order))
 	dropped := false
 	for _, k := range order {
-		if r := runs[k]; r.ok && r.n >= sub.s.cfg.MaxRunPerKey {
+		if r := runs[k]; r.ok && (r.n >= sub.s.cfg.MaxRunPerKey || r.follow) {
 			n := sub.contStreak[k] + 1
-			if n > contRounds && !dropped && len(order) > 1 {
+			if n > contRounds && !dropped && len(order) > 1 && !r.follow {
 				dropped = true
 				continue
 			}
@@ -674,6 +701,12 @@ func (sub *subscription) continueRuns(token string, deliver []*item) {
 			sub.contKeys = append(sub.contKeys, k)
 			sub.contAfter = append(sub.contAfter, r.last)
 			sub.contFrom = append(sub.contFrom, r.first)
+			if r.follow {
+				if sub.contFollow == nil {
+					sub.contFollow = map[string]bool{}
+				}
+				sub.contFollow[k] = true
+			}
 		}
 	}
 	sub.contStreak = rounds
@@ -758,12 +791,17 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	sub.walked = -1
 	p := &dialect.ClaimParams{Token: token, Limit: s.cfg.BatchSize, Oldest: sub.oldest, Cursor: sub.cursor,
 		LowUnordered: sub.lowUnordered, LowKeyed: sub.lowKeyed, ContToken: sub.contToken, Paused: sub.pausedTopics(began)}
+	if sub.sweep != nil {
+		sub.fl.Lower(sub.sweep.take())
+		p.LowKeyed, p.LowUnordered, p.KeyLows = sub.fl.Keyed, sub.fl.Unordered, sub.lows.params()
+	}
 	if sub.splitFor > 0 {
 		p.Limit = sub.splitLimit
 	}
 	for i, k := range sub.contKeys {
 		p.Cont = append(p.Cont, dialect.Continuation{Key: k, From: sub.contFrom[i], After: sub.contAfter[i]})
 	}
+	follow := sub.contFollow
 	// Eager locking (SQLite) for the first claim after a wakeup only, and that batch's marks:
 	// a relay draining a backlog claims back to back and takes its turn like the writers.
 	p.Eager = sub.woken.Swap(false)
@@ -811,7 +849,27 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	if len(items) > 0 {
 		sub.lastKeyCount = len(keys)
 	}
-	sub.advanceLows(items)
+	if res.Floors != nil && sub.sweep != nil {
+		now := time.Now()
+		sub.fl.Update(res.Floors, now)
+		if ll, ok := sub.relay.(dialect.LockLooker); ok && sub.fl.LookAtLocks(now) {
+			// xmin waits for a transaction that may not be the outbox's (see FloorTracker).
+			if holders, err := ll.LockHolders(sub.ctx, s.db); err == nil {
+				sub.fl.CheckLocks(holders, now)
+			} else {
+				s.logger.Debug("outbox: reading the table's lock holders failed", watermill.LogFields{"error": err.Error()})
+			}
+		}
+		s.logger.Trace("outbox: claim floors", watermill.LogFields{"keyed": sub.fl.Keyed, "unordered": sub.fl.Unordered, "xmin": res.Floors.Xmin})
+		sub.sweep.keyed.Store(sub.fl.Keyed)
+		sub.sweep.unordered.Store(sub.fl.Unordered)
+		for _, it := range items {
+			k := it.ev.OrderingKey
+			it.follow = k != "" && (it.ev.Sequence < p.LowKeyed || (it.cont && follow[k]))
+		}
+	} else {
+		sub.advanceLows(items)
+	}
 	if sub.splitFor > 0 {
 		sub.splitFor--
 		// Still a few hot keys filling the capped claim with long runs (at least half of
@@ -821,6 +879,9 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		}
 	}
 	rankRuns(items)
+	if sub.lows != nil {
+		sub.lows.note(items)
+	}
 	// Resume the key skip scan after the last key it reached; start over once it reached the
 	// end of the keys.
 	if scanned != nil && *scanned >= int64(s.cfg.KeyScan) && cursor != nil {

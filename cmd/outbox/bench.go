@@ -31,6 +31,8 @@ type benchFlags struct {
 	duration time.Duration
 	held     bool
 	keep     bool
+	only     []string
+	latKeys  int
 }
 
 func newBenchCmd() *cobra.Command {
@@ -47,13 +49,14 @@ tables of its own (created, then dropped), and prints one table:
                over 1,000 keys and over 10 hot keys, beside a raw loop that leases the oldest
                1,000 pending rows and marks them (order-blind, no retries, no dead letters);
   latency      commit → handler delay (p50, p99, and the worst p99 of any 10 s window) at --rate
-               events/s for --duration, relay woken in-process; with --held-snapshot, again with
-               one idle transaction holding a snapshot taken before the run (a report query, a
-               forgotten BEGIN, pg_dump or mysqldump: it keeps the row versions that leases and
-               marks leave);
+               events/s over --latency-keys keys for --duration, relay woken in-process;
+  held         with --held-snapshot, the drains and the latency run again with one idle
+               transaction holding a snapshot taken before the events were written (a report
+               query, a forgotten BEGIN, pg_dump or mysqldump: it keeps the row versions that
+               leases and marks leave), beside the same without it;
   memory       the process's peak resident memory after the drains.
 
-Write path and drain alternate ours and the raw loop for --rounds rounds (the second round in
+--only runs some of write, drain and latency. Write path and drain alternate ours and the raw loop for --rounds rounds (the second round in
 reverse order) on fresh tables and print medians and their ratio: one run's figures are only
 comparable with each other. Run it on a database like production's, on a quiet machine.`,
 		Args: noArgs,
@@ -65,6 +68,14 @@ comparable with each other. Run it on a database like production's, on a quiet m
 			}
 			if f.rate <= 0 || f.duration <= 0 {
 				return &usageError{errors.New("--rate and --duration must be positive")}
+			}
+			if f.latKeys < 0 {
+				return &usageError{errors.New("--latency-keys must not be negative")}
+			}
+			for _, m := range f.only {
+				if m != "write" && m != "drain" && m != "latency" {
+					return &usageError{fmt.Errorf("--only: unknown measurement %q (write, drain, latency)", m)}
+				}
 			}
 			u, err := parseDBURL(f.db)
 			if err != nil {
@@ -87,7 +98,9 @@ comparable with each other. Run it on a database like production's, on a quiet m
 	fl.IntVar(&f.tx, "tx", 4000, "transactions of each write-path round")
 	fl.Float64Var(&f.rate, "rate", 1000, "events per second of the latency run")
 	fl.DurationVar(&f.duration, "duration", 30*time.Second, "length of each latency run")
-	fl.BoolVar(&f.held, "held-snapshot", true, "run the latency test a second time with a snapshot held open")
+	fl.BoolVar(&f.held, "held-snapshot", true, "run the drains and the latency test a second time with a snapshot held open")
+	fl.StringSliceVar(&f.only, "only", []string{"write", "drain", "latency"}, "measurements to run: write, drain, latency")
+	fl.IntVar(&f.latKeys, "latency-keys", 100, "ordering keys of the latency run's events (0: unordered)")
 	fl.BoolVar(&f.keep, "keep", false, "keep the bench tables")
 	return withEnv(cmd)
 }
@@ -150,17 +163,24 @@ func runBench(ctx context.Context, out io.Writer, d *database, f benchFlags) err
 	}()
 	fmt.Fprintf(out, "outbox bench: %s, tables %s_*, %d rounds (medians), %d events per drain\n", d.where(), b.base, f.rounds, f.events)
 
-	var runs []*benchRun
+	var runs, heldRuns []*benchRun
 	shapes := []struct {
 		name string
 		keys int
 	}{{"unordered", 0}, {"1,000 keys", 1000}, {"10 hot keys", 10}}
 	for _, sh := range shapes {
+		if !slices.Contains(f.only, "drain") {
+			break
+		}
 		r := &benchRun{name: "drain " + sh.name, unit: "events/s"}
+		h := &benchRun{name: "drain " + sh.name + ", held snapshot", unit: "events/s"}
 		for round := range f.rounds {
 			steps := []func() error{
-				func() error { v, err := b.drainOurs(sh.keys); r.ours = append(r.ours, v); return err },
+				func() error { v, err := b.drainOurs(sh.keys, false); r.ours = append(r.ours, v); return err },
 				func() error { v, err := b.drainRaw(sh.keys); r.theirs = append(r.theirs, v); return err },
+			}
+			if f.held {
+				steps = append(steps, func() error { v, err := b.drainOurs(sh.keys, true); h.ours = append(h.ours, v); return err })
 			}
 			if round%2 == 1 {
 				slices.Reverse(steps)
@@ -172,12 +192,19 @@ func runBench(ctx context.Context, out io.Writer, d *database, f benchFlags) err
 			}
 		}
 		runs = append(runs, r)
+		if f.held {
+			h.theirs = r.ours
+			heldRuns = append(heldRuns, h)
+		}
 		fmt.Fprintf(out, "  %-34s done\n", r.name)
 	}
 	peak := peakRSS()
 
 	w := &benchRun{name: fmt.Sprintf("write path, %d writers", f.writers), unit: "tx/s"}
 	for round := range f.rounds {
+		if !slices.Contains(f.only, "write") {
+			break
+		}
 		steps := []func() error{
 			func() error { v, err := b.writeOurs(); w.ours = append(w.ours, v); return err },
 			func() error { v, err := b.writeRaw(); w.theirs = append(w.theirs, v); return err },
@@ -191,30 +218,50 @@ func runBench(ctx context.Context, out io.Writer, d *database, f benchFlags) err
 			}
 		}
 	}
-	runs = append([]*benchRun{w}, runs...)
-	fmt.Fprintf(out, "  %-34s done\n", w.name)
-
-	lat, err := b.latency(false)
-	if err != nil {
-		return d.queryError("bench latency", err)
+	if len(w.ours) > 0 {
+		runs = append([]*benchRun{w}, runs...)
+		fmt.Fprintf(out, "  %-34s done\n", w.name)
 	}
-	var held latencyResult
-	if f.held {
-		if held, err = b.latency(true); err != nil {
-			return d.queryError("bench latency with a held snapshot", err)
+
+	var lat, held latencyResult
+	latency := slices.Contains(f.only, "latency")
+	if latency {
+		var err error
+		if lat, err = b.latency(false); err != nil {
+			return d.queryError("bench latency", err)
+		}
+		if f.held {
+			if held, err = b.latency(true); err != nil {
+				return d.queryError("bench latency with a held snapshot", err)
+			}
 		}
 	}
 
-	fmt.Fprintf(out, "\n%-36s %12s %12s %7s\n", "measure", "outbox", "raw loop", "ratio")
+	fmt.Fprintf(out, "\n%-46s %12s %12s %7s\n", "measure", "outbox", "raw loop", "ratio")
 	for _, r := range runs {
 		o, t := median(r.ours), median(r.theirs)
-		fmt.Fprintf(out, "%-36s %12.0f %12.0f %7.2f\n", r.name+" ("+r.unit+")", o, t, o/t)
+		fmt.Fprintf(out, "%-46s %12.0f %12.0f %7.2f\n", r.name+" ("+r.unit+")", o, t, o/t)
 	}
-	fmt.Fprintf(out, "%-36s %12s\n", fmt.Sprintf("latency at %.0f/s, p50/p99/worst (ms)", f.rate), lat)
-	if f.held {
-		fmt.Fprintf(out, "%-36s %12s %12s %7.2f\n", "  with a held snapshot (ms)", held, "p99 ratio", held.p99/lat.p99)
+	if len(heldRuns) > 0 {
+		fmt.Fprintf(out, "%-46s %12s %12s %7s\n", "with a snapshot held open", "outbox", "without", "ratio")
+		for _, r := range heldRuns {
+			o, t := median(r.ours), median(r.theirs)
+			fmt.Fprintf(out, "%-46s %12.0f %12.0f %7.2f\n", r.name+" ("+r.unit+")", o, t, o/t)
+		}
 	}
-	fmt.Fprintf(out, "%-36s %12.0f\n", "peak RSS after the drains (MiB)", peak)
+	if latency {
+		shape := "unordered"
+		if f.latKeys > 0 {
+			shape = fmt.Sprintf("%d keys", f.latKeys)
+		}
+		fmt.Fprintf(out, "%-46s %12s\n", fmt.Sprintf("latency at %.0f/s, %s, p50/p99/worst (ms)", f.rate, shape), lat)
+		if f.held {
+			fmt.Fprintf(out, "%-46s %12s %12s %7.2f\n", "  with a held snapshot (ms)", held, "p99 ratio", held.p99/lat.p99)
+		}
+	}
+	if len(runs) > 0 {
+		fmt.Fprintf(out, "%-46s %12.0f\n", "peak RSS after the drains (MiB)", peak)
+	}
 	return nil
 }
 
@@ -246,11 +293,19 @@ func (b *bench) seed(schema outbox.SchemaConfig, n, keys int) error {
 	return nil
 }
 
-// drainOurs drains a fresh backlog with one relay and returns events/s.
-func (b *bench) drainOurs(keys int) (float64, error) {
+// drainOurs drains a fresh backlog with one relay and returns events/s; held keeps a snapshot
+// open from before the backlog is written to the end of the drain.
+func (b *bench) drainOurs(keys int, held bool) (float64, error) {
 	schema, err := b.migrate(b.table())
 	if err != nil {
 		return 0, err
+	}
+	if held {
+		release, err := b.holdSnapshot(schema.Table)
+		if err != nil {
+			return 0, fmt.Errorf("holding a snapshot: %w", err)
+		}
+		defer release()
 	}
 	if err := b.seed(schema, b.f.events, keys); err != nil {
 		return 0, err
@@ -464,7 +519,9 @@ func (b *bench) latency(held bool) (latencyResult, error) {
 				time.Sleep(time.Until(first.Add(time.Duration(float64(i) / b.f.rate * float64(time.Second)))))
 				coll := wakeup.NewCollector(w)
 				m := outbox.NewMessage([]byte(`{"n":` + strconv.FormatInt(i, 10) + `}`))
-				outbox.SetOrderingKey(m, "k"+strconv.FormatInt(i%100, 10))
+				if b.f.latKeys > 0 {
+					outbox.SetOrderingKey(m, "k"+strconv.FormatInt(i%int64(b.f.latKeys), 10))
+				}
 				err := b.d.inTx(ctx, func(tx any, _ txExec) error {
 					pub, err := outbox.NewPublisher(tx, coll.PublisherConfig(outbox.PublisherConfig{Schema: schema}), nil)
 					if err != nil {

@@ -19,7 +19,8 @@ func TestBench(t *testing.T) {
 				"unordered":  regexp.MustCompile(`(?m)^drain unordered \(events/s\)\s+(\d+)\s+(\d+)\s+([\d.]+)$`),
 				"1,000 keys": regexp.MustCompile(`(?m)^drain 1,000 keys \(events/s\)\s+(\d+)\s+(\d+)\s+([\d.]+)$`),
 				"hot keys":   regexp.MustCompile(`(?m)^drain 10 hot keys \(events/s\)\s+(\d+)\s+(\d+)\s+([\d.]+)$`),
-				"latency":    regexp.MustCompile(`(?m)^latency at 100/s, p50/p99/worst \(ms\)\s+([\d.]+)/([\d.]+)/([\d.]+)$`),
+				"latency":    regexp.MustCompile(`(?m)^latency at 100/s, 100 keys, p50/p99/worst \(ms\)\s+([\d.]+)/([\d.]+)/([\d.]+)$`),
+				"held drain": regexp.MustCompile(`(?m)^drain 10 hot keys, held snapshot \(events/s\)\s+(\d+)\s+(\d+)\s+([\d.]+)$`),
 				"held":       regexp.MustCompile(`(?m)^  with a held snapshot \(ms\)\s+([\d.]+)/([\d.]+)/([\d.]+)\s+p99 ratio\s+([\d.]+)$`),
 				"rss":        regexp.MustCompile(`(?m)^peak RSS after the drains \(MiB\)\s+(\d+)$`),
 			}

@@ -124,6 +124,20 @@ func ScanOne[T any](rs Rows) (T, error) {
 	return v, rs.Err()
 }
 
+// ScanList reads every row's single column and closes rs.
+func ScanList[T any](rs Rows) ([]T, error) {
+	defer rs.Close()
+	var out []T
+	for rs.Next() {
+		var v T
+		if err := rs.Scan(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rs.Err()
+}
+
 // ScanStoredRows reads Stored rows: sequence, id, topic, ordering_key, idempotency_key,
 // created_at.
 func ScanStoredRows(rs Rows) ([]Stored, error) {

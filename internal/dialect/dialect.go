@@ -133,6 +133,10 @@ type Capabilities struct {
 	ResolvesRows bool
 	// Title is the database's name in messages ("SQLite").
 	Title string
+	// Floors: the claim starts its scans at floors below which only published, dead-lettered,
+	// blocked or retrying events lie, and reports the next floors' candidates (ClaimResult.Floors);
+	// otherwise LowKeyed/LowUnordered are plain scan starts reset to 0 now and then.
+	Floors bool
 	// MaxJSONDepth is the deepest JSON nesting the database accepts (0: no limit the
 	// Publisher checks), and JSONDepthRule what refuses deeper payloads, for the error.
 	MaxJSONDepth  int
@@ -258,6 +262,22 @@ type Relay interface {
 	Mark(ctx context.Context, ex Executor, p *MarkParams) ([]MarkResult, error)
 }
 
+// Sweeper is implemented by the relays of dialects with Capabilities.Floors: Sweep returns the
+// first keyed and unordered events below the floors that should hold them (pending, never
+// failed, not waiting behind a dead-lettered or retrying event of their key; 0: none), so that
+// an event no claim can find any more (its relay stopped while it was following the key, or
+// it was written without the Publisher) is found again. It reads the history below the floors:
+// run it now and then, beside the claims, never as part of one.
+type Sweeper interface {
+	Sweep(ctx context.Context, ex Executor, floorKeyed, floorUnordered int64) (keyed, unordered int64, err error)
+}
+
+// LockLooker is implemented by the relays of dialects with Capabilities.Floors: LockHolders
+// returns the transactions that hold a lock on the outbox table (see FloorTracker.CheckLocks).
+type LockLooker interface {
+	LockHolders(ctx context.Context, ex Executor) ([]string, error)
+}
+
 // Continuation is a key whose last run (From..After, leased under ClaimParams.ContToken) was
 // full and acked whole: its next run may be leased while that run's marks are written.
 type Continuation struct {
@@ -276,10 +296,15 @@ type ClaimParams struct {
 	// Cursor is where the key skip scan resumes ("" from the start).
 	Cursor string
 	// LowUnordered and LowKeyed: the unordered scan and the keyed walk start at these
-	// sequences.
+	// sequences. With Capabilities.Floors they are floors: the claim also leases the events
+	// below them that are due again (next_attempt_at), and reports the next floors' candidates
+	// (ClaimResult.Floors).
 	LowUnordered, LowKeyed int64
-	Cont                   []Continuation
-	ContToken              string
+	// KeyLows bound the head checks of these keys (Capabilities.Floors): every event of
+	// Key below Low is published.
+	KeyLows   []KeyLow
+	Cont      []Continuation
+	ContToken string
 	// Paused topics are left out (outages).
 	Paused []string
 	// Probe, when set, claims at most one event, of these topics only (an outage's probe).
@@ -287,6 +312,21 @@ type ClaimParams struct {
 	// Eager asks for the write lock without the busy timeout's backoff (SQLite, right after
 	// a wakeup).
 	Eager bool
+}
+
+// KeyLow is a sequence below which every event of an ordering key is published.
+type KeyLow struct {
+	Key string
+	Low int64
+}
+
+// FloorReport is what a claim reports for the next claim's floors (Capabilities.Floors): the
+// claim's snapshot's xmin, its own transaction id (0: none assigned), the highest sequence its
+// snapshot sees (0: none), and the first keyed and unordered events at or above the floors that
+// hold them (0: none). Transaction ids are PostgreSQL's 64-bit xid8 values.
+type FloorReport struct {
+	Xmin, Xid, MaxSeq        int64
+	NextKeyed, NextUnordered int64
 }
 
 // Claimed is one leased event. Rank is the event's place in its key's run (1 = the key's
@@ -314,6 +354,8 @@ type ClaimResult struct {
 	Cursor  *string
 	Scanned *int64
 	Walked  int64
+	// Floors: see FloorReport; nil without Capabilities.Floors.
+	Floors *FloorReport
 }
 
 // MarkParams is one batch's outcome: the sequences of each outcome with their per-event values

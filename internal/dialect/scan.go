@@ -42,9 +42,10 @@ func (m *Time) Scan(src any) error {
 
 // ScanClaimed reads a claim's rows in the layout every dialect's claim returns: marker, sequence,
 // id, topic, payload, headers, ordering_key, created_at, attempts, last_error, rank,
-// delivery_starts, the extra columns, then the marker row's cursor, scanned and walked. The
-// marker row (marker true) carries only the last three.
-func ScanClaimed(rs Rows, nExtra int) (*ClaimResult, error) {
+// delivery_starts, the extra columns, then the marker row's cursor, scanned and walked, then one
+// column for each of trailer (pointers to nullable values, set from the marker row). The marker
+// row (marker true) carries only those after the extra columns.
+func ScanClaimed(rs Rows, nExtra int, trailer ...any) (*ClaimResult, error) {
 	defer rs.Close()
 	res := &ClaimResult{Walked: -1}
 	for rs.Next() {
@@ -67,6 +68,7 @@ func ScanClaimed(rs Rows, nExtra int) (*ClaimResult, error) {
 			dest = append(dest, &extra[i])
 		}
 		dest = append(dest, &cursor, &scanned, &walked)
+		dest = append(dest, trailer...)
 		if err := rs.Scan(dest...); err != nil {
 			return nil, fmt.Errorf("scan: %w", err)
 		}

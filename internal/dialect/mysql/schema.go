@@ -329,16 +329,7 @@ func indexColumns(ctx context.Context, q querier, schema, name, index string) ([
 	if err != nil {
 		return nil, err
 	}
-	defer rs.Close()
-	var cols []string
-	for rs.Next() {
-		var c string
-		if err := rs.Scan(&c); err != nil {
-			return nil, err
-		}
-		cols = append(cols, c)
-	}
-	return cols, rs.Err()
+	return dialect.ScanList[string](rs)
 }
 
 // ScopeMigration returns the statements that move an existing table's idempotency index to

@@ -16,7 +16,8 @@ import (
 // TestClaimPlanShape checks the composed claim's plan on a table with 100k pending events
 // (half keyed over 1,000 keys, half unordered) and 20k published ones: every scan of the table
 // goes through an index — the pending partial indexes for the walk and the unordered scan, the
-// key index for heads and runs — and none is a sequential scan. EXPLAIN without ANALYZE: the
+// key index for heads and runs, the blocking index for the floors' candidates, and (with floors
+// above 0) the retry index for the retry scans below them — and none is a sequential scan. EXPLAIN without ANALYZE: the
 // claim is not run, so nothing is leased.
 func TestClaimPlanShape(t *testing.T) {
 	ctx := context.Background()
@@ -45,15 +46,17 @@ func TestClaimPlanShape(t *testing.T) {
 		st   *dialect.Stmt
 		p    params
 	}{
-		{"claim", r.claim, params{"oldest": 1000, "low_keyed": int64(0)}},
-		{"claim after a full batch", r.claim, params{"oldest": 1000, "low_keyed": int64(50000)}},
-		{"claim with continuations", r.claim, params{"oldest": 32, "low_keyed": int64(0), "cont_keys": []string{"k2", "k4"}, "cont_after": []int64{10, 12}, "cont_from": []int64{2, 4}}},
-		{"paused", r.paused, params{"oldest": 1000, "low_keyed": int64(0), "paused": []string{"u"}}},
+		{"claim", r.claim, params{"oldest": 1000, "floor_keyed": int64(0)}},
+		{"claim above floors", r.claim, params{"oldest": 1000, "floor_keyed": int64(50000), "floor_unordered": int64(50001),
+			"low_keys": []string{"k2", "k4"}, "low_seqs": []int64{2, 4}}},
+		{"claim with continuations", r.claim, params{"oldest": 32, "floor_keyed": int64(0), "cont_keys": []string{"k2", "k4"}, "cont_after": []int64{10, 12}, "cont_from": []int64{2, 4}}},
+		{"paused", r.paused, params{"oldest": 1000, "floor_keyed": int64(0), "paused": []string{"u"}}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			named := params{"cursor": "", "lease_us": int64(30e6), "token": "x", "run_limit": 1000, "low_unordered": int64(0),
-				"cont_token": "", "cont_margin_us": int64(10e6), "cont_keys": []string(nil), "cont_after": []int64(nil), "cont_from": []int64(nil)}
+			named := params{"cursor": "", "lease_us": int64(30e6), "token": "x", "run_limit": 1000, "floor_unordered": int64(0),
+				"cont_token": "", "cont_margin_us": int64(10e6), "cont_keys": []string(nil), "cont_after": []int64(nil), "cont_from": []int64(nil),
+				"low_keys": []string{}, "low_seqs": []int64{}}
 			for k, v := range c.p {
 				named[k] = v
 			}
@@ -92,7 +95,11 @@ func TestClaimPlanShape(t *testing.T) {
 					indexes = append(indexes, strings.TrimPrefix(ix, name+"_"))
 				}
 			}
-			for _, want := range []string{"keyed_idx", "unordered_idx", "key_idx"} {
+			wants := []string{"keyed_idx", "unordered_idx", "key_idx", "blocking_idx"}
+			if c.p["floor_keyed"] != int64(0) {
+				wants = append(wants, "retry_idx") // the retry scans below the floors
+			}
+			for _, want := range wants {
 				if !slices.Contains(indexes, want) {
 					t.Errorf("index %s not used; the plan uses %v", want, indexes)
 				}

@@ -21,13 +21,32 @@ func deadWhere(f dialect.DeadFilter, p params) string {
 // RetryDead implements dialect.Dialect.
 func (Dialect) RetryDead(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.DeadFilter) (int64, error) {
 	p := params{}
-	return exec(ctx, ex, `UPDATE `+dialect.DoubleQuote(t.Parts...)+` SET "dead_lettered_at" = NULL, "attempts" = 0, "next_attempt_at" = NULL, "lease_until" = NULL, "leased_by" = NULL WHERE `+deadWhere(f, p), p, false)
+	// next_attempt_at = now(): the event is due at once, and the relays' claims find it even
+	// below their floors (the walked_retry fragment of claim.sql).
+	return exec(ctx, ex, `UPDATE `+dialect.DoubleQuote(t.Parts...)+` SET "dead_lettered_at" = NULL, "attempts" = 0, "next_attempt_at" = now(), "lease_until" = NULL, "leased_by" = NULL WHERE `+deadWhere(f, p), p, false)
 }
 
 // PurgeDead implements dialect.Dialect.
 func (Dialect) PurgeDead(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.DeadFilter) (int64, error) {
 	p := params{}
-	return exec(ctx, ex, `DELETE FROM `+dialect.DoubleQuote(t.Parts...)+` WHERE `+deadWhere(f, p), p, false)
+	q, where := dialect.DoubleQuote(t.Parts...), deadWhere(f, p)
+	return exec(ctx, ex, deleteDead(q, `SELECT "ordering_key", "sequence" FROM `+q+` WHERE `+where, where), p, false)
+}
+
+// deleteDead returns a statement that deletes the dead-lettered events matching where and
+// makes the next event of each deleted event's key due at once (next_attempt_at = now(), unless
+// it has one): that event waited behind the dead letter, below the relays' keyed floors, and
+// this is how their claims find it (walked_retry in claim.sql). Its row count is the deleted
+// events'. doomed selects the candidates (where, possibly with an order and a limit); the
+// DELETE tests where again on each row it deletes, so an event retried meanwhile stays.
+func deleteDead(q, doomed, where string) string {
+	return `WITH doomed AS MATERIALIZED (` + doomed + `),
+touched AS (UPDATE ` + q + ` SET "next_attempt_at" = now() WHERE "sequence" = ANY(ARRAY(
+	SELECT (SELECT s."sequence" FROM ` + q + ` s WHERE s."published_at" IS NULL AND s."ordering_key" IS NOT NULL AND s."dead_lettered_at" IS NULL
+		AND (s."ordering_key", s."sequence") > (d."ordering_key", d."sequence") AND (s."ordering_key", s."sequence") <= (d."ordering_key", 9223372036854775807)
+		ORDER BY s."ordering_key", s."sequence" LIMIT 1) FROM doomed d WHERE d."ordering_key" IS NOT NULL))
+	AND "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "next_attempt_at" IS NULL)
+DELETE FROM ` + q + ` WHERE "sequence" = ANY(ARRAY(SELECT "sequence" FROM doomed)) AND ` + where
 }
 
 // ListDead implements dialect.Dialect.
@@ -48,6 +67,12 @@ FROM %s WHERE %s ORDER BY "dead_lettered_at", "sequence" LIMIT %d`, payload, dia
 
 // Cleanup implements dialect.Dialect.
 func (Dialect) Cleanup(ctx context.Context, ex dialect.Executor, t *dialect.Table, column string, olderThan time.Duration, batch int) (int64, error) {
+	if column == "dead_lettered_at" {
+		q := dialect.DoubleQuote(t.Parts...)
+		where := `"dead_lettered_at" < now() - @ago * interval '1 microsecond' AND "published_at" IS NULL`
+		doomed := fmt.Sprintf(`SELECT "ordering_key", "sequence" FROM %s WHERE %s ORDER BY "dead_lettered_at" LIMIT %d`, q, where, batch)
+		return exec(ctx, ex, deleteDead(q, doomed, where), params{"ago": olderThan.Microseconds()}, false)
+	}
 	q := fmt.Sprintf(`DELETE FROM %[1]s WHERE "sequence" = ANY(ARRAY(SELECT "sequence" FROM %[1]s WHERE %[2]s < now() - @ago * interval '1 microsecond' ORDER BY %[2]s LIMIT %[3]d))`,
 		dialect.DoubleQuote(t.Parts...), dialect.DoubleQuote(column), batch)
 	return exec(ctx, ex, q, params{"ago": olderThan.Microseconds()}, false)

@@ -10,13 +10,15 @@ import (
 
 // claimOrder is the order in which composeClaim joins claim.sql's fragments into one WITH
 // RECURSIVE statement (each may read those before it).
-var claimOrder = []string{"skip", "walked", "walk", "scanned", "cont", "sheads", "runs", "keyed", "locked", "unordered", "picked", "upd"}
+var claimOrder = []string{"skip", "walked_new", "walked_retry", "walked", "walk", "scanned", "cont", "sheads", "runs", "keyed", "locked",
+	"unordered_new", "unordered_retry", "unordered", "next_keyed", "next_unordered", "picked", "upd"}
 
 // relay is one subscription's compiled statements.
 type relay struct {
 	t                                 *dialect.Table
 	cfg                               dialect.RelayConfig
 	claim, paused, probe, renew, mark *dialect.Stmt
+	sweep                             *dialect.Stmt
 	topics                            params // the topic filter's parameters
 }
 
@@ -26,20 +28,22 @@ func (Dialect) NewRelay(t *dialect.Table, cfg dialect.RelayConfig, sel dialect.T
 	filter := selectionCond(`"topic"`, sel, r.topics)
 	// Paused topics (outages) are one more parameter of the paused and probe statements; the
 	// claim used while nothing is paused has no such test.
-	r.claim = dialect.Compile(composeClaim(t, cfg, filter, cfg.BatchSize), dialect.Dollar)
-	r.paused = dialect.Compile(composeClaim(t, cfg, filter+` AND NOT ("topic" = ANY(@paused::text[]))`, cfg.BatchSize), dialect.Dollar)
-	r.probe = dialect.Compile(composeClaim(t, cfg, filter+` AND "topic" = ANY(@paused::text[])`, 1), dialect.Dollar)
+	r.claim = dialect.Compile(composeClaim(t, cfg, filter, filter, cfg.BatchSize), dialect.Dollar)
+	r.paused = dialect.Compile(composeClaim(t, cfg, filter, filter+` AND NOT ("topic" = ANY(@paused::text[]))`, cfg.BatchSize), dialect.Dollar)
+	r.probe = dialect.Compile(composeClaim(t, cfg, filter, filter+` AND "topic" = ANY(@paused::text[])`, 1), dialect.Dollar)
 	vars := map[string]string{"t": dialect.DoubleQuote(t.Parts...), "fence": `"leased_by" = @token AND "published_at" IS NULL`,
 		"max_attempts": strconv.Itoa(cfg.MaxAttempts), "retry_base_us": strconv.FormatInt(cfg.RetryBase.Microseconds(), 10),
 		"retry_max_us": strconv.FormatInt(cfg.RetryMax.Microseconds(), 10)}
 	r.mark = dialect.Compile(dialect.Fill(markParts["mark"], vars), dialect.Dollar)
+	r.sweep = dialect.Compile(composeSweep(t, filter), dialect.Dollar)
 	r.renew = dialect.Compile(dialect.Fill(markParts["renew"], vars), dialect.Dollar)
 	return r
 }
 
 // composeClaim builds the claim of up to batch events from claim.sql's fragments; filter selects
-// the topics.
-func composeClaim(t *dialect.Table, cfg dialect.RelayConfig, filter string, batch int) string {
+// the topics claimed, base the subscription's topics (the floors' candidates: a paused topic's
+// events hold the floors).
+func composeClaim(t *dialect.Table, cfg dialect.RelayConfig, base, filter string, batch int) string {
 	payload := `o."payload"::text`
 	if t.Payload == dialect.PayloadBytea {
 		payload = `o."payload"`
@@ -50,10 +54,12 @@ func composeClaim(t *dialect.Table, cfg dialect.RelayConfig, filter string, batc
 		uextra.WriteString(", u." + dialect.DoubleQuote(c.Name))
 	}
 	vars := map[string]string{
-		"t":         dialect.DoubleQuote(t.Parts...),
-		"pending":   `"published_at" IS NULL AND "dead_lettered_at" IS NULL`,
-		"claimable": `("next_attempt_at" IS NULL OR "next_attempt_at" <= now()) AND ("lease_until" IS NULL OR "lease_until" < now())`,
-		"filter":    filter,
+		"t":           dialect.DoubleQuote(t.Parts...),
+		"pending":     `"published_at" IS NULL AND "dead_lettered_at" IS NULL`,
+		"claimable":   `("next_attempt_at" IS NULL OR "next_attempt_at" <= now()) AND ("lease_until" IS NULL OR "lease_until" < now())`,
+		"filter":      filter,
+		"basefilter":  base,
+		"fbasefilter": strings.ReplaceAll(base, `"topic"`, `f."topic"`),
 		// See the keyed fragment: primary-key lookups test the topic on an expression.
 		"pkfilter": strings.ReplaceAll(filter, `"topic"`, `("topic" || '')`),
 		"hfilter":  strings.ReplaceAll(filter, `"topic"`, `(h."topic" || '')`),
@@ -72,12 +78,63 @@ func composeClaim(t *dialect.Table, cfg dialect.RelayConfig, filter string, batc
 	return "WITH RECURSIVE " + strings.Join(parts, ",\n") + "\n" + dialect.Fill(claimParts["result"], vars)
 }
 
-// Claim implements dialect.Relay.
-func (r *relay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.ClaimParams) (*dialect.ClaimResult, error) {
+// composeSweep builds the sweep (dialect.Sweeper): the floors' candidates of claim.sql
+// (next_keyed, next_unordered) below the floors instead of at or above them.
+func composeSweep(t *dialect.Table, filter string) string {
+	vars := map[string]string{
+		"t":           dialect.DoubleQuote(t.Parts...),
+		"pending":     `"published_at" IS NULL AND "dead_lettered_at" IS NULL`,
+		"basefilter":  filter,
+		"fbasefilter": strings.ReplaceAll(filter, `"topic"`, `f."topic"`),
+	}
+	below := func(name, floor string) string {
+		q := dialect.Fill(claimParts[name], vars)
+		q = q[strings.Index(q, "(")+1 : strings.LastIndex(q, ")")]
+		return strings.Replace(q, `"sequence" >= @`+floor, `"sequence" < @`+floor, 1)
+	}
+	return "SELECT COALESCE((" + below("next_keyed", "floor_keyed") + "), 0), COALESCE((" + below("next_unordered", "floor_unordered") + "), 0)"
+}
+
+// LockHolders implements dialect.LockLooker: the virtual transaction ids holding a
+// RowExclusiveLock on the table (pg_locks, fast-path locks included): a writer takes it at the
+// start of its INSERT and keeps it until it ends. Readers (AccessShareLock: a report, the
+// snapshot held open) do not count. It reads the lock manager's state: the relay runs it
+// at most once per dialect.SettleWait, only while its floors wait for xmin.
+func (r *relay) LockHolders(ctx context.Context, ex dialect.Executor) ([]string, error) {
+	rs, err := ex.Query(ctx, `SELECT DISTINCT virtualtransaction FROM pg_locks WHERE locktype = 'relation' AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND relation = to_regclass($1) AND mode = 'RowExclusiveLock' AND virtualtransaction IS NOT NULL`,
+		dialect.DoubleQuote(r.t.Parts...))
+	if err != nil {
+		return nil, err
+	}
+	return dialect.ScanList[string](rs)
+}
+
+// Sweep implements dialect.Sweeper.
+func (r *relay) Sweep(ctx context.Context, ex dialect.Executor, floorKeyed, floorUnordered int64) (keyed, unordered int64, err error) {
+	named := params{"floor_keyed": floorKeyed, "floor_unordered": floorUnordered}
+	for k, v := range r.topics {
+		named[k] = v
+	}
+	rs, err := ex.Query(ctx, r.sweep.SQL, ex.OneShot(r.sweep.Args(named))...)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer rs.Close()
+	if !rs.Next() {
+		return 0, 0, rs.Err()
+	}
+	if err := rs.Scan(&keyed, &unordered); err != nil {
+		return 0, 0, err
+	}
+	return keyed, unordered, rs.Err()
+}
+
+// claimArgs returns the statement and named parameters of the claim p.
+func (r *relay) claimArgs(p *dialect.ClaimParams) (*dialect.Stmt, params) {
 	st := r.claim
 	named := params{
 		"cursor": p.Cursor, "lease_us": r.cfg.LeaseDuration.Microseconds(), "token": p.Token,
-		"oldest": p.Oldest, "run_limit": p.Limit, "low_unordered": p.LowUnordered, "low_keyed": p.LowKeyed,
+		"oldest": p.Oldest, "run_limit": p.Limit, "floor_unordered": p.LowUnordered, "floor_keyed": p.LowKeyed,
 		"cont_token": p.ContToken, "cont_margin_us": (r.cfg.LeaseDuration / 3).Microseconds(),
 	}
 	var keys []string
@@ -89,6 +146,11 @@ func (r *relay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.Claim
 		}
 	}
 	named["cont_keys"], named["cont_after"], named["cont_from"] = keys, after, from
+	lowKeys, lowSeqs := make([]string, len(p.KeyLows)), make([]int64, len(p.KeyLows))
+	for i, l := range p.KeyLows {
+		lowKeys[i], lowSeqs[i] = l.Key, l.Low
+	}
+	named["low_keys"], named["low_seqs"] = lowKeys, lowSeqs
 	switch {
 	case p.Probe != nil:
 		st, named["paused"] = r.probe, p.Probe
@@ -98,11 +160,31 @@ func (r *relay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.Claim
 	for k, v := range r.topics {
 		named[k] = v
 	}
+	return st, named
+}
+
+// Claim implements dialect.Relay.
+func (r *relay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.ClaimParams) (*dialect.ClaimResult, error) {
+	st, named := r.claimArgs(p)
 	rs, err := ex.Query(ctx, st.SQL, ex.OneShot(st.Args(named))...)
 	if err != nil {
 		return nil, err
 	}
-	return dialect.ScanClaimed(rs, len(r.t.Extra))
+	var xmin, xid, maxSeq, nextKeyed, nextUnordered *int64
+	res, err := dialect.ScanClaimed(rs, len(r.t.Extra), &xmin, &xid, &maxSeq, &nextKeyed, &nextUnordered)
+	if err != nil {
+		return nil, err
+	}
+	res.Floors = &dialect.FloorReport{Xmin: deref(xmin), Xid: deref(xid), MaxSeq: deref(maxSeq), NextKeyed: deref(nextKeyed), NextUnordered: deref(nextUnordered)}
+	return res, nil
+}
+
+// deref returns *v, or 0 for nil.
+func deref(v *int64) int64 {
+	if v == nil {
+		return 0
+	}
+	return *v
 }
 
 // Renew implements dialect.Relay.

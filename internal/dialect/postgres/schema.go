@@ -52,7 +52,22 @@ func (Dialect) Statements(t *dialect.Table) []string {
 		stmts = append(stmts, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s`, q, dialect.DoubleQuote(col.Name), col.Type))
 	}
 	stmts = append(stmts, scopeCheckSQL(t))
-	return append(stmts, dialect.IndexStatements(t, q)...)
+	return append(append(stmts, dialect.IndexStatements(t, q)...), floorIndexes(t, q)...)
+}
+
+// floorIndexes are the indexes the claim's floors need (see the walked_retry and next_keyed
+// fragments of claim.sql). Both hold only events that failed, were taken back from the dead
+// letters or are dead-lettered, so an INSERT adds no entry to either (their predicates are
+// false for a new event) and a lease stays a HOT update (neither indexes a lease column).
+func floorIndexes(t *dialect.Table, q string) []string {
+	return []string{
+		// Pending events that are due again at next_attempt_at: the claim's retry scans below
+		// the floors.
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("next_attempt_at") WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "next_attempt_at" IS NOT NULL`, index(t, "retry_idx"), q),
+		// Unpublished keyed events that are dead-lettered or retrying, by key: the events of
+		// their keys after them wait for them, so they do not hold the keyed floor.
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("ordering_key", "sequence") WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL AND ("dead_lettered_at" IS NOT NULL OR "next_attempt_at" IS NOT NULL)`, index(t, "blocking_idx"), q),
+	}
 }
 
 // addDeliveryStarts returns a statement that adds the delivery_starts column to a table

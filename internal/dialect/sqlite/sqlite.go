@@ -153,16 +153,7 @@ func scopeCheck(ctx context.Context, ex dialect.Executor, t *dialect.Table) erro
 		if err != nil {
 			return nil, err
 		}
-		defer rs.Close()
-		var out []string
-		for rs.Next() {
-			var c string
-			if err := rs.Scan(&c); err != nil {
-				return nil, err
-			}
-			out = append(out, c)
-		}
-		return out, rs.Err()
+		return dialect.ScanList[string](rs)
 	}
 	global, err := cols(t.IndexBase + "_" + dialect.GlobalKeyIndex)
 	if err != nil {

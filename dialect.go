@@ -27,7 +27,8 @@ const (
 	// it with SQLiteDSN). SQLite has one writer at a time, which replaces SKIP LOCKED: each claim
 	// is one statement, so relays in several processes still never lease the same event. Times
 	// are INTEGER microseconds since the Unix epoch (UTC) taken from the writer's and the relay's
-	// clock. Payloads of a PayloadJSONB table are JSON text checked with json_valid; PayloadBytea
+	// clock. Payloads of a PayloadJSON (or PayloadJSONB) table are JSON text checked with json_valid, stored
+	// as written; PayloadBytea
 	// stores a BLOB. The table name must not be schema-qualified.
 	DialectSQLite
 	// DialectMySQL is MariaDB 10.6+ and MySQL 8.0.23+ through database/sql with

@@ -317,37 +317,91 @@ func pgCount(t *testing.T, db *sql.DB, q string, args ...any) int {
 	return n
 }
 
-// TestPayloadJSON: a PayloadJSON table stores and delivers the bytes written (spacing, key
-// order, repeated keys) on both dialects, and refuses invalid JSON before any SQL.
+// TestPayloadJSON: the default schema and an explicit PayloadJSON store and deliver the bytes
+// written (unsorted keys, spaces, 1e3, a repeated key, a \u escape) through a Subscriber on
+// every backend (PostgreSQL through pgx and through database/sql, PgBouncer, SQLite, MariaDB),
+// and refuse invalid JSON before any SQL. On PostgreSQL both columns are json.
 func TestPayloadJSON(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		schema := b.table(t, func(c *outbox.SchemaConfig) { c.PayloadType = outbox.PayloadJSON })
-		pub := b.publisher(t, outbox.PublisherConfig{Schema: schema})
-		var ve *outbox.ValidationError
-		if err := pub.Publish("orders", outbox.NewMessage([]byte(`{"broken"`))); !errors.As(err, &ve) || ve.Field != "payload" {
-			t.Fatalf("invalid JSON: %v, want a ValidationError on payload", err)
+	run := func(t *testing.T, b *backend) {
+		for name, mod := range map[string]func(*outbox.SchemaConfig){
+			"default": func(*outbox.SchemaConfig) {},
+			"json":    func(c *outbox.SchemaConfig) { c.PayloadType = outbox.PayloadJSON },
+		} {
+			t.Run(name, func(t *testing.T) {
+				payloadKept(t, b, b.table(t, func(c *outbox.SchemaConfig) { c.Table = b.tableName(t, "outbox_"+name) }, mod))
+			})
 		}
-		const body = `{ "z" : 1,"a":[1e3, "\u00e9"], "z":2 }`
-		msg := outbox.NewMessage([]byte(body))
-		if err := pub.Publish("orders", msg); err != nil {
-			t.Fatal(err)
-		}
-		sub := b.newSub(t, fastCfg(schema))
-		ch, err := sub.Subscribe(ctx, "orders")
-		if err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case m := <-ch:
-			if m.UUID != msg.UUID || string(m.Payload) != body {
-				t.Fatalf("delivered %s %q, want %s %q", m.UUID, m.Payload, msg.UUID, body)
-			}
-			m.Ack()
-		case <-time.After(30 * time.Second):
-			t.Fatal("nothing delivered within 30 s")
-		}
-		if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q`, schema.Table)); n != 1 {
-			t.Fatalf("%d rows, want 1 (the invalid payload never reached SQL)", n)
-		}
+	}
+	eachBackend(t, run)
+	t.Run("postgresql-stdlib", func(t *testing.T) {
+		pgtest.Require(t)
+		run(t, &backend{dialect: outbox.DialectPostgreSQL, db: modeStdDB(t, pgtest.DSN(), pgx.QueryExecModeCacheStatement), raw: pgtest.StdDB(t)})
 	})
+}
+
+// payloadKept publishes a JSON payload in an unusual spelling on schema and checks that the
+// relay delivers it byte for byte with its headers, and that an invalid one never reaches SQL.
+func payloadKept(t *testing.T, b *backend, schema outbox.SchemaConfig) {
+	t.Helper()
+	if b.dialect == outbox.DialectPostgreSQL {
+		if n := b.count(t, `SELECT count(*) FROM pg_attribute WHERE attrelid = $1::regclass AND attname IN ('payload', 'headers') AND atttypid = 'json'::regtype`, fmt.Sprintf("%q", schema.Table)); n != 2 {
+			t.Fatalf("%d of payload and headers are json columns, want 2", n)
+		}
+	}
+	var ve *outbox.ValidationError
+	if err := b.publisher(t, outbox.PublisherConfig{Schema: schema}).Publish("orders", outbox.NewMessage([]byte(`{"broken"`))); !errors.As(err, &ve) || ve.Field != "payload" {
+		t.Fatalf("invalid JSON: %v, want a ValidationError on payload", err)
+	}
+	const body = `{ "z" : 1,"a":[1e3, 1.50E-2, "\u00e9"],  "z":2 ,"b":{"y":true,"x":null}}`
+	msg := outbox.NewMessage([]byte(body))
+	msg.Metadata.Set("trace", `{"b": 1, "a": "x"}`)
+	if m := publishAndDeliver(t, b, schema, msg); m.UUID != msg.UUID || string(m.Payload) != body || m.Metadata.Get("trace") != `{"b": 1, "a": "x"}` {
+		t.Fatalf("delivered %s %q (trace %q), want %s %q", m.UUID, m.Payload, m.Metadata.Get("trace"), msg.UUID, body)
+	}
+	if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q`, schema.Table)); n != 1 {
+		t.Fatalf("%d rows, want 1 (the invalid payload never reached SQL)", n)
+	}
+}
+
+// TestMigrateKeepsJSONB: a table created with JSONB payload and headers (the default before
+// JSON) keeps both column types through Migrate with today's default config, and a publisher
+// and relay with that config still write and deliver through it (the payload in jsonb's
+// spelling, as before).
+func TestMigrateKeepsJSONB(t *testing.T) {
+	b := pgBackend(t)
+	legacy := b.table(t, func(c *outbox.SchemaConfig) { c.PayloadType = outbox.PayloadJSONB })
+	b.exec(t, fmt.Sprintf(`ALTER TABLE %q ALTER COLUMN headers TYPE jsonb`, legacy.Table))
+	schema := outbox.SchemaConfig{Table: legacy.Table}
+	if err := outbox.Migrate(ctx, b.db, schema); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.count(t, `SELECT count(*) FROM pg_attribute WHERE attrelid = $1::regclass AND attname IN ('payload', 'headers') AND atttypid = 'jsonb'::regtype`, fmt.Sprintf("%q", schema.Table)); n != 2 {
+		t.Fatalf("after Migrate %d of payload and headers are jsonb, want 2", n)
+	}
+	msg := outbox.NewMessage([]byte(`{"b":1e3,  "a":1,"a":2}`))
+	msg.Metadata.Set("h", "v")
+	if m := publishAndDeliver(t, b, schema, msg); m.UUID != msg.UUID || string(m.Payload) != `{"a": 2, "b": 1000}` || m.Metadata.Get("h") != "v" {
+		t.Fatalf("delivered %s %q %v, want %s jsonb's {\"a\": 2, \"b\": 1000} with h=v", m.UUID, m.Payload, m.Metadata, msg.UUID)
+	}
+}
+
+// publishAndDeliver publishes msg on topic "orders" of schema at pool level, subscribes, and
+// returns the first message delivered (acked); it fails t after 30 s without one.
+func publishAndDeliver(t *testing.T, b *backend, schema outbox.SchemaConfig, msg *message.Message) *message.Message {
+	t.Helper()
+	if err := b.publisher(t, outbox.PublisherConfig{Schema: schema}).Publish("orders", msg); err != nil {
+		t.Fatal(err)
+	}
+	ch, err := b.newSub(t, fastCfg(schema)).Subscribe(ctx, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-ch:
+		m.Ack()
+		return m
+	case <-time.After(30 * time.Second):
+		t.Fatal("nothing delivered within 30 s")
+	}
+	return nil
 }

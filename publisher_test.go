@@ -168,14 +168,14 @@ func TestPublishCommitRollbackBothDrivers(t *testing.T) {
 				t.Fatalf("sequences %d %d %d not consecutive", got[0].Sequence, got[1].Sequence, got[2].Sequence)
 			}
 			r0 := got[0]
-			if r0.ID != id1 || r0.Topic != "orders.created" || r0.Payload != `{"n": 1, "big": 12345678901234567890, "html": "<a&b>"}` ||
-				r0.Headers != `{"trace": "abc"}` || *r0.OrderingKey != "order-7" || *r0.IdempotencyKey != "idem-1" ||
+			if r0.ID != id1 || r0.Topic != "orders.created" || r0.Payload != `{"n":1,"html":"<a&b>","big":12345678901234567890}` ||
+				r0.Headers != `{"trace":"abc"}` || *r0.OrderingKey != "order-7" || *r0.IdempotencyKey != "idem-1" ||
 				r0.Attempts != 0 || r0.LastError != nil || r0.LeasedBy != nil || r0.NextAttemptAt != nil || r0.LeaseUntil != nil ||
 				r0.PublishedAt != nil || r0.DeadLetteredAt != nil || r0.CreatedAt.Before(before) || r0.CreatedAt.After(time.Now().Add(time.Second)) {
 				t.Fatalf("row 0 = %+v", r0)
 			}
 			id2 := uuid.MustParse(got[1].ID)
-			if id2.Version() != 7 || got[1].Payload != `[1, 2]` || got[1].Headers != `{}` || got[1].OrderingKey != nil || got[1].IdempotencyKey != nil {
+			if id2.Version() != 7 || got[1].Payload != `[1,2]` || got[1].Headers != `{}` || got[1].OrderingKey != nil || got[1].IdempotencyKey != nil {
 				t.Fatalf("row 1 = %+v (uuid version %d)", got[1], id2.Version())
 			}
 			if got[2].ID != m3.UUID || got[2].Payload != `"x"` {
@@ -551,7 +551,7 @@ func TestEnqueueExtraColumnsAndEncoding(t *testing.T) {
 	var w *int
 	var payload string
 	err = pool.QueryRow(ctx, fmt.Sprintf(`SELECT tenant_id::text, weight, payload::text FROM %q WHERE sequence = $1`, cfg.Table), evs[0].Sequence).Scan(&tid, &w, &payload)
-	if err != nil || *tid != tenant.String() || *w != 3 || payload != `{"d": 1.5}` {
+	if err != nil || *tid != tenant.String() || *w != 3 || payload != `{"d":1.5}` {
 		t.Fatalf("row 0: %v %v %v %v", tid, w, payload, err)
 	}
 	err = pool.QueryRow(ctx, fmt.Sprintf(`SELECT tenant_id::text, weight FROM %q WHERE sequence = $1`, cfg.Table), evs[1].Sequence).Scan(&tid, &w)

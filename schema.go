@@ -19,17 +19,24 @@ const DefaultTable = "watermill_outbox"
 type PayloadType int
 
 const (
-	// PayloadJSONB (the zero value, default) stores payloads as JSONB: every payload must be a
-	// JSON value that PostgreSQL accepts (checked before any SQL, see ValidatePayload).
-	PayloadJSONB PayloadType = iota
+	// PayloadJSON (the zero value, default) stores payloads as JSON text (PostgreSQL type
+	// json): exactly the bytes written (key order, whitespace, number spelling and duplicate
+	// keys kept), still checked before any SQL (ValidatePayload, the same rules as
+	// PayloadJSONB, so a JSON payload can always be converted to jsonb) and parsed once more
+	// by PostgreSQL's json input. On SQLite it is a TEXT column checked with json_valid, on
+	// MariaDB/MySQL a LONGTEXT column checked with JSON_VALID (both store the bytes as
+	// written). A table created as JSONB (the default before JSON) keeps its column type:
+	// Migrate never changes it, and the publisher's json value is converted to the column's
+	// jsonb on insert (normalised as before); see README "Payloads".
+	PayloadJSON PayloadType = iota
 	// PayloadBytea stores payloads as BYTEA, verbatim (protobuf, Avro, anything): no JSON checks.
 	PayloadBytea
-	// PayloadJSON stores payloads as JSON text (PostgreSQL type json): exactly the bytes
-	// written (key order, whitespace and duplicate keys kept), still checked like PayloadJSONB
-	// (ValidatePayload before any SQL; PostgreSQL checks the syntax again). On SQLite it is the
-	// same TEXT column as PayloadJSONB, on MariaDB/MySQL the same LONGTEXT column (both store
-	// the bytes as written).
-	PayloadJSON
+	// PayloadJSONB stores payloads as JSONB: every payload must be a JSON value that
+	// PostgreSQL accepts (checked before any SQL, see ValidatePayload), and PostgreSQL
+	// normalises it (keys sorted and deduplicated, whitespace dropped, 1e3 becomes 1000), so
+	// the bytes delivered are jsonb's rendering, not the bytes written. On SQLite and
+	// MariaDB/MySQL it is the same column as PayloadJSON.
+	PayloadJSONB
 )
 
 // isJSON reports whether payloads are JSON (PayloadJSONB or PayloadJSON).
@@ -46,13 +53,14 @@ type Column struct {
 }
 
 // SchemaConfig names the outbox table and its shape. The zero value is the default table
-// "watermill_outbox" in the connection's search_path with a JSONB payload and no extra columns.
+// "watermill_outbox" in the connection's search_path with a JSON payload and no extra columns.
 // The same SchemaConfig must be given to Migrate, NewPublisher and NewSubscriber.
 type SchemaConfig struct {
 	// Table is the table name, optionally schema-qualified ("billing.outbox"). Each part is
 	// quoted as an identifier, so any characters but '.' and NUL are safe. Default DefaultTable.
 	Table string
-	// PayloadType chooses JSONB (default), JSON or BYTEA for the payload column.
+	// PayloadType chooses JSON (default), JSONB or BYTEA for the payload column. It applies
+	// to a table Migrate creates; an existing table keeps its column type.
 	PayloadType PayloadType
 	// ExtraColumns are user columns created by Migrate and filled on write through
 	// SetExtraColumns / EventInput.ExtraColumns. Names must not collide with the outbox's own
@@ -66,7 +74,7 @@ type SchemaConfig struct {
 	// Default DefaultFillFactor (50). The free half lets a claim's lease write (lease_until,
 	// leased_by: no index covers them) be a heap-only tuple (HOT) update on the row's own
 	// page, so it adds no index entries; with full pages every leased row added one entry to
-	// each index that holds it (five for a pending keyed row, four for an unordered one).
+	// each index that holds it (four for a pending keyed row, three for an unordered one).
 	// Measured on a 2-core box (BenchmarkDrain, 100,000 events): unordered +20 %, 10 hot
 	// keys +35 %. The costs: pending rows take about twice the pages (published rows' space
 	// is reused after VACUUM), and the write path measured 0.93× of fillfactor 100
@@ -152,7 +160,7 @@ func (c SchemaConfig) compile() (*schema, error) {
 	case c.FillFactor < 10 || c.FillFactor > 100:
 		return nil, &ConfigError{Field: "SchemaConfig.FillFactor", Reason: fmt.Sprintf("%d: want a percentage in 10..100", c.FillFactor)}
 	}
-	if c.PayloadType != PayloadJSONB && c.PayloadType != PayloadBytea && c.PayloadType != PayloadJSON {
+	if c.PayloadType != PayloadJSON && c.PayloadType != PayloadBytea && c.PayloadType != PayloadJSONB {
 		return nil, &ConfigError{Field: "SchemaConfig.PayloadType", Reason: fmt.Sprintf("unknown payload type %d", c.PayloadType)}
 	}
 	s := &schema{cfg: c, extra: map[string]bool{}, d: d, caps: caps}
@@ -231,7 +239,8 @@ func isRelayOwned(name string) bool {
 // adds those missing from an existing table). It returns a *ConfigError for an invalid config.
 //
 // Columns (SPEC §2): sequence (identity, delivery order), id (UUID, unique event id), topic,
-// payload (JSONB, JSON or BYTEA), headers (JSONB object of string values), ordering_key (NULL =
+// payload (JSON by default, JSONB or BYTEA), headers (JSON object of string values; JSONB in
+// tables created before JSON became the default), ordering_key (NULL =
 // unordered), idempotency_key (unique, per table or per SchemaConfig.IdempotencyScope), created_at, attempts, last_error, next_attempt_at,
 // lease_until, leased_by, published_at, dead_lettered_at, delivery_starts (deliveries started
 // since the event's last recorded outcome, see SubscriberConfig.MaxDeliveryStarts). Pending means published_at IS NULL AND

@@ -137,8 +137,8 @@ func TestLongTableNamesDoNotShareIndexes(t *testing.T) {
 		if err := outbox.Migrate(ctx, pool, cfg); err != nil {
 			t.Fatal(err)
 		}
-		if n := count(t, `SELECT count(*) FROM pg_indexes WHERE tablename = $1`, cfg.Table); n != 11 {
-			t.Fatalf("%s has %d indexes, want 11", cfg.Table, n)
+		if n := count(t, `SELECT count(*) FROM pg_indexes WHERE tablename = $1`, cfg.Table); n != 10 {
+			t.Fatalf("%s has %d indexes, want 10", cfg.Table, n)
 		}
 		m := outbox.NewMessage([]byte(`1`))
 		outbox.SetIdempotencyKey(m, "k")

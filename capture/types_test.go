@@ -133,7 +133,7 @@ func TestSchemasAndSearchPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	var topic, key, payload string
-	if err := db.QueryRowContext(ctx, fmt.Sprintf(`SELECT topic, ordering_key, (payload - 'occurred_at')::text FROM public.%s`, h.schema.Table)).Scan(&topic, &key, &payload); err != nil {
+	if err := db.QueryRowContext(ctx, fmt.Sprintf(`SELECT topic, ordering_key, (payload::jsonb - 'occurred_at')::text FROM public.%s`, h.schema.Table)).Scan(&topic, &key, &payload); err != nil {
 		t.Fatal(err)
 	}
 	want := fmt.Sprintf(`{"pk": 1, "after": {"id": 1, "status": "a"}, "table": "%s.loan", "changed": ["id", "status"], "operation": "inserted"}`, schemaName)

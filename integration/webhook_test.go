@@ -155,9 +155,9 @@ func TestWebhookEndToEnd(t *testing.T) {
 	if len(rcv.bodies) != n {
 		t.Fatalf("receiver accepted %d distinct events, want %d", len(rcv.bodies), n)
 	}
-	// The receiver gets exactly the stored payload (JSONB's canonical text: PostgreSQL
-	// reorders keys and normalises spaces on the way in; nothing re-encodes it on the way out,
-	// so no HTML escaping and big numbers intact).
+	// The receiver gets exactly the stored payload (the default JSON column keeps the bytes
+	// written; nothing re-encodes them on the way out, so no HTML escaping and big numbers
+	// intact).
 	rows, err := pool.Query(whCtx, fmt.Sprintf(`SELECT id::text, payload::text FROM %q`, schema.Table))
 	if err != nil {
 		t.Fatal(err)

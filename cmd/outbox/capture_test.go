@@ -74,7 +74,7 @@ func TestCaptureSQLViaPsql(t *testing.T) {
 		if _, err := pool.Exec(ctx, fmt.Sprintf(`TRUNCATE %s`, tb)); err == nil || !strings.Contains(err.Error(), "TRUNCATE") {
 			t.Fatalf("TRUNCATE %s: %v, want refused", tb, err)
 		}
-		rows, err := pool.Query(ctx, fmt.Sprintf(`SELECT topic, ordering_key, payload - 'occurred_at', headers FROM %q WHERE topic LIKE $1 ORDER BY sequence`, ob), tb+".%")
+		rows, err := pool.Query(ctx, fmt.Sprintf(`SELECT topic, ordering_key, payload::jsonb - 'occurred_at', headers FROM %q WHERE topic LIKE $1 ORDER BY sequence`, ob), tb+".%")
 		if err != nil {
 			t.Fatal(err)
 		}

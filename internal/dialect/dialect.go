@@ -42,12 +42,12 @@ type Executor interface {
 type Payload int
 
 const (
-	// PayloadJSONB is PostgreSQL jsonb (JSON text elsewhere).
-	PayloadJSONB Payload = iota
+	// PayloadJSON is JSON text stored as written (the default).
+	PayloadJSON Payload = iota
 	// PayloadBytea is binary (bytea, BLOB, LONGBLOB).
 	PayloadBytea
-	// PayloadJSON is JSON text stored as written.
-	PayloadJSON
+	// PayloadJSONB is PostgreSQL jsonb (JSON text elsewhere).
+	PayloadJSONB
 )
 
 // IsJSON reports whether payloads are JSON.

@@ -26,79 +26,94 @@ type insertShape struct {
 }
 
 func (sh insertShape) build() string {
-	var b strings.Builder
-	payloadType, payloadExpr := "text", "i.payload::jsonb"
+	// JSON text is cast to json (PostgreSQL's json input checks the syntax and keeps the bytes)
+	// or jsonb; headers to json. A column of the other JSON type (a JSONB table created before
+	// JSON became the default) takes the value through PostgreSQL's assignment cast.
+	payloadType, payloadCast := "text", "::json"
 	switch sh.payload {
 	case dialect.PayloadBytea:
-		payloadType, payloadExpr = "bytea", "i.payload"
-	case dialect.PayloadJSON:
-		payloadType, payloadExpr = "text", "i.payload::json"
+		payloadType, payloadCast = "bytea", ""
+	case dialect.PayloadJSONB:
+		payloadCast = "::jsonb"
 	}
+	var ctes []string
+	// The events' columns (id, topic, payload, headers, ordering_key, idempotency_key), the
+	// FROM clause that yields them, and the idempotency keys of the read-back.
+	var cols [6]string
+	var from, order, idemKeys string
+	// The writer's transaction gets its id (pg_current_xact_id, read by an always-true test of
+	// the row the INSERT reads) before the row draws its identity value: the relays' floors
+	// rely on every unfinished event's transaction id being lower than the id of a claim that
+	// saw a later sequence (see subscription.floors).
 	if sh.single {
-		// One event (the common Publish): scalar parameters, no array encoding.
-		fmt.Fprintf(&b, "WITH input AS MATERIALIZED (SELECT $1::uuid AS id, $2::text AS topic, $3::%s AS payload, $4::text AS headers, $5::text AS ordering_key, $6::text AS idempotency_key, 1::bigint AS ord, pg_current_xact_id() AS xid)", payloadType)
+		// One event (the common Publish): scalar parameters straight into the INSERT, no
+		// array encoding and no input CTE (a quarter of the statement's execution time).
+		cols = [6]string{"$1::uuid", "$2::text", "$3::" + payloadType + payloadCast, "$4::text::json", "$5::text", "$6::text"}
+		idemKeys = "$6::text"
+		lock := ""
+		if sh.keys {
+			// See below: one key, one lock, in the one-row materialized CTE the INSERT reads.
+			lock = fmt.Sprintf(", pg_advisory_xact_lock(hashtextextended($5::text, %d)) AS n", sh.seed)
+		}
+		ctes = append(ctes, "tx AS MATERIALIZED (SELECT pg_current_xact_id() AS xid"+lock+")")
+		from = " FROM tx WHERE tx.xid IS NOT NULL"
 	} else {
-		fmt.Fprintf(&b, "WITH input AS MATERIALIZED (SELECT t.*, pg_current_xact_id() AS xid FROM unnest($1::uuid[], $2::text[], $3::%s[], $4::text[], $5::text[], $6::text[]%s) WITH ORDINALITY AS t(id, topic, payload, headers, ordering_key, idempotency_key%s, ord))",
-			payloadType, map[bool]string{true: ", $7::jsonb[]"}[sh.extras != ""], map[bool]string{true: ", extra"}[sh.extras != ""])
+		ctes = append(ctes, fmt.Sprintf("input AS MATERIALIZED (SELECT t.*, pg_current_xact_id() AS xid FROM unnest($1::uuid[], $2::text[], $3::%s[], $4::text[], $5::text[], $6::text[]%s) WITH ORDINALITY AS t(id, topic, payload, headers, ordering_key, idempotency_key%s, ord))",
+			payloadType, map[bool]string{true: ", $7::jsonb[]"}[sh.extras != ""], map[bool]string{true: ", extra"}[sh.extras != ""]))
+		cols = [6]string{"i.id", "i.topic", "i.payload" + payloadCast, "i.headers::json", "i.ordering_key", "i.idempotency_key"}
+		from, order = " FROM input i", " WHERE i.xid IS NOT NULL ORDER BY i.ord"
+		idemKeys = "SELECT idempotency_key FROM input WHERE idempotency_key IS NOT NULL"
+		if sh.keys {
+			// The per-ordering-key lock (SPEC §3.5) sits in a materialized CTE that the INSERT
+			// reads and that yields exactly one row, so every lock is held before the INSERT
+			// draws its first identity value; keys are locked in hash order.
+			ctes = append(ctes, fmt.Sprintf("locks AS MATERIALIZED (SELECT count(pg_advisory_xact_lock(h)) AS n FROM (SELECT DISTINCT hashtextextended(ordering_key, %d) AS h FROM input WHERE ordering_key IS NOT NULL ORDER BY 1) k)", sh.seed))
+			from = " FROM input i CROSS JOIN locks"
+		}
 	}
 	var extras []string
 	if sh.extras != "" {
 		extras = strings.Split(sh.extras, ",")
 	}
-	if sh.keys {
-		// The per-ordering-key lock (SPEC §3.5) sits in a materialized CTE that the INSERT
-		// reads and that yields exactly one row, so every lock is held before the INSERT
-		// draws its first identity value; keys are locked in hash order.
-		fmt.Fprintf(&b, ", locks AS MATERIALIZED (SELECT count(pg_advisory_xact_lock(h)) AS n FROM (SELECT DISTINCT hashtextextended(ordering_key, %d) AS h FROM input WHERE ordering_key IS NOT NULL ORDER BY 1) k)", sh.seed)
+	var ins strings.Builder
+	fmt.Fprintf(&ins, `INSERT INTO %s ("id", "topic", "payload", "headers", "ordering_key", "idempotency_key"`, sh.table)
+	for _, c := range extras {
+		ins.WriteString(", " + dialect.DoubleQuote(c))
 	}
+	ins.WriteString(") SELECT " + strings.Join(cols[:], ", "))
+	for _, c := range extras {
+		fmt.Fprintf(&ins, ", (jsonb_populate_record(NULL::%s, i.extra)).%s", sh.table, dialect.DoubleQuote(c))
+	}
+	ins.WriteString(from + order)
 	returning := `"sequence", "id"::text, "topic", "ordering_key", "idempotency_key", "created_at"`
-	cte := sh.idem || sh.notify != ""
-	if cte {
-		b.WriteString(", ins AS (")
-	} else {
-		b.WriteString(" ")
-	}
-	fmt.Fprintf(&b, `INSERT INTO %s ("id", "topic", "payload", "headers", "ordering_key", "idempotency_key"`, sh.table)
-	for _, c := range extras {
-		b.WriteString(", " + dialect.DoubleQuote(c))
-	}
-	fmt.Fprintf(&b, ") SELECT i.id, i.topic, %s, i.headers::jsonb, i.ordering_key, i.idempotency_key", payloadExpr)
-	for _, c := range extras {
-		fmt.Fprintf(&b, ", (jsonb_populate_record(NULL::%s, i.extra)).%s", sh.table, dialect.DoubleQuote(c))
-	}
-	b.WriteString(" FROM input i")
-	if sh.keys {
-		b.WriteString(" CROSS JOIN locks")
-	}
-	// The writer's transaction gets its id (pg_current_xact_id, read by this always-true test
-	// on each input row) before the row draws its identity value: the relays' floors rely on
-	// every unfinished event's transaction id being lower than the id of a claim that saw a
-	// later sequence (see subscription.floors).
-	b.WriteString(" WHERE i.xid IS NOT NULL ORDER BY i.ord")
-	if !cte {
-		b.WriteString(" RETURNING false, " + returning)
+	var b strings.Builder
+	if !sh.idem && sh.notify == "" {
+		if len(ctes) > 0 {
+			b.WriteString("WITH " + strings.Join(ctes, ", ") + " ")
+		}
+		b.WriteString(ins.String() + " RETURNING false, " + returning)
 		return b.String()
 	}
 	if sh.idem {
-		b.WriteString(` ON CONFLICT (` + sh.target + `) WHERE "idempotency_key" IS NOT NULL DO NOTHING`)
+		ins.WriteString(` ON CONFLICT (` + sh.target + `) WHERE "idempotency_key" IS NOT NULL DO NOTHING`)
 	}
-	b.WriteString(` RETURNING ` + returning + `)`)
+	ctes = append(ctes, "ins AS ("+ins.String()+` RETURNING `+returning+`)`)
+	final := ` SELECT false, ` + returning + ` FROM ins`
 	if sh.notify != "" {
 		// One NOTIFY per distinct topic of the inserted events, inside the writer's
 		// transaction: PostgreSQL delivers it at COMMIT and drops it on ROLLBACK. The final
 		// SELECT reads this CTE, or PostgreSQL would never run it.
-		fmt.Fprintf(&b, `, notified AS MATERIALIZED (SELECT count(pg_notify(%s, CASE WHEN octet_length(t.topic) <= %d THEN t.topic ELSE '' END)) AS n FROM (SELECT DISTINCT "topic" FROM ins) t)`,
-			dialect.QuoteLiteral(sh.notify), sh.maxNote)
-		b.WriteString(` SELECT false, ` + returning + ` FROM ins CROSS JOIN notified`)
-	} else {
-		b.WriteString(` SELECT false, ` + returning + ` FROM ins`)
+		ctes = append(ctes, fmt.Sprintf(`notified AS MATERIALIZED (SELECT count(pg_notify(%s, CASE WHEN octet_length(t.topic) <= %d THEN t.topic ELSE '' END)) AS n FROM (SELECT DISTINCT "topic" FROM ins) t)`,
+			dialect.QuoteLiteral(sh.notify), sh.maxNote))
+		final += ` CROSS JOIN notified`
 	}
+	b.WriteString("WITH " + strings.Join(ctes, ", ") + final)
 	if !sh.idem {
 		return b.String()
 	}
 	// Events stored before this statement; rows this statement inserted are not visible here,
 	// so nothing is returned twice.
-	fmt.Fprintf(&b, ` UNION ALL SELECT true, o."sequence", o."id"::text, o."topic", o."ordering_key", o."idempotency_key", o."created_at" FROM %s o WHERE o."idempotency_key" IN (SELECT idempotency_key FROM input WHERE idempotency_key IS NOT NULL)`, sh.table)
+	fmt.Fprintf(&b, ` UNION ALL SELECT true, o."sequence", o."id"::text, o."topic", o."ordering_key", o."idempotency_key", o."created_at" FROM %s o WHERE o."idempotency_key" IN (%s)`, sh.table, idemKeys)
 	return b.String()
 }
 

@@ -223,10 +223,13 @@ func nonNil[T any](vals []T) []T {
 	return vals
 }
 
-// TakeBack implements dialect.Dialect.
+// TakeBack implements dialect.Dialect. The pending rows are named as the two pending partial
+// indexes' predicates (keyed, unordered), which PostgreSQL reads with a BitmapOr; "pending"
+// alone matches no index and scanned the whole table (EXPLAIN ANALYZE, 200k published + 10k
+// pending rows: 5,994 buffers against 307).
 func (Dialect) TakeBack(ctx context.Context, ex dialect.Executor, t *dialect.Table, name, tokenPrefix string) (int64, error) {
 	q := `UPDATE ` + dialect.DoubleQuote(t.Parts...) + ` SET "lease_until" = NULL, "leased_by" = NULL
-WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "lease_until" > now()
+WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND ("ordering_key" IS NULL OR "ordering_key" IS NOT NULL) AND "lease_until" > now()
 AND starts_with("leased_by", @name) AND NOT starts_with("leased_by", @prefix)
 AND substr("leased_by", length(@name) + 1) ~ '^[0-9a-f]{12}#[0-9]+$'`
 	return exec(ctx, ex, q, params{"name": name, "prefix": tokenPrefix}, true)

@@ -15,10 +15,10 @@ func payloadType(p dialect.Payload) string {
 	switch p {
 	case dialect.PayloadBytea:
 		return "BYTEA"
-	case dialect.PayloadJSON:
-		return "JSON"
+	case dialect.PayloadJSONB:
+		return "JSONB"
 	}
-	return "JSONB"
+	return "JSON"
 }
 
 // Statements implements dialect.Dialect.
@@ -30,7 +30,7 @@ func (Dialect) Statements(t *dialect.Table) []string {
 	"id"               UUID NOT NULL UNIQUE,
 	"topic"            VARCHAR(255) NOT NULL CHECK ("topic" <> ''),
 	"payload"          %s NOT NULL,
-	"headers"          JSONB NOT NULL DEFAULT '{}',
+	"headers"          JSON  NOT NULL DEFAULT '{}',
 	"ordering_key"     VARCHAR(255) NULL CHECK ("ordering_key" <> ''),
 	"idempotency_key"  VARCHAR(255) NULL,
 	"created_at"       TIMESTAMPTZ NOT NULL DEFAULT now(),

@@ -74,6 +74,9 @@ type Capabilities struct {
 	DatabaseClock bool
 	// SchemaQualified: SchemaConfig.Table may be qualified ("schema.table", "db.table").
 	SchemaQualified bool
+	// ClaimAhead: a relay claims its next batch while the current one is out (PostgreSQL,
+	// SQLite; not MariaDB/MySQL yet).
+	ClaimAhead bool
 }
 
 // Capabilities returns what d does; the zero Capabilities for an unknown dialect. Safe for
@@ -85,7 +88,7 @@ func (d Dialect) Capabilities() Capabilities {
 	}
 	c := impl.Capabilities()
 	return Capabilities{Notify: c.Notify, ConcurrentRelays: c.SkipLocked, ContinuedRuns: c.Continuations,
-		DatabaseClock: c.DatabaseClock, SchemaQualified: c.SchemaQualified}
+		DatabaseClock: c.DatabaseClock, SchemaQualified: c.SchemaQualified, ClaimAhead: c.ClaimAhead}
 }
 
 // impl returns the dialect's SQL layer, nil for an unknown dialect: the one place the root

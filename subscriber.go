@@ -636,6 +636,9 @@ func (sub *subscription) claimLeased(token string) (b *leased, more bool, err er
 // it), no outage probe is due (it is claimed on its own, after b), no claim is to wait for
 // marks (serialFor), and no claim beside a batch came back empty lately (noPrefetch).
 func (sub *subscription) mayPrefetch(b *leased) bool {
+	if !sub.s.s.caps.ClaimAhead {
+		return false
+	}
 	if sub.noPrefetch > 0 {
 		sub.noPrefetch--
 		return false

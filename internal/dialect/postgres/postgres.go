@@ -22,7 +22,7 @@ func (Dialect) Name() string { return "postgresql" }
 // Capabilities implements dialect.Dialect.
 func (Dialect) Capabilities() dialect.Capabilities {
 	return dialect.Capabilities{Notify: true, FlushAcks: true, Continuations: true, SkipLocked: true,
-		DatabaseClock: true, SchemaQualified: true, FillFactor: true, Floors: true, Title: "PostgreSQL"}
+		DatabaseClock: true, SchemaQualified: true, FillFactor: true, Floors: true, ClaimAhead: true, Title: "PostgreSQL"}
 }
 
 // Quote implements dialect.Dialect.

@@ -27,7 +27,7 @@ func (Dialect) Name() string { return "sqlite" }
 // continuations and no SKIP LOCKED; the writers' and the relay's clocks.
 func (Dialect) Capabilities() dialect.Capabilities {
 	// JSON_MAX_DEPTH in https://www.sqlite.org/json1.html: json_valid is false beyond it.
-	return dialect.Capabilities{Title: "SQLite", MaxJSONDepth: 1000, JSONDepthRule: "SQLite's json_valid"}
+	return dialect.Capabilities{Title: "SQLite", ClaimAhead: true, MaxJSONDepth: 1000, JSONDepthRule: "SQLite's json_valid"}
 }
 
 // Quote implements dialect.Dialect.

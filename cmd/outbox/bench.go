@@ -34,6 +34,8 @@ type benchFlags struct {
 	only     []string
 	latKeys  int
 	shapes   []int
+	windows  bool
+	debug    bool
 }
 
 func newBenchCmd() *cobra.Command {
@@ -57,7 +59,9 @@ tables of its own (created, then dropped), and prints one table:
                leases and marks leave), beside the same without it;
   memory       the process's peak resident memory after the drains.
 
---only runs some of write, drain and latency; --drain-keys picks the drains' shapes.
+--only runs some of write, drain and latency; --drain-keys picks the drains' shapes; --windows
+prints each 10 s window of the latency runs (a trend, or the moment of a stall, shows there);
+--debug writes the relays' log to standard error at DEBUG.
 
 Write path and drain alternate ours and the raw loop for --rounds rounds (the second round in
 reverse order) on fresh tables and print medians and their ratio: one run's figures are only
@@ -106,6 +110,8 @@ comparable with each other. Run it on a database like production's, on a quiet m
 	fl.IntVar(&f.latKeys, "latency-keys", 100, "ordering keys of the latency run's events (0: unordered)")
 	fl.IntSliceVar(&f.shapes, "drain-keys", []int{0, 1000, 10}, "ordering keys of each drain's backlog (0: unordered)")
 	fl.BoolVar(&f.keep, "keep", false, "keep the bench tables")
+	fl.BoolVar(&f.windows, "windows", false, "print every 10 s window of the latency runs (events, p50, p99, max)")
+	fl.BoolVar(&f.debug, "debug", false, "write the relays' log to standard error at DEBUG")
 	return withEnv(cmd)
 }
 
@@ -143,6 +149,8 @@ type bench struct {
 	base   string // table name prefix
 	tables []string
 	seq    int
+	out    io.Writer               // the table's writer (--windows lines too)
+	logger watermill.LoggerAdapter // the relays' (--debug)
 }
 
 // table returns a fresh table name (dropped at the end unless --keep).
@@ -163,7 +171,10 @@ func (b *bench) migrate(table string) (outbox.SchemaConfig, error) {
 }
 
 func runBench(ctx context.Context, out io.Writer, d *database, f benchFlags) error {
-	b := &bench{ctx: ctx, d: d, f: f, base: d.tableName()}
+	b := &bench{ctx: ctx, d: d, f: f, base: d.tableName(), out: out, logger: watermill.NopLogger{}}
+	if f.debug {
+		b.logger = newSlogLogger(os.Stderr, true, false)
+	}
 	defer func() {
 		if f.keep {
 			return
@@ -342,7 +353,7 @@ func (b *bench) drainOurs(keys int, held bool) (float64, error) {
 			if marked.Add(1) == n {
 				close(done)
 			}
-		}}}, watermill.NopLogger{})
+		}}}, b.logger)
 	if err != nil {
 		return 0, err
 	}
@@ -487,7 +498,7 @@ func (b *bench) latency(held bool) (latencyResult, error) {
 	}
 	w := wakeup.NewInProcess()
 	defer w.Close()
-	sub, err := outbox.NewSubscriber(b.d.handle(), outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, PollInterval: 10 * time.Millisecond, Wakeup: w}, watermill.NopLogger{})
+	sub, err := outbox.NewSubscriber(b.d.handle(), outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, PollInterval: 10 * time.Millisecond, Wakeup: w}, b.logger)
 	if err != nil {
 		return latencyResult{}, err
 	}
@@ -585,6 +596,9 @@ func (b *bench) latency(held bool) (latencyResult, error) {
 		return lags[int(q*float64(len(lags)-1))]
 	}
 	res := latencyResult{p50: pct(samples, 0.5), p99: pct(samples, 0.99)}
+	if b.f.windows {
+		fmt.Fprintf(b.out, "  latency windows%s (s from start: events, p50/p99/max ms)\n", map[bool]string{true: ", held snapshot"}[held])
+	}
 	for from := first; from.Before(first.Add(b.f.duration)); from = from.Add(10 * time.Second) {
 		var win []sample
 		for _, s := range samples {
@@ -594,6 +608,9 @@ func (b *bench) latency(held bool) (latencyResult, error) {
 		}
 		if len(win) > 0 {
 			res.worst = max(res.worst, pct(win, 0.99))
+			if b.f.windows {
+				fmt.Fprintf(b.out, "  %5.0f: %6d  %.1f/%.1f/%.1f\n", from.Sub(first).Seconds(), len(win), pct(win, 0.5), pct(win, 0.99), pct(win, 1))
+			}
 		}
 	}
 	return res, nil

@@ -67,3 +67,27 @@ func TestBench(t *testing.T) {
 		})
 	}
 }
+
+// TestBenchWindows: --windows prints every 10 s window of a latency run, with the run's
+// events in it (a 2 s run at 100 events/s: one window of 200 events).
+func TestBenchWindows(t *testing.T) {
+	ran := false
+	for _, b := range backends() {
+		if b.name != "sqlite" {
+			continue
+		}
+		ran = true
+		db, _ := b.fresh(t)
+		out := mustRun(t, nil, "bench", "--db", db, "--only", "latency", "--held-snapshot=false", "--windows", "--rate", "100", "--duration", "2s", "--writers", "2")
+		m := regexp.MustCompile(`(?m)^\s+0:\s+(\d+)\s+([\d.]+)/([\d.]+)/([\d.]+)$`).FindStringSubmatch(out)
+		if m == nil || m[1] != "200" {
+			t.Fatalf("want one window of 200 events in:\n%s", out)
+		}
+		if !strings.Contains(out, "latency windows (s from start: events, p50/p99/max ms)") {
+			t.Fatalf("no windows heading in:\n%s", out)
+		}
+	}
+	if !ran {
+		t.Fatal("no sqlite backend")
+	}
+}

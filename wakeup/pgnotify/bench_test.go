@@ -44,7 +44,9 @@ func (noWakeup) Signal(...string) {}
 // COMMIT returned. Variants in one run: LISTEN/NOTIFY after commit (the default, relay poll
 // interval 60 s), LISTEN/NOTIFY in the transaction (same), polling only at 1 s, and the
 // in-process wakeup (no transport at all: the floor set by the relay itself on this machine).
-// Reports p50/p95/p99/max in ms.
+// Reports p50/p95/p99/max in ms, and p50/p99 of the first and the last minute of the run
+// (each minute's are logged). OUTBOX_BENCH_WAKEUP_VARIANT runs one variant only (e.g.
+// listen-aftercommit).
 func BenchmarkCommitToHandlerLatency(b *testing.B) {
 	pgtest.Require(b)
 	seconds := envInt("OUTBOX_BENCH_WAKEUP_SECONDS", 30)
@@ -60,6 +62,9 @@ func BenchmarkCommitToHandlerLatency(b *testing.B) {
 		{"poll-1s", 0, time.Second, false},
 		{"inprocess-floor", -1, time.Minute, true},
 	} {
+		if only := os.Getenv("OUTBOX_BENCH_WAKEUP_VARIANT"); only != "" && only != v.name {
+			continue
+		}
 		b.Run(v.name, func(b *testing.B) {
 			for range b.N {
 				var w wakeup.Wakeup = noWakeup{wakeup.NewInProcess()}
@@ -68,8 +73,9 @@ func BenchmarkCommitToHandlerLatency(b *testing.B) {
 				} else if v.wake {
 					w = newBenchWakeup(b, v.mode)
 				}
-				lat := measureLatency(b, w, v.wake, v.poll, rate, time.Duration(seconds)*time.Second)
+				lat, byMinute := measureLatency(b, w, v.wake, v.poll, rate, time.Duration(seconds)*time.Second)
 				_ = w.Close()
+				logMinutes(b, byMinute)
 				p := func(q float64) float64 { return float64(lat[int(q*float64(len(lat)-1))]) / float64(time.Millisecond) }
 				b.ReportMetric(p(0.50), "p50-ms")
 				b.ReportMetric(p(0.95), "p95-ms")
@@ -100,7 +106,33 @@ type stamp struct {
 	committed, handed time.Time
 }
 
-func measureLatency(b *testing.B, w wakeup.Wakeup, wake bool, poll time.Duration, rate int, d time.Duration) []time.Duration {
+// logMinutes logs p50 and p99 of each minute of the run (by commit time) and reports the
+// first and the last minute's, so that a trend over the run shows.
+func logMinutes(b *testing.B, byMinute [][]time.Duration) {
+	ms := func(lat []time.Duration, q float64) float64 {
+		return float64(lat[int(q*float64(len(lat)-1))]) / float64(time.Millisecond)
+	}
+	var full [][]time.Duration
+	for i, lat := range byMinute {
+		if len(lat) == 0 {
+			continue
+		}
+		slices.Sort(lat)
+		b.Logf("minute %d: %d events, p50 %.2f ms, p99 %.2f ms", i+1, len(lat), ms(lat, 0.5), ms(lat, 0.99))
+		full = append(full, lat)
+	}
+	if len(full) > 1 {
+		first, last := full[0], full[len(full)-1]
+		b.ReportMetric(ms(first, 0.5), "first-min-p50-ms")
+		b.ReportMetric(ms(first, 0.99), "first-min-p99-ms")
+		b.ReportMetric(ms(last, 0.5), "last-min-p50-ms")
+		b.ReportMetric(ms(last, 0.99), "last-min-p99-ms")
+	}
+}
+
+// measureLatency returns the commit → handler delays of the run, sorted, and the same grouped
+// by the minute of the run in which each event was committed.
+func measureLatency(b *testing.B, w wakeup.Wakeup, wake bool, poll time.Duration, rate int, d time.Duration) ([]time.Duration, [][]time.Duration) {
 	pool := pgtest.Require(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -131,7 +163,9 @@ func measureLatency(b *testing.B, w wakeup.Wakeup, wake bool, poll time.Duration
 		stamps    sync.Map // event id → *stamp
 		mu        sync.Mutex
 		latencies []time.Duration
+		byMinute  = make([][]time.Duration, max(1, int(d/time.Minute))) // the last takes any overrun
 		delivered atomic.Int64
+		start     time.Time // set before the first write
 	)
 	record := func(id string, committed bool) {
 		now := time.Now()
@@ -147,8 +181,11 @@ func measureLatency(b *testing.B, w wakeup.Wakeup, wake bool, poll time.Duration
 		if s.committed.IsZero() || s.handed.IsZero() {
 			return
 		}
+		l := max(0, s.handed.Sub(s.committed))
+		minute := min(int(s.committed.Sub(start)/time.Minute), len(byMinute)-1)
 		mu.Lock()
-		latencies = append(latencies, max(0, s.handed.Sub(s.committed)))
+		latencies = append(latencies, l)
+		byMinute[minute] = append(byMinute[minute], l)
 		mu.Unlock()
 	}
 	go func() {
@@ -187,7 +224,7 @@ func measureLatency(b *testing.B, w wakeup.Wakeup, wake bool, poll time.Duration
 	}
 	total := int(d.Seconds() * float64(rate))
 	interval := time.Second / time.Duration(rate)
-	start := time.Now()
+	start = time.Now()
 	for i := range total {
 		// Pace by the schedule, not by a ticker: a late tick does not lower the rate.
 		if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
@@ -208,7 +245,7 @@ func measureLatency(b *testing.B, w wakeup.Wakeup, wake bool, poll time.Duration
 	defer mu.Unlock()
 	lat := slices.Clone(latencies)
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	return lat
+	return lat, byMinute
 }
 
 // BenchmarkWriteThroughput measures the writer-side cost of each wakeup mode: 8 writers,

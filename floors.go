@@ -109,7 +109,9 @@ func (w *sweeper) run(ctx context.Context, sub *subscription, sw dialect.Sweeper
 		if fk <= 1 && fu <= 1 {
 			continue
 		}
+		began := time.Now()
 		k, u, err := sw.Sweep(ctx, sub.s.db, fk, fu)
+		sub.s.logger.Trace("outbox: swept below the claim floors", watermill.LogFields{"keyed_floor": fk, "unordered_floor": fu, "duration": time.Since(began)})
 		if err != nil {
 			if ctx.Err() == nil {
 				sub.s.logger.Debug("outbox: sweep below the claim floors failed", watermill.LogFields{"error": err.Error()})

@@ -20,7 +20,7 @@ import (
 )
 
 // fwdAMQPChannel returns a channel on a fresh connection, both closed at the end of the test.
-func fwdAMQPChannel(t *testing.T, url string) *amqp091.Channel {
+func fwdAMQPChannel(t testing.TB, url string) *amqp091.Channel {
 	t.Helper()
 	conn, err := amqp091.Dial(url)
 	if err != nil {
@@ -35,7 +35,7 @@ func fwdAMQPChannel(t *testing.T, url string) *amqp091.Channel {
 }
 
 // fwdAMQPQueues declares durable queues named after topics and deletes them at the end.
-func fwdAMQPQueues(t *testing.T, url string, names ...string) {
+func fwdAMQPQueues(t testing.TB, url string, names ...string) {
 	t.Helper()
 	ch := fwdAMQPChannel(t, url)
 	for _, q := range names {
@@ -51,7 +51,7 @@ func fwdAMQPQueues(t *testing.T, url string, names ...string) {
 	})
 }
 
-func fwdAMQPPublisher(t *testing.T, cfg amqp.Config) *amqp.Publisher {
+func fwdAMQPPublisher(t testing.TB, cfg amqp.Config) *amqp.Publisher {
 	t.Helper()
 	pub, err := amqp.NewPublisher(cfg, nil)
 	if err != nil {
@@ -59,6 +59,24 @@ func fwdAMQPPublisher(t *testing.T, cfg amqp.Config) *amqp.Publisher {
 	}
 	t.Cleanup(func() { _ = pub.Close() })
 	return pub
+}
+
+// fwdAMQPQueue declares a fresh durable queue (deleted at the end of t) and returns its name, an
+// amqp publisher with confirms (closed at the end of t) and a function that counts the
+// messages the queue holds.
+func fwdAMQPQueue(t testing.TB, url, prefix string) (queue string, pub *amqp.Publisher, held func() int) {
+	t.Helper()
+	queue = fwdName(prefix)
+	fwdAMQPQueues(t, url, queue)
+	pub = fwdAMQPPublisher(t, amqp.Config{URL: url})
+	ch := fwdAMQPChannel(t, url)
+	return queue, pub, func() int {
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q.Messages
+	}
 }
 
 // fwdName returns a name unique to this test process.

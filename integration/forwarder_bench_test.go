@@ -375,31 +375,11 @@ func BenchmarkForwarderRabbitMQ(b *testing.B) {
 		b.Run(fmt.Sprintf("outbox/subscriptions=%d", subs), func(b *testing.B) {
 			for range b.N {
 				b.StopTimer()
-				queue := fwdName("bench")
-				conn, err := amqp091.Dial(url)
-				if err != nil {
-					b.Fatal(err)
+				queue, pub, held := fwdAMQPQueue(b, url, "bench")
+				fwdBenchDrain(b, fwdBenchSeed(b, queue, n, keys), n, pub, subs)
+				if got := held(); got != n {
+					b.Errorf("queue holds %d messages, want %d", got, n)
 				}
-				ch, err := conn.Channel()
-				if err != nil {
-					b.Fatal(err)
-				}
-				if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
-					b.Fatal(err)
-				}
-				schema := fwdBenchSeed(b, queue, n, keys)
-				pub, err := amqp.NewPublisher(amqp.Config{URL: url}, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				fwdBenchDrain(b, schema, n, pub, subs)
-				_ = pub.Close()
-				q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-				if err != nil || q.Messages != n {
-					b.Errorf("queue holds %d messages, want %d (%v)", q.Messages, n, err)
-				}
-				_, _ = ch.QueueDelete(queue, false, false, false)
-				_ = conn.Close()
 			}
 		})
 	}

@@ -36,6 +36,7 @@ type benchFlags struct {
 	shapes   []int
 	windows  bool
 	debug    bool
+	heldOnly bool
 }
 
 func newBenchCmd() *cobra.Command {
@@ -61,7 +62,7 @@ tables of its own (created, then dropped), and prints one table:
 
 --only runs some of write, drain and latency; --drain-keys picks the drains' shapes; --windows
 prints each 10 s window of the latency runs (a trend, or the moment of a stall, shows there);
---debug writes the relays' log to standard error at DEBUG.
+--debug writes the relays' log to standard error at TRACE (every claim, with its duration).
 
 Write path and drain alternate ours and the raw loop for --rounds rounds (the second round in
 reverse order) on fresh tables and print medians and their ratio: one run's figures are only
@@ -111,7 +112,9 @@ comparable with each other. Run it on a database like production's, on a quiet m
 	fl.IntSliceVar(&f.shapes, "drain-keys", []int{0, 1000, 10}, "ordering keys of each drain's backlog (0: unordered)")
 	fl.BoolVar(&f.keep, "keep", false, "keep the bench tables")
 	fl.BoolVar(&f.windows, "windows", false, "print every 10 s window of the latency runs (events, p50, p99, max)")
-	fl.BoolVar(&f.debug, "debug", false, "write the relays' log to standard error at DEBUG")
+	fl.BoolVar(&f.debug, "debug", false, "write the relays' log to standard error at TRACE")
+	fl.BoolVar(&f.heldOnly, "held-latency-only", false, "run only the latency test with a held snapshot (diagnosis)")
+	_ = fl.MarkHidden("held-latency-only")
 	return withEnv(cmd)
 }
 
@@ -173,7 +176,7 @@ func (b *bench) migrate(table string) (outbox.SchemaConfig, error) {
 func runBench(ctx context.Context, out io.Writer, d *database, f benchFlags) error {
 	b := &bench{ctx: ctx, d: d, f: f, base: d.tableName(), out: out, logger: watermill.NopLogger{}}
 	if f.debug {
-		b.logger = newSlogLogger(os.Stderr, true, false)
+		b.logger = newSlogLogger(os.Stderr, true, true)
 	}
 	defer func() {
 		if f.keep {
@@ -262,8 +265,10 @@ func runBench(ctx context.Context, out io.Writer, d *database, f benchFlags) err
 	latency := slices.Contains(f.only, "latency")
 	if latency {
 		var err error
-		if lat, err = b.latency(false); err != nil {
-			return d.queryError("bench latency", err)
+		if !f.heldOnly {
+			if lat, err = b.latency(false); err != nil {
+				return d.queryError("bench latency", err)
+			}
 		}
 		if f.held {
 			if held, err = b.latency(true); err != nil {

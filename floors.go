@@ -85,6 +85,16 @@ func (l *keyLows) params() []dialect.KeyLow {
 // beside the claims.
 var sweepInterval = 30 * time.Second // a variable for the tests (export_test.go)
 
+// sweepCostFactor spaces sweeps by at least this many times the last sweep's duration. A sweep
+// reads the pending-event index below the floors, and under a long-open snapshot that index
+// keeps an entry for every event written since the snapshot (VACUUM cannot remove them), so a
+// sweep's cost grows with the snapshot's age: at 1,000 events/s with a snapshot held for 10
+// minutes a sweep took 1.2 s of a core, every 30 s, on a 2-core machine already busy with the
+// writers, and the relay's delivery fell behind while it ran. Spaced this way, sweeps use at
+// most about 1/sweepCostFactor of a core; what they look for (the stranded events above) is
+// rare, and only waits longer to be found.
+const sweepCostFactor = 50
+
 // sweeper runs the sweeps of one subscription until ctx ends; found receives the lowest
 // sequences found below the floors that were current when the sweep began.
 type sweeper struct {
@@ -95,9 +105,10 @@ type sweeper struct {
 	foundKeyed, foundUnordered atomic.Int64
 }
 
-// run sweeps every sweepInterval until ctx ends.
+// run sweeps every w.every, or sweepCostFactor times the last sweep's duration when that is
+// longer, until ctx ends.
 func (w *sweeper) run(ctx context.Context, sub *subscription, sw dialect.Sweeper) {
-	t := time.NewTicker(w.every)
+	t := time.NewTimer(w.every)
 	defer t.Stop()
 	for {
 		select {
@@ -105,25 +116,33 @@ func (w *sweeper) run(ctx context.Context, sub *subscription, sw dialect.Sweeper
 			return
 		case <-t.C:
 		}
-		fk, fu := w.keyed.Load(), w.unordered.Load()
-		if fk <= 1 && fu <= 1 {
-			continue
-		}
-		began := time.Now()
-		k, u, err := sw.Sweep(ctx, sub.s.db, fk, fu)
-		sub.s.logger.Trace("outbox: swept below the claim floors", watermill.LogFields{"keyed_floor": fk, "unordered_floor": fu, "duration": time.Since(began)})
-		if err != nil {
-			if ctx.Err() == nil {
-				sub.s.logger.Debug("outbox: sweep below the claim floors failed", watermill.LogFields{"error": err.Error()})
-			}
-			continue
-		}
-		if k > 0 || u > 0 {
-			sub.s.logger.Info("outbox: found events below the claim floors; claiming them", watermill.LogFields{"keyed": k, "unordered": u})
-			w.foundKeyed.Store(k)
-			w.foundUnordered.Store(u)
-		}
+		t.Reset(w.sweep(ctx, sub, sw))
 	}
+}
+
+// sweep runs one sweep and returns the wait before the next.
+func (w *sweeper) sweep(ctx context.Context, sub *subscription, sw dialect.Sweeper) time.Duration {
+	fk, fu := w.keyed.Load(), w.unordered.Load()
+	if fk <= 1 && fu <= 1 {
+		return w.every
+	}
+	began := time.Now()
+	k, u, err := sw.Sweep(ctx, sub.s.db, fk, fu)
+	took := time.Since(began)
+	next := max(w.every, sweepCostFactor*took)
+	sub.s.logger.Trace("outbox: swept below the claim floors", watermill.LogFields{"keyed_floor": fk, "unordered_floor": fu, "duration": took, "next_in": next})
+	if err != nil {
+		if ctx.Err() == nil {
+			sub.s.logger.Debug("outbox: sweep below the claim floors failed", watermill.LogFields{"error": err.Error()})
+		}
+		return next
+	}
+	if k > 0 || u > 0 {
+		sub.s.logger.Info("outbox: found events below the claim floors; claiming them", watermill.LogFields{"keyed": k, "unordered": u})
+		w.foundKeyed.Store(k)
+		w.foundUnordered.Store(u)
+	}
+	return next
 }
 
 // take returns and clears what the sweeps found.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/watermill-outbox/outbox"
@@ -487,8 +488,8 @@ func (l latencyResult) String() string {
 }
 
 // latency writes --rate keyed events/s (100 keys, one event per transaction) for --duration
-// while one relay, woken in-process after each commit, delivers them; held keeps a snapshot
-// open from before the first write to the end.
+// while one relay (on its own pool), woken in-process after each commit, delivers them; held
+// keeps a snapshot open from before the first write to the end.
 func (b *bench) latency(held bool) (latencyResult, error) {
 	schema, err := b.migrate(b.table())
 	if err != nil {
@@ -503,7 +504,19 @@ func (b *bench) latency(held bool) (latencyResult, error) {
 	}
 	w := wakeup.NewInProcess()
 	defer w.Close()
-	sub, err := outbox.NewSubscriber(b.d.handle(), outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, PollInterval: 10 * time.Millisecond, Wakeup: w}, b.logger)
+	// The relay gets a pool of its own, as in its own process (outbox relay): on the writers'
+	// pool (pgxpool's default size is 4) its claims and marks queued for a connection behind
+	// --writers transactions.
+	relayDB := b.d.handle()
+	if b.d.pool != nil {
+		pool, err := pgxpool.NewWithConfig(b.ctx, b.d.url.pg.Copy())
+		if err != nil {
+			return latencyResult{}, err
+		}
+		defer pool.Close()
+		relayDB = pool
+	}
+	sub, err := outbox.NewSubscriber(relayDB, outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, PollInterval: 10 * time.Millisecond, Wakeup: w}, b.logger)
 	if err != nil {
 		return latencyResult{}, err
 	}

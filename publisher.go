@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -93,13 +94,52 @@ func (c *PublisherConfig) setDefaults() {
 
 // Validate returns a *ConfigError naming the first invalid field, or nil.
 func (c PublisherConfig) Validate() error {
+	if err := c.validateOwn(); err != nil {
+		return err
+	}
+	return c.Schema.Validate()
+}
+
+// validateOwn checks the fields other than Schema.
+func (c PublisherConfig) validateOwn() error {
 	if c.MaxOrderingKeysPerCall < 0 {
 		return &ConfigError{Field: "PublisherConfig.MaxOrderingKeysPerCall", Reason: "must not be negative"}
 	}
 	if len(c.NotifyChannel) > 63 || strings.ContainsRune(c.NotifyChannel, 0) {
 		return &ConfigError{Field: "PublisherConfig.NotifyChannel", Reason: "at most 63 bytes, no NUL"}
 	}
-	return c.Schema.Validate()
+	return nil
+}
+
+// plainSchema is a SchemaConfig without extra columns or a scope (comparable): the key of
+// compiled schemas that NewPublisher reuses.
+type plainSchema struct {
+	table       string
+	payloadType PayloadType
+	dialect     Dialect
+	fillFactor  int
+}
+
+// publisherSchemas caches compiled plain schemas (plainSchema -> *schema; a compiled schema is
+// never written after compile): one Publisher per transaction is the normal use, and
+// compiling the same config for each was a measurable share of a write's client CPU.
+var publisherSchemas sync.Map
+
+// publisherSchema returns c compiled, reusing an earlier compilation of a plain config.
+func publisherSchema(c SchemaConfig) (*schema, error) {
+	if len(c.ExtraColumns) > 0 || len(c.IdempotencyScope) > 0 {
+		return c.compile()
+	}
+	key := plainSchema{c.Table, c.PayloadType, c.Dialect, c.FillFactor}
+	if s, ok := publisherSchemas.Load(key); ok {
+		return s.(*schema), nil
+	}
+	s, err := c.compile()
+	if err != nil {
+		return nil, err
+	}
+	publisherSchemas.Store(key, s)
+	return s, nil
 }
 
 // Publisher is a Watermill message.Publisher that writes each message as a row of the outbox
@@ -128,10 +168,10 @@ type Publisher struct {
 // an invalid config or an unsupported handle (ErrUnsupportedDB). It runs no SQL.
 func NewPublisher(db any, cfg PublisherConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
 	cfg.setDefaults()
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validateOwn(); err != nil {
 		return nil, err
 	}
-	s, err := cfg.Schema.compile()
+	s, err := publisherSchema(cfg.Schema)
 	if err != nil {
 		return nil, err
 	}
@@ -170,14 +210,20 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if msgs[0] != nil {
 		ctx = msgs[0].Context()
 	}
-	_, err := p.PublishEvents(ctx, topic, msgs...)
+	_, err := p.publish(ctx, topic, msgs, p.cfg.OnWrite != nil)
 	return err
 }
 
 // PublishEvents is Publish with an explicit context, returning the stored event of each message
 // in input order: Duplicate is set, with the stored event's id and columns, for a message whose
 // idempotency key already existed.
-func (p *Publisher) PublishEvents(ctx context.Context, topic string, msgs ...*message.Message) (evs []Event, err error) {
+func (p *Publisher) PublishEvents(ctx context.Context, topic string, msgs ...*message.Message) ([]Event, error) {
+	return p.publish(ctx, topic, msgs, true)
+}
+
+// publish is PublishEvents; without events (Publish, no OnWrite) it returns no events, and
+// a write without idempotency keys then reads nothing back from the database.
+func (p *Publisher) publish(ctx context.Context, topic string, msgs []*message.Message, events bool) (evs []Event, err error) {
 	if len(msgs) == 0 {
 		return nil, nil
 	}
@@ -192,7 +238,7 @@ func (p *Publisher) PublishEvents(ctx context.Context, topic string, msgs ...*me
 		}
 		rows[i] = r
 	}
-	return p.insert(ctx, rows)
+	return p.insert(ctx, rows, events)
 }
 
 // Enqueue writes one event whose payload is encoded with EncodePayload's rules. It returns the
@@ -227,12 +273,12 @@ func (p *Publisher) EnqueueMany(ctx context.Context, ins []EventInput) (evs []Ev
 		return nil, nil
 	}
 	if !p.ex.InTx() {
-		return p.insert(ctx, rows)
+		return p.insert(ctx, rows, true)
 	}
 	if _, err := p.ex.Exec(ctx, "SAVEPOINT outbox_enqueue"); err != nil {
 		return nil, fmt.Errorf("outbox: savepoint: %w", err)
 	}
-	evs, err = p.insert(ctx, rows)
+	evs, err = p.insert(ctx, rows, true)
 	if err != nil {
 		if _, rbErr := p.ex.Exec(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT outbox_enqueue"); rbErr != nil {
 			return nil, errors.Join(err, fmt.Errorf("outbox: rollback to savepoint: %w", rbErr))
@@ -409,22 +455,30 @@ func (p *Publisher) finishRow(i int, r row, payload []byte, headers map[string]s
 	return r, nil
 }
 
-func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
+// insert writes rows. Without events (and without idempotency keys) it returns nil events.
+func (p *Publisher) insert(ctx context.Context, rows []row, events bool) ([]Event, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
 	n := len(rows)
 	in := &dialect.InsertParams{Table: p.s.t, Rows: make([]dialect.InsertRow, n), Notify: p.cfg.NotifyChannel, MaxNotifyTopicBytes: MaxNotifyTopicBytes}
-	seenID := make(map[uuid.UUID]int, n)
-	distinctKeys := map[string]struct{}{}
+	// One event (the common Publish) has no duplicate id and at most one key (the cap is at
+	// least 1): no maps.
+	var seenID map[uuid.UUID]int
+	var distinctKeys map[string]struct{}
+	if n > 1 {
+		seenID, distinctKeys = make(map[uuid.UUID]int, n), map[string]struct{}{}
+	}
 	idem := false
 	for i, r := range rows {
 		if j, dup := seenID[r.id]; dup {
 			return nil, &ValidationError{Index: i, Field: "uuid", Reason: fmt.Sprintf("same id as event #%d of this call", j)}
 		}
-		seenID[r.id] = i
 		in.Rows[i] = dialect.InsertRow{ID: r.id.String(), Topic: r.topic, Payload: r.payload, Headers: string(r.headers), OrderingKey: r.okey, IdempotencyKey: r.ikey}
-		if r.okey != nil {
+		if n > 1 {
+			seenID[r.id] = i
+		}
+		if r.okey != nil && n > 1 {
 			distinctKeys[*r.okey] = struct{}{}
 			if len(distinctKeys) > p.cfg.MaxOrderingKeysPerCall {
 				return nil, &ValidationError{Index: i, Field: "ordering_key", Reason: fmt.Sprintf("more than %d distinct ordering keys in one call (PublisherConfig.MaxOrderingKeysPerCall)", p.cfg.MaxOrderingKeysPerCall)}
@@ -451,18 +505,9 @@ func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
 			in.Rows[i].Extra = &s
 		}
 	}
-	byID := make(map[string]Event, n)
-	byKey := map[string]Event{}
-	add := func(ev Event) {
-		if ev.IdempotencyKey != "" {
-			if _, seen := byKey[ev.IdempotencyKey]; !seen || !ev.Duplicate {
-				byKey[ev.IdempotencyKey] = ev
-			}
-		}
-		if !ev.Duplicate {
-			byID[ev.ID.String()] = ev
-		}
-	}
+	// Without idempotency keys every row is inserted or the statement fails: a caller that
+	// needs no events needs nothing back.
+	in.NoReturn = !events && !idem
 	start := time.Now()
 	stored, err := p.s.d.Insert(ctx, p.ex, in)
 	var conflict *dialect.IdempotencyConflict
@@ -471,6 +516,16 @@ func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
 		return nil, &IdempotencyConflictError{Index: conflict.Index, Key: conflict.Key}
 	case err != nil:
 		return nil, fmt.Errorf("outbox: insert into %s: %w", p.s.table, err)
+	case in.NoReturn:
+		p.logWritten(n, start)
+		if p.cfg.OnInserted != nil {
+			var topics []string
+			for _, r := range rows {
+				topics = appendNew(topics, r.topic)
+			}
+			p.cfg.OnInserted(topics)
+		}
+		return nil, nil
 	case p.s.caps.ResolvesRows:
 		// One answer per row, in order: inserted, or stored in its scope (Duplicate).
 		if len(stored) != n {
@@ -482,8 +537,18 @@ func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
 		}
 		return p.written(out, start), nil
 	}
+	byID := make(map[string]Event, n)
+	byKey := map[string]Event{}
 	for _, st := range stored {
-		add(storedEvent(st))
+		ev := storedEvent(st)
+		if ev.IdempotencyKey != "" {
+			if _, seen := byKey[ev.IdempotencyKey]; !seen || !ev.Duplicate {
+				byKey[ev.IdempotencyKey] = ev
+			}
+		}
+		if !ev.Duplicate {
+			byID[ev.ID.String()] = ev
+		}
 	}
 	if idem && (p.s.scoped() || len(in.ExtraNames) > 0) {
 		out, err := p.resolveByScope(ctx, rows, byID)
@@ -533,12 +598,12 @@ func (p *Publisher) insert(ctx context.Context, rows []row) ([]Event, error) {
 
 // written logs a finished write and calls OnInserted with the topics of the inserted events.
 func (p *Publisher) written(out []Event, start time.Time) []Event {
-	p.logger.Trace("outbox: events written", watermill.LogFields{"table": p.s.table, "events": len(out), "took": time.Since(start)})
+	p.logWritten(len(out), start)
 	if p.cfg.OnInserted != nil {
 		var topics []string
 		for _, ev := range out {
-			if !ev.Duplicate && !slices.Contains(topics, ev.Topic) {
-				topics = append(topics, ev.Topic)
+			if !ev.Duplicate {
+				topics = appendNew(topics, ev.Topic)
 			}
 		}
 		if len(topics) > 0 {
@@ -546,6 +611,22 @@ func (p *Publisher) written(out []Event, start time.Time) []Event {
 		}
 	}
 	return out
+}
+
+// logWritten logs a finished write of n events (not built for the NopLogger: a write's fields
+// cost an allocation).
+func (p *Publisher) logWritten(n int, start time.Time) {
+	if _, nop := p.logger.(watermill.NopLogger); !nop {
+		p.logger.Trace("outbox: events written", watermill.LogFields{"table": p.s.table, "events": n, "took": time.Since(start)})
+	}
+}
+
+// appendNew appends topic to topics unless it is there.
+func appendNew(topics []string, topic string) []string {
+	if slices.Contains(topics, topic) {
+		return topics
+	}
+	return append(topics, topic)
 }
 
 func (p *Publisher) readStored(ctx context.Context, keys []string, byKey map[string]Event) error {

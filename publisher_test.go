@@ -694,3 +694,66 @@ func TestNotifyChannelAndOnInserted(t *testing.T) {
 		t.Fatalf("OnInserted calls %v", inserted)
 	}
 }
+
+// TestPublishWithoutReadBack: Publish without OnWrite and without idempotency keys reads
+// nothing back (no RETURNING) and PublishEvents of one event returns only the database's
+// columns; both must still store every column and report the same values as the table, on
+// every handle, and OnInserted must get the distinct topics.
+func TestPublishWithoutReadBack(t *testing.T) {
+	for _, r := range runners(t) {
+		t.Run(r.name, func(t *testing.T) {
+			cfg := newTable(t)
+			var inserted [][]string
+			db, commit, _, _ := r.begin(t)
+			p := mustPublisher(t, db, outbox.PublisherConfig{Schema: cfg, OnInserted: func(topics []string) { inserted = append(inserted, topics) }})
+			a, b, c := outbox.NewMessage([]byte(`{"n":1}`)), outbox.NewMessage([]byte(`{"n":2}`)), outbox.NewMessage([]byte(`{"n":3}`))
+			outbox.SetOrderingKey(a, "k1")
+			b.Metadata.Set("h", "v")
+			if err := p.Publish("x", a, b); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Publish("y", c); err != nil {
+				t.Fatal(err)
+			}
+			d := outbox.NewMessage([]byte(`{"n":4}`))
+			outbox.SetOrderingKey(d, "k2")
+			evs, err := p.PublishEvents(ctx, "z", d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := commit(); err != nil {
+				t.Fatal(err)
+			}
+			rows := readRows(t, cfg.Table)
+			if len(rows) != 4 {
+				t.Fatalf("%d rows stored, want 4", len(rows))
+			}
+			want := []struct {
+				id, topic, payload, headers string
+				okey                        *string
+			}{{a.UUID, "x", `{"n":1}`, `{}`, ptr("k1")}, {b.UUID, "x", `{"n":2}`, `{"h":"v"}`, nil}, {c.UUID, "y", `{"n":3}`, `{}`, nil}, {d.UUID, "z", `{"n":4}`, `{}`, ptr("k2")}}
+			for i, w := range want {
+				got := rows[i]
+				if got.ID != w.id || got.Topic != w.topic || got.Payload != w.payload || got.Headers != w.headers || fmt.Sprint(deref(got.OrderingKey)) != fmt.Sprint(deref(w.okey)) || got.IdempotencyKey != nil {
+					t.Errorf("row %d = %+v, want %+v", i, got, w)
+				}
+			}
+			last := rows[3]
+			want0 := outbox.Event{Sequence: last.Sequence, ID: uuid.MustParse(d.UUID), Topic: "z", OrderingKey: "k2", CreatedAt: last.CreatedAt}
+			if len(evs) != 1 || evs[0].Sequence != want0.Sequence || evs[0].ID != want0.ID || evs[0].Topic != want0.Topic || evs[0].OrderingKey != want0.OrderingKey ||
+				evs[0].IdempotencyKey != "" || evs[0].Duplicate || !evs[0].CreatedAt.Equal(want0.CreatedAt) {
+				t.Errorf("PublishEvents = %+v, want %+v", evs, want0)
+			}
+			if fmt.Sprint(inserted) != "[[x] [y] [z]]" {
+				t.Errorf("OnInserted calls %v, want [[x] [y] [z]]", inserted)
+			}
+		})
+	}
+}
+
+func deref(s *string) any {
+	if s == nil {
+		return nil
+	}
+	return *s
+}

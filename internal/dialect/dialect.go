@@ -225,6 +225,9 @@ type InsertParams struct {
 	Notify string
 	// MaxNotifyTopicBytes: longer topics are announced as "".
 	MaxNotifyTopicBytes int
+	// NoReturn: the caller needs no Stored values (no row has an idempotency key); a dialect
+	// may then run the insert without RETURNING and return nil.
+	NoReturn bool
 }
 
 // Stored is an event as stored: inserted by this call, or found by its idempotency key

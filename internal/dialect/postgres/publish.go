@@ -23,7 +23,14 @@ type insertShape struct {
 	notify  string // NOTIFY channel folded into the statement, "" for none
 	target  string // ON CONFLICT columns: the idempotency index's
 	maxNote int    // longest topic announced by name
+	// noReturn: a plain insert (plain()) without RETURNING, run with Exec (the caller needs
+	// no stored values: Publish without idempotency keys).
+	noReturn bool
 }
+
+// plain reports whether the statement is the INSERT alone (no ON CONFLICT read-back, no
+// NOTIFY): its RETURNING may then be cut to what the caller cannot know.
+func (sh insertShape) plain() bool { return !sh.idem && sh.notify == "" }
 
 func (sh insertShape) build() string {
 	// JSON text is cast to json (PostgreSQL's json input checks the syntax and keeps the bytes)
@@ -87,11 +94,21 @@ func (sh insertShape) build() string {
 	ins.WriteString(from + order)
 	returning := `"sequence", "id"::text, "topic", "ordering_key", "idempotency_key", "created_at"`
 	var b strings.Builder
-	if !sh.idem && sh.notify == "" {
+	if sh.plain() {
 		if len(ctes) > 0 {
 			b.WriteString("WITH " + strings.Join(ctes, ", ") + " ")
 		}
-		b.WriteString(ins.String() + " RETURNING false, " + returning)
+		b.WriteString(ins.String())
+		switch {
+		case sh.noReturn:
+			// Nothing to send back: the statement's result is its command tag, as
+			// watermill-sql's insert.
+		case sh.single:
+			// The writer has the event's id, topic and keys: only what the database chose.
+			b.WriteString(` RETURNING "sequence", "created_at"`)
+		default:
+			b.WriteString(" RETURNING false, " + returning)
+		}
 		return b.String()
 	}
 	if sh.idem {
@@ -166,9 +183,14 @@ func (Dialect) Insert(ctx context.Context, ex dialect.Executor, p *dialect.Inser
 	if sh.extras != "" {
 		args = append(args, extras)
 	}
+	sh.noReturn = p.NoReturn && sh.plain()
 	q, ok := insertSQL.Load(sh)
 	if !ok {
 		q, _ = insertSQL.LoadOrStore(sh, sh.build())
+	}
+	if sh.noReturn {
+		_, err := ex.Exec(ctx, q.(string), args...)
+		return nil, err
 	}
 	rs, err := ex.Query(ctx, q.(string), args...)
 	if err != nil {
@@ -178,7 +200,14 @@ func (Dialect) Insert(ctx context.Context, ex dialect.Executor, p *dialect.Inser
 	var out []dialect.Stored
 	for rs.Next() {
 		var st dialect.Stored
-		if err := rs.Scan(&st.Duplicate, &st.Sequence, &st.ID, &st.Topic, &st.OrderingKey, &st.IdempotencyKey, &st.CreatedAt); err != nil {
+		if sh.single && sh.plain() {
+			r := p.Rows[0]
+			st = dialect.Stored{ID: r.ID, Topic: r.Topic, OrderingKey: r.OrderingKey, IdempotencyKey: r.IdempotencyKey}
+			err = rs.Scan(&st.Sequence, &st.CreatedAt)
+		} else {
+			err = rs.Scan(&st.Duplicate, &st.Sequence, &st.ID, &st.Topic, &st.OrderingKey, &st.IdempotencyKey, &st.CreatedAt)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("scan: %w", err)
 		}
 		out = append(out, st)

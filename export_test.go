@@ -9,3 +9,8 @@ func SetSweepInterval(d time.Duration) (restore func()) {
 	sweepInterval = d
 	return func() { sweepInterval = old }
 }
+
+// PollWait is pollWait (tests only).
+func PollWait(pollInterval time.Duration, held int) time.Duration {
+	return pollWait(pollInterval, held)
+}

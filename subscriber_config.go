@@ -45,7 +45,9 @@ type SubscriberConfig struct {
 	// Schema names the outbox table; it must match the table's Migrate config.
 	Schema SchemaConfig
 	// PollInterval is how long a subscription waits before polling again after a poll that
-	// found nothing (a wakeup signal cuts the wait short). Default 5s.
+	// found nothing (a wakeup signal cuts the wait short). Default 5s. Below 100 ms, the wait
+	// doubles (up to 100 ms) after each poll in a row that found claimable keyed events only
+	// of keys another relay holds.
 	PollInterval time.Duration
 	// BatchSize is how many events one claim leases, 1..10000. Default 100.
 	BatchSize int

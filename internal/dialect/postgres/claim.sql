@@ -66,38 +66,12 @@ walked AS MATERIALIZED (
 -- Each walked key with its oldest walked event and its low: a sequence below which every event
 -- of the key is published (@low_keys/@low_seqs from the relay's own marks, see
 -- subscription.keyLows; 0 for other keys). A walked key is claimable when that event is its
--- head (checked in "runs" from the low, not from the key's first index entry, which under a
+-- head (checked in "wruns" from the low, not from the key's first index entry, which under a
 -- long-open snapshot is every event of the key published since that snapshot: 14,636 of a
 -- 50,013-buffer claim after a minute at 1,000 events/s over 100 keys).
 walk AS MATERIALIZED (
 	SELECT w.k, w.s, COALESCE(l.low, 0) AS low FROM (SELECT "ordering_key" AS k, min("sequence") AS s FROM walked GROUP BY 1) w
 	LEFT JOIN unnest(@low_keys::text[], @low_seqs::bigint[]) AS l(k, low) ON l.k = w.k
-)
-
--- name: scanned
--- The skip scan, bounded by {keyscan} keys, run only when the walk was full (a one-time
--- filter: otherwise the recursive scan is never executed): a walk that ended before its LIMIT
--- saw every claimable keyed event not locked by another claim (those below the floor come
--- from walked_retry), so every claimable head is among its rows. @no_key_scan: the relay backs
--- it off while it finds no claimable head (see subscription.keyScanIn): it starts at each key's
--- first index entry, which under a long-open snapshot is every event of the key published since
--- (with 10 hot keys and a snapshot held through a 100k drain, the key index read 9.0M entries
--- against 0.2M without the snapshot, most of them here).
-scanned AS MATERIALIZED (
-	SELECT k, seq FROM skip WHERE NOT @no_key_scan AND (SELECT count(*) FROM walked) >= @oldest LIMIT {keyscan}
-)
-
--- name: probed
--- The heads of the keys the relay knows (@low_keys, see walk), each looked up from the key's
--- low: run beside the skip scan (when the walk was full), they find the heads of the keys the
--- relay serves without stepping over those keys' published events, so the skip scan is needed
--- only for keys the relay does not know, and is backed off while it finds none of those.
-probed AS MATERIALIZED (
-	SELECT l.k, h."sequence" AS seq FROM unnest(@low_keys::text[], @low_seqs::bigint[]) AS l(k, low) CROSS JOIN LATERAL (
-		SELECT "sequence" FROM {t} WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
-		AND ("ordering_key", "sequence") >= (l.k, l.low) AND ("ordering_key", "sequence") <= (l.k, 9223372036854775807)
-		ORDER BY "ordering_key", "sequence" LIMIT 1) h
-	WHERE (SELECT count(*) FROM walked) >= @oldest
 )
 
 -- name: cont
@@ -122,6 +96,69 @@ cont AS MATERIALIZED (
 	WHERE h."sequence" > c.a OR (h."leased_by" = @cont_token AND h."lease_until" > now() + @cont_margin_us * interval '1 microsecond')
 )
 
+-- name: wruns
+-- Up to {run} events of each key from its head: the continued keys' and the claimable walked
+-- keys' runs in age order (by the sequence of the key's next event, so a continued key does
+-- not go before older events of other keys: read first, one hot key filling every batch held
+-- an older key's event back behind its whole backlog; the scanned keys' runs come after these,
+-- in runs); it stops at @run_limit rows (BatchSize, or subscription.splitLimit during a split): the nested loops
+-- run lazily under that LIMIT, so a claim reads about that many rows of runs (reading every
+-- walked key's run first took 110 ms per claim over 1,000 keys with 1,000 events each). OFFSET
+-- 0 keeps the ordered subqueries from being flattened into the join. A walked key (pri = 1)
+-- qualifies only when its oldest walked event is its head, the first unpublished event of the
+-- key in the key index (a LIMIT 1 lookup, run per key as a one-time filter of the key's run
+-- scan, so a blocked key costs one index row: reading a blocked key's run window instead cost
+-- 72-94 ms per claim over 1,000 keys whose heads were backing off; as NOT EXISTS it was planned
+-- as a sequential scan). Such a head needs no other check and no second lock: the walk checked
+-- and locked it.
+wruns AS MATERIALIZED (
+	SELECT w.k, r."sequence", r.rn, w.pri FROM (
+		SELECT k, s, low, 1 AS pri FROM walk WHERE NOT (k = ANY(COALESCE(@cont_keys::text[], '{}')))
+		UNION ALL
+		SELECT k, s, 0, 0 FROM cont
+		ORDER BY s OFFSET 0) w CROSS JOIN LATERAL (
+		SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM {t}
+		WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
+		AND ("ordering_key", "sequence") >= (w.k, w.s) AND ("ordering_key", "sequence") <= (w.k, 9223372036854775807)
+		AND (w.pri = 0 OR (SELECT e."sequence" FROM {t} e WHERE e."published_at" IS NULL AND e."ordering_key" IS NOT NULL
+			AND (e."ordering_key", e."sequence") >= (w.k, w.low) AND (e."ordering_key", e."sequence") <= (w.k, w.s)
+			ORDER BY e."ordering_key", e."sequence" LIMIT 1) = w.s)
+		ORDER BY "ordering_key", "sequence" LIMIT {run}) r
+	LIMIT @run_limit
+)
+
+-- name: scanned
+-- The skip scan, bounded by {keyscan} keys, run only when the walk was full (a one-time
+-- filter: otherwise the recursive scan is never executed): a walk that ended before its LIMIT
+-- saw every claimable keyed event not locked by another claim (those below the floor come
+-- from walked_retry), so every claimable head is among its rows. @no_key_scan: the relay backs
+-- it off while it finds no claimable head (see subscription.keyScanIn): it starts at each key's
+-- first index entry, which under a long-open snapshot is every event of the key published since
+-- (with 10 hot keys and a snapshot held through a 100k drain, the key index read 9.0M entries
+-- against 0.2M without the snapshot, most of them here). Nor is it run when the walked and
+-- continued keys' runs (wruns) fill the claim: its keys' runs would come after those and be cut
+-- by the LIMIT. Over 1,000 keys with 100 events each, that is every claim of a drain, and the
+-- skip scan, the probes and their heads' checks were 3.2k of the claim's 10.3k buffers. (The
+-- marker row then reports 0 keys scanned, as after a walk that was not full: the next skip
+-- scan starts over from the first key; keys behind blocked ones are still reached, since a
+-- walk full of blocked keys' events leaves wruns short and the skip scan then runs every claim.)
+scanned AS MATERIALIZED (
+	SELECT k, seq FROM skip WHERE NOT @no_key_scan AND (SELECT count(*) FROM walked) >= @oldest AND (SELECT count(*) FROM wruns) < @run_limit LIMIT {keyscan}
+)
+
+-- name: probed
+-- The heads of the keys the relay knows (@low_keys, see walk), each looked up from the key's
+-- low: run beside the skip scan (when the walk was full and wruns did not fill the claim), they find the heads of the keys the
+-- relay serves without stepping over those keys' published events, so the skip scan is needed
+-- only for keys the relay does not know, and is backed off while it finds none of those.
+probed AS MATERIALIZED (
+	SELECT l.k, h."sequence" AS seq FROM unnest(@low_keys::text[], @low_seqs::bigint[]) AS l(k, low) CROSS JOIN LATERAL (
+		SELECT "sequence" FROM {t} WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
+		AND ("ordering_key", "sequence") >= (l.k, l.low) AND ("ordering_key", "sequence") <= (l.k, 9223372036854775807)
+		ORDER BY "ordering_key", "sequence" LIMIT 1) h
+	WHERE (SELECT count(*) FROM walked) >= @oldest AND (SELECT count(*) FROM wruns) < @run_limit
+)
+
 -- name: sheads
 -- The scanned and probed keys' heads that are claimable, each checked by one primary-key lookup (LIMIT 1
 -- keeps it a per-row lookup: as a join it was planned as a sequential scan on a table without
@@ -136,33 +173,10 @@ sheads AS MATERIALIZED (
 )
 
 -- name: runs
--- Up to {run} events of each key from its head: the continued keys' and the claimable walked
--- keys' runs in age order (by the sequence of the key's next event, so a continued key does
--- not go before older events of other keys: read first, one hot key filling every batch held
--- an older key's event back behind its whole backlog), then the scanned keys' runs; it stops
--- at @run_limit rows (BatchSize, or subscription.splitLimit during a split): the nested loops
--- run lazily under that LIMIT, so a claim reads about that many rows of runs (reading every
--- walked key's run first took 110 ms per claim over 1,000 keys with 1,000 events each). OFFSET
--- 0 keeps the ordered subqueries from being flattened into the join. A walked key (pri = 1)
--- qualifies only when its oldest walked event is its head, the first unpublished event of the
--- key in the key index (a LIMIT 1 lookup, run per key as a one-time filter of the key's run
--- scan, so a blocked key costs one index row: reading a blocked key's run window instead cost
--- 72-94 ms per claim over 1,000 keys whose heads were backing off; as NOT EXISTS it was planned
--- as a sequential scan). Such a head needs no other check and no second lock: the walk checked
--- and locked it.
+-- The walked and continued keys' runs (wruns), then the scanned and probed keys' runs, up to
+-- @run_limit rows.
 runs AS MATERIALIZED (
-	SELECT w.k, r."sequence", r.rn, w.pri FROM (
-		SELECT k, s, low, 1 AS pri FROM walk WHERE NOT (k = ANY(COALESCE(@cont_keys::text[], '{}')))
-		UNION ALL
-		SELECT k, s, 0, 0 FROM cont
-		ORDER BY s OFFSET 0) w CROSS JOIN LATERAL (
-		SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM {t}
-		WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
-		AND ("ordering_key", "sequence") >= (w.k, w.s) AND ("ordering_key", "sequence") <= (w.k, 9223372036854775807)
-		AND (w.pri = 0 OR (SELECT e."sequence" FROM {t} e WHERE e."published_at" IS NULL AND e."ordering_key" IS NOT NULL
-			AND (e."ordering_key", e."sequence") >= (w.k, w.low) AND (e."ordering_key", e."sequence") <= (w.k, w.s)
-			ORDER BY e."ordering_key", e."sequence" LIMIT 1) = w.s)
-		ORDER BY "ordering_key", "sequence" LIMIT {run}) r
+	SELECT k, "sequence", rn, pri FROM wruns
 	UNION ALL
 	SELECT c.k, r."sequence", r.rn, 0 FROM (SELECT k, seq FROM sheads ORDER BY seq OFFSET 0) c CROSS JOIN LATERAL (
 		SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM {t}
@@ -265,8 +279,8 @@ upd AS (
 -- The leased rows with their ranks (a join of the UPDATE's rows with picked: array_position per
 -- row was quadratic in the batch), then one marker row with the skip scan's last key and key
 -- count (the next claim resumes after that key, so every key is looked at within a few polls
--- however many keys are blocked before it), how many keys the walk found, and what the next
--- floors are computed from (subscription.floors): the snapshot's xmin, this statement's
+-- however many keys are blocked before it; it starts over after a claim without a skip scan),
+-- how many keys the walk found, and what the next floors are computed from (subscription.floors): the snapshot's xmin, this statement's
 -- transaction id (assigned by the lease; NULL when it leased nothing), the highest sequence the
 -- snapshot sees, the floors' candidates, and how many claimable heads the skip scan found
 -- that probed did not. The

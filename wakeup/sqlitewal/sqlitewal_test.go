@@ -1,12 +1,15 @@
 package sqlitewal_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -42,6 +45,7 @@ func TestMain(m *testing.M) {
 
 // childWrite publishes SQLITEWAL_CHILD_EVENTS events, one transaction each, paced at
 // SQLITEWAL_CHILD_RATE per second; event i carries "<first+i> <unix nanoseconds before COMMIT>".
+// At the end it prints its writerStats on standard output as JSON.
 func childWrite(path string) error {
 	n, _ := strconv.Atoi(os.Getenv(envEvents))
 	rate, _ := strconv.Atoi(os.Getenv(envRate))
@@ -53,14 +57,17 @@ func childWrite(path string) error {
 	defer db.Close()
 	ctx := context.Background()
 	start := time.Now()
+	waits := make([]time.Duration, 0, n)
 	for i := range n {
 		if rate > 0 {
 			time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
 		}
-		tx, err := db.BeginTx(ctx, nil)
+		began := time.Now()
+		tx, err := db.BeginTx(ctx, nil) // BEGIN IMMEDIATE: waits for the write lock
 		if err != nil {
 			return err
 		}
+		waits = append(waits, time.Since(began))
 		pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Schema: schema}, nil)
 		if err != nil {
 			return err
@@ -74,20 +81,54 @@ func childWrite(path string) error {
 			return err
 		}
 	}
-	return nil
+	st := writerStats{Events: n, Elapsed: time.Since(start)}
+	if n > 0 {
+		slices.Sort(waits)
+		st.BeginP99, st.BeginMax = waits[(n-1)*99/100], waits[n-1]
+	}
+	return json.NewEncoder(os.Stdout).Encode(st)
+}
+
+// writerStats is what a writer child reports: its events (one transaction each), the time from
+// its start to its last COMMIT, and the 99th percentile and maximum of its waits for the write
+// lock (BEGIN IMMEDIATE, through SQLite's busy handler).
+type writerStats struct {
+	Events             int
+	Elapsed            time.Duration
+	BeginP99, BeginMax time.Duration
 }
 
 // startWriter runs the writer child on path and returns a function waiting for its exit.
 func startWriter(t testing.TB, path string, first, events, rate int) func() error {
 	t.Helper()
+	wait := startWriterStats(t, path, first, events, rate)
+	return func() error {
+		_, err := wait()
+		return err
+	}
+}
+
+// startWriterStats runs the writer child on path and returns a function waiting for its exit
+// and returning its report.
+func startWriterStats(t testing.TB, path string, first, events, rate int) func() (writerStats, error) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envDB+"="+path, envEvents+"="+strconv.Itoa(events),
 		envRate+"="+strconv.Itoa(rate), envFirst+"="+strconv.Itoa(first))
 	cmd.Stderr = os.Stderr
+	var out bytes.Buffer
+	cmd.Stdout = &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	return cmd.Wait
+	return func() (writerStats, error) {
+		var st writerStats
+		if err := cmd.Wait(); err != nil {
+			return st, err
+		}
+		err := json.Unmarshal(out.Bytes(), &st)
+		return st, err
+	}
 }
 
 func openDB(t testing.TB) (string, *sql.DB) {

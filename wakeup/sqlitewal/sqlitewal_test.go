@@ -278,3 +278,83 @@ func TestRelayInAnotherProcess(t *testing.T) {
 		}
 	}
 }
+
+// TestTwoRelaysTwoWriterProcesses: two relays (each its own pool, both woken by the log watch,
+// so both lock eagerly and claim reading first) share the events two writer processes commit at
+// 500 events/s in all; every event is delivered once, each relay's share in commit order per
+// writer (each writer's events are in sequence order, and a relay claims in sequence order).
+func TestTwoRelaysTwoWriterProcesses(t *testing.T) {
+	path, db := openDB(t)
+	db2, err := sql.Open("sqlite", outbox.SQLiteDSN(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db2.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	type got struct {
+		relay int
+		seq   int64
+	}
+	delivered := make(chan got, 64)
+	for i, h := range []*sql.DB{db, db2} {
+		w, err := sqlitewal.New(path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		sub, err := outbox.NewSubscriber(h, outbox.SubscriberConfig{Schema: schema, PollInterval: time.Hour, Wakeup: w}, watermill.NopLogger{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sub.Close()
+		msgs, err := sub.Subscribe(ctx, "walwake")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			for m := range msgs {
+				var seq, sent int64
+				if _, err := fmt.Sscanf(string(m.Payload), "[%d, %d]", &seq, &sent); err != nil {
+					seq = -1
+				}
+				m.Ack()
+				select {
+				case delivered <- got{i, seq}:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+	}
+	const perWriter = 1000
+	waits := []func() error{startWriter(t, path, 0, perWriter, 250), startWriter(t, path, perWriter, perWriter, 250)}
+	seen := make(map[int64]int, 2*perWriter)
+	last := map[[2]int64]int64{} // (relay, writer) → last sequence seen
+	perRelay := [2]int{}
+	for len(seen) < 2*perWriter {
+		select {
+		case g := <-delivered:
+			if g.seq < 0 || g.seq >= 2*perWriter {
+				t.Fatalf("relay %d: unexpected payload sequence %d", g.relay, g.seq)
+			}
+			if seen[g.seq]++; seen[g.seq] > 1 {
+				t.Fatalf("event %d delivered twice", g.seq)
+			}
+			k := [2]int64{int64(g.relay), g.seq / perWriter}
+			if prev, ok := last[k]; ok && g.seq < prev {
+				t.Fatalf("relay %d delivered writer %d's event %d after %d", g.relay, k[1], g.seq, prev)
+			}
+			last[k] = g.seq
+			perRelay[g.relay]++
+		case <-ctx.Done():
+			t.Fatalf("%d of %d events delivered", len(seen), 2*perWriter)
+		}
+	}
+	for _, w := range waits {
+		if err := w(); err != nil {
+			t.Fatalf("writer: %v", err)
+		}
+	}
+	t.Logf("events per relay: %v", perRelay)
+}

@@ -20,14 +20,15 @@ import (
 // events/s in all (one event per transaction) for 10 s; a relay in this process delivers them.
 // It reports the commit → handler delay's p50 and p99 in milliseconds (the writer's clock just
 // before COMMIT to the handler's receipt; same machine, so one clock), and the writers' side:
-// their transactions per second in all (paced at 1,000: less means they fell behind) and the
-// worst writer's p99 wait for the write lock (begin-p99-ms, BEGIN IMMEDIATE through SQLite's
-// busy handler). Variants, in this order: the file-notification wakeup with the relays' eager
-// locking policies (eager=woken, the default: every claim while writers commit; eager=first:
-// only the first claim after each wakeup, as before; eager=never: SQLite's busy handler only),
-// with and without claims that look for work before taking the write lock (readfirst, on by
-// default), and, as the comparator, polling only (PollInterval 5s, the default). -count runs
-// each variant that many times in a row: for interleaved rounds run the command in a loop.
+// their transactions per second in all (paced at 1,000: less means they fell behind), the worst
+// writer's p99 wait for the write lock (begin-p99-ms, BEGIN IMMEDIATE through SQLite's busy
+// handler) and its p99 COMMIT (commit-p99-ms). Variants, in this order: the file-notification
+// wakeup with the relays' eager locking policies (eager=woken, the default: every claim while
+// writers commit; eager=first: only the first claim after each wakeup, as before; eager=never:
+// SQLite's busy handler only), with and without claims that look for work before taking the
+// write lock (readfirst, on by default), and, as the comparator, polling only (PollInterval 5s,
+// the default). -count runs each variant that many times in a row: for interleaved rounds run
+// the command in a loop.
 //
 //	go test -run '^$' -bench CrossProcessLatency -benchtime 1x ./wakeup/sqlitewal/
 func BenchmarkCrossProcessLatency(b *testing.B) {
@@ -56,6 +57,7 @@ func BenchmarkCrossProcessLatency(b *testing.B) {
 				b.ReportMetric(float64(r.events), "events")
 				b.ReportMetric(r.writerTxs, "writer-tx/s")
 				b.ReportMetric(r.beginP99, "begin-p99-ms")
+				b.ReportMetric(r.commitP99, "commit-p99-ms")
 			}
 		})
 	}
@@ -67,6 +69,7 @@ type crossRun struct {
 	events    int
 	writerTxs float64 // the writers' transactions per second, summed
 	beginP99  float64 // the worst writer's p99 wait for the write lock, ms
+	commitP99 float64 // the worst writer's p99 COMMIT, ms
 }
 
 func crossProcessRun(b *testing.B, wake bool, writers, ratePerWriter int, d time.Duration) crossRun {
@@ -119,6 +122,7 @@ func crossProcessRun(b *testing.B, wake bool, writers, ratePerWriter int, d time
 		}
 		r.writerTxs += float64(st.Events) / st.Elapsed.Seconds()
 		r.beginP99 = max(r.beginP99, float64(st.BeginP99)/1e6)
+		r.commitP99 = max(r.commitP99, float64(st.CommitP99)/1e6)
 	}
 	slices.Sort(lags)
 	ms := func(q float64) float64 { return float64(lags[int(q*float64(len(lags)-1))]) / 1e6 }

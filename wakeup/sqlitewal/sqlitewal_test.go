@@ -57,7 +57,7 @@ func childWrite(path string) error {
 	defer db.Close()
 	ctx := context.Background()
 	start := time.Now()
-	waits := make([]time.Duration, 0, n)
+	waits, commits := make([]time.Duration, 0, n), make([]time.Duration, 0, n)
 	for i := range n {
 		if rate > 0 {
 			time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
@@ -77,25 +77,31 @@ func childWrite(path string) error {
 			_ = tx.Rollback()
 			return err
 		}
+		committing := time.Now()
 		if err := tx.Commit(); err != nil {
 			return err
 		}
+		commits = append(commits, time.Since(committing))
 	}
 	st := writerStats{Events: n, Elapsed: time.Since(start)}
 	if n > 0 {
 		slices.Sort(waits)
+		slices.Sort(commits)
 		st.BeginP99, st.BeginMax = waits[(n-1)*99/100], waits[n-1]
+		st.CommitP99, st.CommitMax = commits[(n-1)*99/100], commits[n-1]
 	}
 	return json.NewEncoder(os.Stdout).Encode(st)
 }
 
 // writerStats is what a writer child reports: its events (one transaction each), the time from
 // its start to its last COMMIT, and the 99th percentile and maximum of its waits for the write
-// lock (BEGIN IMMEDIATE, through SQLite's busy handler).
+// lock (BEGIN IMMEDIATE, through SQLite's busy handler) and of its COMMITs (which run the WAL
+// checkpoint when they pass wal_autocheckpoint).
 type writerStats struct {
-	Events             int
-	Elapsed            time.Duration
-	BeginP99, BeginMax time.Duration
+	Events               int
+	Elapsed              time.Duration
+	BeginP99, BeginMax   time.Duration
+	CommitP99, CommitMax time.Duration
 }
 
 // startWriter runs the writer child on path and returns a function waiting for its exit.

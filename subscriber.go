@@ -1047,7 +1047,7 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	}
 	follow := sub.contFollow
 	p.Eager = sub.eagerClaim()
-	p.ReadFirst = sub.fullRun == 0 && !dialect.SQLiteNoReadFirst.Load()
+	p.ReadFirst = p.Eager && sub.fullRun == 0 && !dialect.SQLiteNoReadFirst.Load()
 	res, err := sub.relay.Claim(sub.ctx, s.db, p)
 	if err != nil {
 		return nil, false, fmt.Errorf("outbox: claim from %s: %w", s.s.table, err)

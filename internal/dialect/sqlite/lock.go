@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/watermill-outbox/outbox/internal/dialect"
@@ -61,6 +62,7 @@ func withRelayTx(ctx context.Context, ex dialect.Executor, eager, readFirst bool
 	}
 	if !eager {
 		if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
+			abandon(ctx, conn)
 			return err
 		}
 		return runLocked(ctx, conn, fn)
@@ -104,10 +106,11 @@ func withRelayTx(ctx context.Context, ex dialect.Executor, eager, readFirst bool
 		}
 	}
 	if err != nil {
+		abandon(ctx, conn)
 		return err
 	}
 	if err := restore(); err != nil {
-		_, _ = conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
+		abandon(ctx, conn)
 		return err
 	}
 	return runLocked(ctx, conn, fn)
@@ -118,6 +121,7 @@ func withRelayTx(ctx context.Context, ex dialect.Executor, eager, readFirst bool
 // again under the write lock.
 func tryDeferred(ctx context.Context, conn *sql.Conn, fn func(ex dialect.Executor) error) (done bool, err error) {
 	if _, err := conn.ExecContext(ctx, `BEGIN DEFERRED`); err != nil {
+		abandon(ctx, conn)
 		return true, err
 	}
 	err = fn(dialect.StdSQL{D: conn, Tx: true})
@@ -126,7 +130,7 @@ func tryDeferred(ctx context.Context, conn *sql.Conn, fn func(ex dialect.Executo
 			return true, nil
 		}
 	}
-	_, _ = conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
+	abandon(ctx, conn)
 	if sqliteBusy(err) {
 		return false, nil
 	}
@@ -137,14 +141,25 @@ func tryDeferred(ctx context.Context, conn *sql.Conn, fn func(ex dialect.Executo
 // error.
 func runLocked(ctx context.Context, conn *sql.Conn, fn func(ex dialect.Executor) error) error {
 	if err := fn(dialect.StdSQL{D: conn, Tx: true}); err != nil {
-		_, _ = conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
+		abandon(ctx, conn)
 		return err
 	}
 	if _, err := conn.ExecContext(ctx, `COMMIT`); err != nil {
-		_, _ = conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
+		abandon(ctx, conn)
 		return err
 	}
 	return nil
+}
+
+// abandon rolls back whatever transaction conn may have open after a failed statement (a
+// BEGIN cut short by a cancelled context may still have begun one) and, when that fails,
+// takes conn out of the pool: a connection must not go back inside a transaction, where the
+// next user's BEGIN would fail and a read snapshot would stay pinned.
+func abandon(ctx context.Context, conn *sql.Conn) {
+	_, err := conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
+	if err != nil && !strings.Contains(err.Error(), "no transaction is active") {
+		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	}
 }
 
 // sqliteBusy reports whether err is SQLITE_BUSY (primary result code 5, any extended code),

@@ -19,12 +19,12 @@ import (
 // steady stream of writer transactions a claim or mark slept through the moments the lock was
 // free. With 4 writer processes committing 1,000 events/s in all (wakeup/sqlitewal's
 // BenchmarkCrossProcessLatency, 2-core machine shared with other work), commit → handler was:
-// every claim and mark through the busy handler p50 4–8 ms, p99 86–525 ms; eager for the
-// first claim after each wakeup only p50 6–10 ms, p99 114–586 ms; eager for every claim while
-// woken, and for each batch's marks, with claims reading first (withRelayTx) p50 1.6–1.9 ms,
-// p99 8–37 ms in 5 of 6 rounds (285 ms in one, at load average 15), the writers' p99 wait for
-// the lock 21–34 ms (54 ms with the first-claim policy) and their throughput unchanged (see
-// README, SQLite).
+// every claim and mark through the busy handler (claims reading first) p50 4–8 ms, p99 86–525
+// ms; eager for the first claim after each wakeup only p50 6–10 ms, p99 114–586 ms; eager for
+// every claim while woken, and for each batch's marks, with claims reading first (withRelayTx)
+// p50 1.6–1.9 ms, p99 8–37 ms in 5 of 6 rounds (285 ms in one, at load average 15), the
+// writers' p99 wait for the lock 21–34 ms (54 ms with the first-claim policy) and their
+// throughput unchanged (see README, SQLite).
 //
 // The subscriber bounds it (maxEagerFullRun): a relay draining a backlog claims back to back
 // and would otherwise take the lock at every turn from writers sleeping in the busy handler.

@@ -125,7 +125,7 @@ func (f *flusher) flush() {
 		byseq[it.ev.Sequence] = it
 	}
 	f.mu.Lock()
-	results, err := f.sub.writeMarks(f.token, markSets{acked: seqs})
+	results, err := f.sub.writeMarks(f.token, markSets{acked: seqs, eager: pick[0].eager})
 	if err == nil {
 		f.written += len(results)
 	}

@@ -239,11 +239,12 @@ type subscription struct {
 	// relay does not know (the known keys' heads come from their lows) doubles the backoff up to
 	// maxKeyScanBackoff; one that found some ends it.
 	keyScanIn, keyScanEvery int
-	// woken is set when the subscription's last wait ended with a wakeup signal (events were
-	// just committed): the next SQLite claim, and its batch's marks (eagerMarks), then retry
-	// for the write lock eagerly (see ClaimParams.Eager). Atomic: marks may run beside the
-	// subscription's goroutine.
-	woken, eagerMarks atomic.Bool
+	// Eager locking (SQLite, see ClaimParams.Eager and eagerClaim): woken is set when the
+	// subscription's last wait ended with a wakeup signal (events were just committed) and
+	// cleared when one ended with the poll interval; fullRun counts the claims in a row that
+	// leased a whole batch. Only the subscription's goroutine uses them.
+	woken   bool
+	fullRun int
 	// contKeys, contFrom, contAfter and contToken are the next claim's continuations
 	// (Capabilities.Continuations: PostgreSQL, MariaDB/MySQL): the keys whose run in the last
 	// batch (claimed under contToken) held MaxRunPerKey events and was acked whole, with the
@@ -445,12 +446,12 @@ func (sub *subscription) run() {
 			wait = max(at.Sub(now), 0)
 		}
 		timer := time.NewTimer(wait)
-		sub.woken.Store(false)
 		select {
 		case <-sub.ctx.Done():
 		case <-timer.C:
+			sub.woken = false
 		case <-wake:
-			sub.woken.Store(true)
+			sub.woken = true
 		}
 		timer.Stop()
 		if due := sub.retryDue.Load(); due != 0 && time.Now().UnixNano() >= due {
@@ -497,6 +498,8 @@ type item struct {
 	// too: its run, acked whole, is continued like a full one (see continueRuns), since no walk
 	// finds those events any more (PostgreSQL floors).
 	follow bool
+	// eager: claimed with eager locking, and so are its batch's marks (see eagerClaim).
+	eager  bool
 	msg    *message.Message
 	hold   *errHolder
 	cancel context.CancelFunc // cancels msg's context once it is answered
@@ -1024,6 +1027,30 @@ func splitRuns(items []*item) (deliver, release []*item) {
 	return deliver, release
 }
 
+// maxEagerFullRun bounds eager locking while a relay drains a backlog: after this many claims
+// in a row that leased a whole batch, claims (and their marks) wait through SQLite's busy
+// handler like the writers until a claim leases less than a batch. A relay claiming back to
+// back and retrying for the lock every 250 µs would otherwise take it at every turn from
+// writers sleeping up to 100 ms in the busy handler.
+const maxEagerFullRun = 4
+
+// eagerClaim reports whether the next claim, and its batch's marks, take SQLite's write lock
+// eagerly (ClaimParams.Eager): while the subscription's waits end with wakeup signals (writers
+// are committing; set by the poll loop, cleared by a wait that ran out), within
+// maxEagerFullRun whole batches in a row. A subscription without a Wakeup never is. The marks
+// follow their batch's claim (item.eager), not the claims made beside them.
+func (sub *subscription) eagerClaim() bool {
+	switch dialect.SQLiteEager.Load() {
+	case dialect.EagerFirstAfterWake:
+		w := sub.woken
+		sub.woken = false
+		return w
+	case dialect.EagerNever:
+		return false
+	}
+	return sub.woken && sub.fullRun < maxEagerFullRun
+}
+
 // claim leases the next batch, leaving the topics of outages out. more reports that the key
 // skip scan stopped at its KeyScan bound, so keys after the cursor are still unexamined and the
 // next poll should not wait.
@@ -1047,16 +1074,22 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		p.Cont = append(p.Cont, dialect.Continuation{Key: k, From: sub.contFrom[i], After: sub.contAfter[i]})
 	}
 	follow := sub.contFollow
-	// Eager locking (SQLite) for the first claim after a wakeup only, and that batch's marks:
-	// a relay draining a backlog claims back to back and takes its turn like the writers.
-	p.Eager = sub.woken.Swap(false)
-	sub.eagerMarks.Store(p.Eager)
+	p.Eager = sub.eagerClaim()
+	p.ReadFirst = p.Eager && sub.fullRun == 0 && !dialect.SQLiteNoReadFirst.Load()
 	res, err := sub.relay.Claim(sub.ctx, s.db, p)
 	if err != nil {
 		return nil, false, fmt.Errorf("outbox: claim from %s: %w", s.s.table, err)
 	}
+	if len(res.Events) >= p.Limit {
+		sub.fullRun++
+	} else {
+		sub.fullRun = 0
+	}
 	sub.walked = res.Walked
 	items = sub.itemsOf(res.Events)
+	for _, it := range items {
+		it.eager = p.Eager
+	}
 	cursor, scanned := res.Cursor, res.Scanned
 	sort.Slice(items, func(i, j int) bool { return items[i].ev.Sequence < items[j].ev.Sequence })
 	if len(sub.contKeys) > 0 {
@@ -1477,6 +1510,7 @@ type markSets struct {
 	keep                                 []bool // per unavailable: keep delivery_starts (not attempted)
 	perm                                 []bool
 	jitters                              []float64
+	eager                                bool // the batch was claimed eagerly (see eagerClaim)
 }
 
 // errText is the last_error form of err: valid UTF-8 without NUL (PostgreSQL text refuses it).
@@ -1494,6 +1528,7 @@ func (sub *subscription) mark(token string, items []*item) (unconfirmed map[stri
 		m     markSets
 		byseq = map[int64]*item{}
 	)
+	m.eager = len(items) > 0 && items[0].eager
 	for _, it := range items {
 		seq := it.ev.Sequence
 		switch it.state {
@@ -1579,7 +1614,7 @@ func (sub *subscription) writeMarks(token string, m markSets) (results []markRes
 	began := time.Now()
 	results, err = sub.relay.Mark(ctx, sub.s.db, &dialect.MarkParams{Token: token, Acked: m.acked, Released: m.released,
 		Unavailable: m.unavailable, Failed: m.failed, Abandoned: m.abandoned, Notes: m.notes, Errs: m.errs, Keep: m.keep,
-		Perm: m.perm, Jitters: m.jitters, Eager: sub.eagerMarks.Load()})
+		Perm: m.perm, Jitters: m.jitters, Eager: m.eager})
 	if h := sub.s.cfg.Hooks.OnMark; h != nil {
 		h(MarkInfo{Events: len(m.acked) + len(m.released) + len(m.unavailable) + len(m.failed), Duration: time.Since(began), Err: err})
 	}

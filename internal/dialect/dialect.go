@@ -13,6 +13,7 @@ package dialect
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 )
 
@@ -319,10 +320,33 @@ type ClaimParams struct {
 	Paused []string
 	// Probe, when set, claims at most one event, of these topics only (an outage's probe).
 	Probe []string
-	// Eager asks for the write lock without the busy timeout's backoff (SQLite, right after
-	// a wakeup).
+	// Eager asks for the write lock without the busy timeout's backoff (SQLite, while
+	// writers are committing; see the subscriber's eagerClaim).
 	Eager bool
+	// ReadFirst (SQLite) looks for claimable events without the write lock first, and takes
+	// it only when there are some (eager claims after one that leased less than a whole
+	// batch, so this one may find nothing).
+	ReadFirst bool
 }
+
+// Which claims of a SQLite relay lock eagerly (SQLiteEager).
+const (
+	// EagerWhileWoken (the default): every claim while the subscription's waits end with
+	// wakeup signals, within a bound of whole batches in a row, and each batch's marks.
+	EagerWhileWoken int32 = iota
+	// EagerFirstAfterWake: the first claim after a wakeup signal only, and its batch's marks.
+	EagerFirstAfterWake
+	// EagerNever: every claim and mark waits through SQLite's busy handler.
+	EagerNever
+)
+
+// SQLiteEager selects the SQLite relays' eager locking policy. Benchmarks set it to compare
+// policies in one run; nothing else changes it.
+var SQLiteEager atomic.Int32
+
+// SQLiteNoReadFirst turns ClaimParams.ReadFirst off. Benchmarks set it to compare in one run;
+// nothing else changes it.
+var SQLiteNoReadFirst atomic.Bool
 
 // KeyLow is a sequence below which every event of an ordering key is published.
 type KeyLow struct {

@@ -12,30 +12,67 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/internal/dialect"
 	"github.com/watermill-outbox/outbox/wakeup/sqlitewal"
 )
 
-// BenchmarkCrossProcessLatency: writers in 4 other processes (OUTBOX_BENCH_WRITERS) commit 1,000 events/s in all
-// (one event per transaction) for 10 s; a relay in this process delivers them. It reports the
-// commit → handler delay's p50 and p99 in milliseconds (the writer's clock just before COMMIT
-// to the handler's receipt; same machine, so one clock), with the file-notification wakeup and,
-// as the comparator, polling only (PollInterval 5s, the default):
+// BenchmarkCrossProcessLatency: writers in 4 other processes (OUTBOX_BENCH_WRITERS) commit 1,000
+// events/s in all (one event per transaction) for 10 s; a relay in this process delivers them.
+// It reports the commit → handler delay's p50 and p99 in milliseconds (the writer's clock just
+// before COMMIT to the handler's receipt; same machine, so one clock), and the writers' side:
+// their transactions per second in all (paced at 1,000: less means they fell behind), the worst
+// writer's p99 wait for the write lock (begin-p99-ms, BEGIN IMMEDIATE through SQLite's busy
+// handler) and its p99 COMMIT (commit-p99-ms). Variants, in this order: the file-notification
+// wakeup with the relays' eager locking policies (eager=woken, the default: every claim while
+// writers commit; eager=first: only the first claim after each wakeup, as before; eager=never:
+// SQLite's busy handler only), with and without claims that look for work before taking the
+// write lock (readfirst, on by default), and, as the comparator, polling only (PollInterval 5s,
+// the default). -count runs each variant that many times in a row: for interleaved rounds run
+// the command in a loop.
 //
 //	go test -run '^$' -bench CrossProcessLatency -benchtime 1x ./wakeup/sqlitewal/
 func BenchmarkCrossProcessLatency(b *testing.B) {
-	for _, wake := range []bool{true, false} {
-		b.Run(fmt.Sprintf("wakeup=%v", wake), func(b *testing.B) {
+	variants := []struct {
+		name        string
+		wake        bool
+		eager       int32
+		noReadFirst bool
+	}{
+		{"wakeup=true/eager=woken", true, dialect.EagerWhileWoken, false},
+		{"wakeup=true/eager=woken/readfirst=false", true, dialect.EagerWhileWoken, true},
+		{"wakeup=true/eager=first/readfirst=false", true, dialect.EagerFirstAfterWake, true},
+		{"wakeup=true/eager=never", true, dialect.EagerNever, false},
+		{"wakeup=false", false, dialect.EagerWhileWoken, false},
+	}
+	defer dialect.SQLiteEager.Store(dialect.EagerWhileWoken)
+	defer dialect.SQLiteNoReadFirst.Store(false)
+	for _, v := range variants {
+		b.Run(v.name, func(b *testing.B) {
+			dialect.SQLiteEager.Store(v.eager)
+			dialect.SQLiteNoReadFirst.Store(v.noReadFirst)
 			for range b.N {
-				p50, p99, n := crossProcessRun(b, wake, benchWriters, 1000/benchWriters, 10*time.Second)
-				b.ReportMetric(p50, "p50-ms")
-				b.ReportMetric(p99, "p99-ms")
-				b.ReportMetric(float64(n), "events")
+				r := crossProcessRun(b, v.wake, benchWriters, 1000/benchWriters, 10*time.Second)
+				b.ReportMetric(r.p50, "p50-ms")
+				b.ReportMetric(r.p99, "p99-ms")
+				b.ReportMetric(float64(r.events), "events")
+				b.ReportMetric(r.writerTxs, "writer-tx/s")
+				b.ReportMetric(r.beginP99, "begin-p99-ms")
+				b.ReportMetric(r.commitP99, "commit-p99-ms")
 			}
 		})
 	}
 }
 
-func crossProcessRun(b *testing.B, wake bool, writers, ratePerWriter int, d time.Duration) (p50, p99 float64, n int) {
+// crossRun is one crossProcessRun's figures.
+type crossRun struct {
+	p50, p99  float64 // commit → handler, ms
+	events    int
+	writerTxs float64 // the writers' transactions per second, summed
+	beginP99  float64 // the worst writer's p99 wait for the write lock, ms
+	commitP99 float64 // the worst writer's p99 COMMIT, ms
+}
+
+func crossProcessRun(b *testing.B, wake bool, writers, ratePerWriter int, d time.Duration) crossRun {
 	path, db := openDB(b)
 	cfg := outbox.SubscriberConfig{Schema: schema}
 	if wake {
@@ -58,9 +95,9 @@ func crossProcessRun(b *testing.B, wake bool, writers, ratePerWriter int, d time
 		b.Fatal(err)
 	}
 	per := ratePerWriter * int(d/time.Second)
-	var waits []func() error
+	var waits []func() (writerStats, error)
 	for i := range writers {
-		waits = append(waits, startWriter(b, path, i*per, per, ratePerWriter))
+		waits = append(waits, startWriterStats(b, path, i*per, per, ratePerWriter))
 	}
 	lags := make([]time.Duration, 0, writers*per)
 	for len(lags) < writers*per {
@@ -77,14 +114,20 @@ func crossProcessRun(b *testing.B, wake bool, writers, ratePerWriter int, d time
 			b.Fatalf("%d of %d events delivered", len(lags), writers*per)
 		}
 	}
+	var r crossRun
 	for _, w := range waits {
-		if err := w(); err != nil {
+		st, err := w()
+		if err != nil {
 			b.Fatal(err)
 		}
+		r.writerTxs += float64(st.Events) / st.Elapsed.Seconds()
+		r.beginP99 = max(r.beginP99, float64(st.BeginP99)/1e6)
+		r.commitP99 = max(r.commitP99, float64(st.CommitP99)/1e6)
 	}
 	slices.Sort(lags)
 	ms := func(q float64) float64 { return float64(lags[int(q*float64(len(lags)-1))]) / 1e6 }
-	return ms(0.50), ms(0.99), len(lags)
+	r.p50, r.p99, r.events = ms(0.50), ms(0.99), len(lags)
+	return r
 }
 
 // benchWriters is the number of writer processes (OUTBOX_BENCH_WRITERS, default 4); they share

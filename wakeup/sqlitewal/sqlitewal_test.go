@@ -1,12 +1,15 @@
 package sqlitewal_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -42,6 +45,7 @@ func TestMain(m *testing.M) {
 
 // childWrite publishes SQLITEWAL_CHILD_EVENTS events, one transaction each, paced at
 // SQLITEWAL_CHILD_RATE per second; event i carries "<first+i> <unix nanoseconds before COMMIT>".
+// At the end it prints its writerStats on standard output as JSON.
 func childWrite(path string) error {
 	n, _ := strconv.Atoi(os.Getenv(envEvents))
 	rate, _ := strconv.Atoi(os.Getenv(envRate))
@@ -53,14 +57,17 @@ func childWrite(path string) error {
 	defer db.Close()
 	ctx := context.Background()
 	start := time.Now()
+	waits, commits := make([]time.Duration, 0, n), make([]time.Duration, 0, n)
 	for i := range n {
 		if rate > 0 {
 			time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
 		}
-		tx, err := db.BeginTx(ctx, nil)
+		began := time.Now()
+		tx, err := db.BeginTx(ctx, nil) // BEGIN IMMEDIATE: waits for the write lock
 		if err != nil {
 			return err
 		}
+		waits = append(waits, time.Since(began))
 		pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Schema: schema}, nil)
 		if err != nil {
 			return err
@@ -70,24 +77,64 @@ func childWrite(path string) error {
 			_ = tx.Rollback()
 			return err
 		}
+		committing := time.Now()
 		if err := tx.Commit(); err != nil {
 			return err
 		}
+		commits = append(commits, time.Since(committing))
 	}
-	return nil
+	st := writerStats{Events: n, Elapsed: time.Since(start)}
+	if n > 0 {
+		slices.Sort(waits)
+		slices.Sort(commits)
+		st.BeginP99, st.BeginMax = waits[(n-1)*99/100], waits[n-1]
+		st.CommitP99, st.CommitMax = commits[(n-1)*99/100], commits[n-1]
+	}
+	return json.NewEncoder(os.Stdout).Encode(st)
+}
+
+// writerStats is what a writer child reports: its events (one transaction each), the time from
+// its start to its last COMMIT, and the 99th percentile and maximum of its waits for the write
+// lock (BEGIN IMMEDIATE, through SQLite's busy handler) and of its COMMITs (which run the WAL
+// checkpoint when they pass wal_autocheckpoint).
+type writerStats struct {
+	Events               int
+	Elapsed              time.Duration
+	BeginP99, BeginMax   time.Duration
+	CommitP99, CommitMax time.Duration
 }
 
 // startWriter runs the writer child on path and returns a function waiting for its exit.
 func startWriter(t testing.TB, path string, first, events, rate int) func() error {
 	t.Helper()
+	wait := startWriterStats(t, path, first, events, rate)
+	return func() error {
+		_, err := wait()
+		return err
+	}
+}
+
+// startWriterStats runs the writer child on path and returns a function waiting for its exit
+// and returning its report.
+func startWriterStats(t testing.TB, path string, first, events, rate int) func() (writerStats, error) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envDB+"="+path, envEvents+"="+strconv.Itoa(events),
 		envRate+"="+strconv.Itoa(rate), envFirst+"="+strconv.Itoa(first))
 	cmd.Stderr = os.Stderr
+	var out bytes.Buffer
+	cmd.Stdout = &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	return cmd.Wait
+	return func() (writerStats, error) {
+		var st writerStats
+		if err := cmd.Wait(); err != nil {
+			return st, err
+		}
+		err := json.Unmarshal(out.Bytes(), &st)
+		return st, err
+	}
 }
 
 func openDB(t testing.TB) (string, *sql.DB) {
@@ -236,4 +283,84 @@ func TestRelayInAnotherProcess(t *testing.T) {
 			t.Fatalf("pooled connection %d: busy_timeout %d (%v), want 10000", len(conns), ms, err)
 		}
 	}
+}
+
+// TestTwoRelaysTwoWriterProcesses: two relays (each its own pool, both woken by the log watch,
+// so both lock eagerly and claim reading first) share the events two writer processes commit at
+// 500 events/s in all; every event is delivered once, each relay's share in commit order per
+// writer (each writer's events are in sequence order, and a relay claims in sequence order).
+func TestTwoRelaysTwoWriterProcesses(t *testing.T) {
+	path, db := openDB(t)
+	db2, err := sql.Open("sqlite", outbox.SQLiteDSN(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db2.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	type got struct {
+		relay int
+		seq   int64
+	}
+	delivered := make(chan got, 64)
+	for i, h := range []*sql.DB{db, db2} {
+		w, err := sqlitewal.New(path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		sub, err := outbox.NewSubscriber(h, outbox.SubscriberConfig{Schema: schema, PollInterval: time.Hour, Wakeup: w}, watermill.NopLogger{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sub.Close()
+		msgs, err := sub.Subscribe(ctx, "walwake")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			for m := range msgs {
+				var seq, sent int64
+				if _, err := fmt.Sscanf(string(m.Payload), "[%d, %d]", &seq, &sent); err != nil {
+					seq = -1
+				}
+				m.Ack()
+				select {
+				case delivered <- got{i, seq}:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+	}
+	const perWriter = 1000
+	waits := []func() error{startWriter(t, path, 0, perWriter, 250), startWriter(t, path, perWriter, perWriter, 250)}
+	seen := make(map[int64]int, 2*perWriter)
+	last := map[[2]int64]int64{} // (relay, writer) → last sequence seen
+	perRelay := [2]int{}
+	for len(seen) < 2*perWriter {
+		select {
+		case g := <-delivered:
+			if g.seq < 0 || g.seq >= 2*perWriter {
+				t.Fatalf("relay %d: unexpected payload sequence %d", g.relay, g.seq)
+			}
+			if seen[g.seq]++; seen[g.seq] > 1 {
+				t.Fatalf("event %d delivered twice", g.seq)
+			}
+			k := [2]int64{int64(g.relay), g.seq / perWriter}
+			if prev, ok := last[k]; ok && g.seq < prev {
+				t.Fatalf("relay %d delivered writer %d's event %d after %d", g.relay, k[1], g.seq, prev)
+			}
+			last[k] = g.seq
+			perRelay[g.relay]++
+		case <-ctx.Done():
+			t.Fatalf("%d of %d events delivered", len(seen), 2*perWriter)
+		}
+	}
+	for _, w := range waits {
+		if err := w(); err != nil {
+			t.Fatalf("writer: %v", err)
+		}
+	}
+	t.Logf("events per relay: %v", perRelay)
 }

@@ -104,7 +104,7 @@ func (r *relay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.Claim
 		q = r.paused
 	}
 	res := &dialect.ClaimResult{Walked: -1}
-	err := withRelayTx(ctx, ex, p.Eager, func(ex dialect.Executor) error {
+	err := withRelayTx(ctx, ex, p.Eager, p.ReadFirst, func(ex dialect.Executor) error {
 		// The clock is read once the write lock is held: BEGIN IMMEDIATE may wait up to the
 		// busy timeout, and a lease computed before that wait could already have expired.
 		now := time.Now()
@@ -160,7 +160,7 @@ func (r *relay) Renew(ctx context.Context, ex dialect.Executor, token string, se
 func (r *relay) Mark(ctx context.Context, ex dialect.Executor, m *dialect.MarkParams) ([]dialect.MarkResult, error) {
 	t := quote(r.t)
 	var out []dialect.MarkResult
-	err := withRelayTx(ctx, ex, m.Eager, func(ex dialect.Executor) error {
+	err := withRelayTx(ctx, ex, m.Eager, false, func(ex dialect.Executor) error {
 		now := time.Now() // once the write lock is held (see Claim)
 		nowUS := micros(now)
 		collect := func(q string, args ...any) error {

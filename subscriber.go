@@ -1177,7 +1177,11 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	default:
 		sub.cursor = ""
 	}
-	s.logger.Trace("outbox: claimed", watermill.LogFields{"events": len(items), "token": token, "duration": time.Since(began)})
+	fields := watermill.LogFields{"events": len(items), "token": token, "duration": time.Since(began), "walked": res.Walked, "key_scan": !p.NoKeyScan}
+	if res.Scanned != nil {
+		fields["keys_scanned"] = *res.Scanned
+	}
+	s.logger.Trace("outbox: claimed", fields)
 	if h := s.cfg.Hooks.OnClaim; h != nil {
 		h(ClaimInfo{Events: len(items), Duration: time.Since(began)})
 	}

@@ -365,6 +365,20 @@ func fwdBenchWatermillOnce(b *testing.B, n, keys int, schemaAdapter wmsql.Defaul
 	}
 }
 
+// fwdBenchBatches returns n outgoing messages of topic over keys ordering keys, in batches of
+// 1,000: what a relay would hand a destination, for the destination-alone benchmarks.
+func fwdBenchBatches(topic string, n, keys int) [][]forwarder.Outgoing {
+	var out [][]forwarder.Outgoing
+	for start := 0; start < n; start += 1000 {
+		var batch []forwarder.Outgoing
+		for i := start; i < min(n, start+1000); i++ {
+			batch = append(batch, fwdBenchOutgoing(topic, i, keys))
+		}
+		out = append(out, batch)
+	}
+	return out
+}
+
 // BenchmarkForwarderRabbitMQ drains a backlog through our forwarder to a durable queue on the
 // default exchange, persistent messages with publisher confirms and mandatory routing.
 func BenchmarkForwarderRabbitMQ(b *testing.B) {
@@ -419,21 +433,10 @@ func BenchmarkForwarderRedis(b *testing.B) {
 func BenchmarkForwarderDestinations(b *testing.B) {
 	n := fwdBenchEnv("OUTBOX_BENCH_EVENTS", 100000)
 	keys := fwdBenchEnv("OUTBOX_BENCH_KEYS", 1000)
-	batches := func(topic string) [][]forwarder.Outgoing {
-		var out [][]forwarder.Outgoing
-		for start := 0; start < n; start += 1000 {
-			var batch []forwarder.Outgoing
-			for i := start; i < min(n, start+1000); i++ {
-				batch = append(batch, fwdBenchOutgoing(topic, i, keys))
-			}
-			out = append(out, batch)
-		}
-		return out
-	}
 	run := func(b *testing.B, pub forwarder.BatchPublisher, topic string) {
 		for range b.N {
 			b.StopTimer()
-			bs := batches(topic)
+			bs := fwdBenchBatches(topic, n, keys)
 			b.StartTimer()
 			b.ReportMetric(fwdBenchSend(b, pub, bs), "msgs/s")
 		}

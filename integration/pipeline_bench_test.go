@@ -68,14 +68,7 @@ func BenchmarkForwarderRatios(b *testing.B) {
 	}
 	variants := []variant{
 		{"rabbitmq-alone", rabbit(func(b *testing.B, pub *amqp.Publisher, queue string) float64 {
-			var bs [][]forwarder.Outgoing
-			for start := 0; start < n; start += 1000 {
-				var batch []forwarder.Outgoing
-				for i := start; i < min(n, start+1000); i++ {
-					batch = append(batch, fwdBenchOutgoing(queue, i, keys))
-				}
-				bs = append(bs, batch)
-			}
+			bs := fwdBenchBatches(queue, n, keys)
 			return fwdBenchSend(b, pub, bs)
 		})},
 		{"relay-rabbitmq", rabbit(func(b *testing.B, pub *amqp.Publisher, queue string) float64 {
@@ -101,14 +94,7 @@ func BenchmarkForwarderRatios(b *testing.B) {
 		}
 		variants = append(variants, variant{"kafka-alone" + suffix, func(b *testing.B) float64 {
 			c, pub := kafkaPub(b)
-			var bs [][]forwarder.Outgoing
-			for start := 0; start < n; start += 1000 {
-				var batch []forwarder.Outgoing
-				for i := start; i < min(n, start+1000); i++ {
-					batch = append(batch, fwdBenchOutgoing("bench", i, keys))
-				}
-				bs = append(bs, batch)
-			}
+			bs := fwdBenchBatches("bench", n, keys)
 			rate := fwdBenchSend(b, pub, bs)
 			fwdBenchKafkaCheck(b, c, "bench", n, outbox.MetadataOrderingKey)
 			return rate

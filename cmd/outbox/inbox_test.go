@@ -122,15 +122,16 @@ func TestInboxCommands(t *testing.T) {
 	}
 }
 
-// TestRelayAsynqKill: 1,000 task events (and 10 events of another topic) relayed by `outbox
+// TestRelayAsynqKill: 3,000 task events (and 10 events of another topic) relayed by `outbox
 // relay --to asynq+redis://…` to an asynq worker on 127.0.0.1. The first relay is killed with
-// SIGKILL while its batch of tasks (BatchSize 1000: the whole backlog, so the kill at 200
-// enqueued tasks lands mid-batch even on a loaded machine) is enqueued but not yet marked
-// published; the second relay takes the batch over when its lease expires, enqueues those
-// events again, and asynq answers "task ID conflict" (logged at debug level): every task runs
-// exactly once, exactly 1,000 tasks exist, the other topic is left alone.
+// SIGKILL once 200 tasks are enqueued: with BatchSize 1000 and a batch claimed ahead, a batch
+// is then enqueued but not yet marked published (with the whole backlog in one batch, a quiet
+// machine enqueued and marked all of it before the test saw 200 tasks); the second relay takes
+// it over when its lease expires, enqueues those events again, and asynq answers "task ID
+// conflict" (logged at debug level): every task runs exactly once, exactly 3,000 tasks exist,
+// the other topic is left alone.
 func TestRelayAsynqKill(t *testing.T) {
-	const n = 1000
+	const n = 3000
 	pool := pgtest.Require(t)
 	addr := brokertest.RequireRedis(t)
 	db, table := pgtest.DSN(), pgtest.Table(t)
@@ -218,7 +219,7 @@ func TestRelayAsynqKill(t *testing.T) {
 	if conflicts == 0 {
 		t.Fatalf("the second relay met no task id conflict (pending at the kill: %d): the redelivery was not exercised", atKill)
 	}
-	waitFor(t, 60*time.Second, "the worker runs 1,000 tasks", func() bool {
+	waitFor(t, 60*time.Second, "the worker runs every task", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(runs) == n

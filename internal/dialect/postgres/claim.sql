@@ -16,18 +16,39 @@
 -- by PostgreSQL when it is locked and dropped, and the Go side keeps only gap-free runs
 -- (splitRuns). Unordered events are locked by their own scan.
 
+-- name: known
+-- The keys the relay knows (@low_keys, see walk) in the key index's order (the column's
+-- collation): the skip scan steps over them instead of reading them.
+known AS MATERIALIZED (
+	SELECT ARRAY(SELECT k FROM unnest(@low_keys::text[]) AS k ORDER BY k) AS a
+)
+
 -- name: skip
--- A recursive skip scan of the key index after @cursor: one row per key (its first
--- unpublished event), for keys whose claimable head sits behind blocked keys' events
--- (dead-lettered or backing off) that fill the walk. It starts each key at the key's first
--- index entry, which under a long-open snapshot means every entry of the key's events
--- published since that snapshot (no VACUUM or kill_prior_tuple can remove them): in a claim of
--- 77 events with a snapshot held for a minute at 1,000 events/s over 100 keys it read 19,082
--- of the claim's 50,013 buffers. That is why "scanned" runs it only when needed.
-skip(k, seq) AS (
-	(SELECT "ordering_key", "sequence" FROM {t} WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL AND "ordering_key" > @cursor ORDER BY "ordering_key", "sequence" LIMIT 1)
+-- A recursive skip scan of the key index after @cursor: one row per key, for keys whose
+-- claimable head sits behind blocked keys' events (dead-lettered or backing off) that fill the
+-- walk (the first row, step 0, is only the start). It is bounded by keys the relay does not
+-- know: those keys' rows have their first unpublished event in seq; a key the relay knows is
+-- only a marker row (seq NULL; i is the next known key's position in known), its head comes
+-- from probed, from its low. Each step reads the
+-- key index between the last key and the next known key, whose bound (an index condition:
+-- the scan stops there) keeps it off the known key's entries. Reading them was the skip scan's
+-- cost under a long-open snapshot: a key's first index entries are then every event of the key
+-- published since that snapshot (no VACUUM or kill_prior_tuple can remove them); over 100 keys
+-- at 1,000 events/s a skip scan read about 5k entries per key after 8.5 minutes and took
+-- 1.1 s. A key the relay does not know is still read from its first entry: a key another
+-- relay serves, or one nobody delivered lately. That is why "scanned" runs it only when
+-- needed.
+skip(k, seq, i, step) AS (
+	SELECT @cursor::text, NULL::bigint, COALESCE((SELECT min(j) FROM generate_subscripts(known.a, 1) AS j WHERE known.a[j] > @cursor), cardinality(known.a) + 1), 0 FROM known
 	UNION ALL
-	SELECT n."ordering_key", n."sequence" FROM skip s CROSS JOIN LATERAL (SELECT "ordering_key", "sequence" FROM {t} WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL AND "ordering_key" > s.k ORDER BY "ordering_key", "sequence" LIMIT 1) n
+	SELECT COALESCE(n."ordering_key", known.a[s.i]), n."sequence", CASE WHEN n."ordering_key" IS NULL THEN s.i + 1 ELSE s.i END, s.step + 1
+	FROM skip s CROSS JOIN known LEFT JOIN LATERAL (
+		(SELECT "ordering_key", "sequence" FROM {t} WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL AND "ordering_key" > s.k AND "ordering_key" < known.a[s.i]
+			ORDER BY "ordering_key", "sequence" LIMIT 1)
+		UNION ALL
+		(SELECT "ordering_key", "sequence" FROM {t} WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL AND "ordering_key" > s.k AND known.a[s.i] IS NULL
+			ORDER BY "ordering_key", "sequence" LIMIT 1)) n ON true
+	WHERE n."ordering_key" IS NOT NULL OR known.a[s.i] IS NOT NULL
 )
 
 -- name: walked_new
@@ -50,10 +71,18 @@ walked_new AS MATERIALIZED (
 -- Keyed events below the floor that are due again (retries, and events an operator took back
 -- from the dead letters or released after a purge: those get a next_attempt_at), from the
 -- retry index (pending events with a next_attempt_at: only events that failed or were retried
--- are in it, so it is bounded by them, not by history). Not run while the floor is 0.
+-- are in it, so it is bounded by them, not by history). Not run while the floor is 0. Only the
+-- retry index can serve it: the key, topic and sequence tests are written on expressions
+-- (COALESCE is not strict, so it proves no partial index's "ordering_key" IS NOT NULL; the
+-- CHECK constraint rules out ''), because every other index that could serve them (keyed_idx,
+-- the primary key, the (topic, sequence) index) holds every event written since the oldest
+-- snapshot below the floor. On a table without statistics (autovacuum off, or not yet run)
+-- the planner served this scan from keyed_idx ("sequence" < floor) once the table passed about
+-- 500k rows: under a snapshot held for 10 minutes each claim read 495k buffers (1 to 3.6 s)
+-- to find no retry (TestClaimRetryScansNeedRetryIndex).
 walked_retry AS MATERIALIZED (
-	SELECT "ordering_key", "sequence" FROM {t} WHERE {pending} AND "ordering_key" IS NOT NULL AND "next_attempt_at" <= now() AND ("lease_until" IS NULL OR "lease_until" < now())
-		AND {filter} AND "sequence" < @floor_keyed AND @floor_keyed > 0 ORDER BY "next_attempt_at" LIMIT @oldest FOR UPDATE SKIP LOCKED
+	SELECT "ordering_key", "sequence" FROM {t} WHERE {pending} AND COALESCE("ordering_key", '') <> '' AND "next_attempt_at" <= now() AND ("lease_until" IS NULL OR "lease_until" < now())
+		AND {pkfilter} AND "sequence" + 0 < @floor_keyed AND @floor_keyed > 0 ORDER BY "next_attempt_at" LIMIT @oldest FOR UPDATE SKIP LOCKED
 )
 
 -- name: walked
@@ -143,7 +172,7 @@ wruns AS MATERIALIZED (
 -- scan starts over from the first key; keys behind blocked ones are still reached, since a
 -- walk full of blocked keys' events leaves wruns short and the skip scan then runs every claim.)
 scanned AS MATERIALIZED (
-	SELECT k, seq FROM skip WHERE NOT @no_key_scan AND (SELECT count(*) FROM walked) >= @oldest AND (SELECT count(*) FROM wruns) < @run_limit LIMIT {keyscan}
+	SELECT k, seq FROM skip WHERE step > 0 AND NOT @no_key_scan AND (SELECT count(*) FROM walked) >= @oldest AND (SELECT count(*) FROM wruns) < @run_limit LIMIT {keyscan}
 )
 
 -- name: probed
@@ -165,7 +194,7 @@ probed AS MATERIALIZED (
 -- statistics). Walked and continued keys are left to their own fragments.
 sheads AS MATERIALIZED (
 	SELECT h."ordering_key" AS k, h."sequence" AS seq FROM (
-		SELECT x.seq FROM (SELECT k, seq FROM scanned UNION SELECT k, seq FROM probed) x
+		SELECT x.seq FROM (SELECT k, seq FROM scanned WHERE seq IS NOT NULL UNION SELECT k, seq FROM probed) x
 		WHERE NOT EXISTS (SELECT 1 FROM walk w WHERE w.k = x.k) AND NOT (x.k = ANY(COALESCE(@cont_keys::text[], '{}')))
 	) x CROSS JOIN LATERAL (
 		SELECT "ordering_key", "sequence" FROM {t} h WHERE h."sequence" = x.seq AND h."dead_lettered_at" IS NULL
@@ -215,11 +244,11 @@ unordered_new AS MATERIALIZED (
 )
 
 -- name: unordered_retry
--- Unordered events below the floor that are due again, from the retry index (see
--- walked_retry).
+-- Unordered events below the floor that are due again, from the retry index, the only index
+-- that can serve it (see walked_retry: unordered_idx holds the history below the floor).
 unordered_retry AS MATERIALIZED (
-	SELECT "sequence" FROM {t} WHERE {pending} AND "ordering_key" IS NULL AND "next_attempt_at" <= now() AND ("lease_until" IS NULL OR "lease_until" < now())
-		AND {filter} AND "sequence" < @floor_unordered AND @floor_unordered > 0 ORDER BY "next_attempt_at" LIMIT {batch} FOR UPDATE SKIP LOCKED
+	SELECT "sequence" FROM {t} WHERE {pending} AND COALESCE("ordering_key", '') = '' AND "next_attempt_at" <= now() AND ("lease_until" IS NULL OR "lease_until" < now())
+		AND {pkfilter} AND "sequence" + 0 < @floor_unordered AND @floor_unordered > 0 ORDER BY "next_attempt_at" LIMIT {batch} FOR UPDATE SKIP LOCKED
 )
 
 -- name: unordered

@@ -31,25 +31,9 @@ func TestClaimFlatUnderHeldSnapshot(t *testing.T) {
 	cfg := dialect.RelayConfig{BatchSize: 2000, MaxRunPerKey: 100, KeyScan: 1000, LeaseDuration: 30 * time.Second, MaxAttempts: 10, RetryBase: time.Second, RetryMax: time.Minute}
 	const rounds = 12
 	run := func(t *testing.T, floors bool) (first, last float64) {
-		name := pgtest.Table(t)
-		tbl := &dialect.Table{Parts: []string{name}, IndexBase: name, FillFactor: 50, FillDefault: true, LockSeed: 1}
+		name, tbl := migratedTable(t, db)
 		d := Dialect{}
-		if err := d.Migrate(ctx, ex, tbl); err != nil {
-			t.Fatal(err)
-		}
-		held, err := db.Conn(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer held.Close()
-		if _, err := held.ExecContext(ctx, `BEGIN ISOLATION LEVEL REPEATABLE READ`); err != nil {
-			t.Fatal(err)
-		}
-		defer held.ExecContext(ctx, `ROLLBACK`) //nolint:errcheck
-		var n int
-		if err := held.QueryRowContext(ctx, `SELECT count(*) FROM `+dialect.DoubleQuote(name)).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
+		holdSnapshot(t, db, name)
 		r := d.NewRelay(tbl, cfg, dialect.TopicSelection{Include: dialect.Topic{All: true}}).(*relay)
 		var fl dialect.FloorTracker
 		lows := map[string]int64{}
@@ -159,12 +143,8 @@ func TestFloorsWaitForOpenWriters(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.StdDB(t)
 	ex := dialect.StdSQL{D: db, Pgx: true}
-	name := pgtest.Table(t)
-	tbl := &dialect.Table{Parts: []string{name}, IndexBase: name, FillFactor: 50, FillDefault: true, LockSeed: 1}
+	_, tbl := migratedTable(t, db)
 	d := Dialect{}
-	if err := d.Migrate(ctx, ex, tbl); err != nil {
-		t.Fatal(err)
-	}
 	other := pgtest.Table(t)
 	if _, err := db.ExecContext(ctx, `CREATE TABLE `+dialect.DoubleQuote(other)+` (x int)`); err != nil {
 		t.Fatal(err)
@@ -251,5 +231,133 @@ func TestFloorsWaitForOpenWriters(t *testing.T) {
 	}
 	if fl.Keyed <= s2 {
 		t.Fatalf("keyed floor %d did not pass %d while an unrelated transaction held xmin", fl.Keyed, s2)
+	}
+}
+
+// TestSkipScanStepsOverKnownKeys: under a held snapshot the key skip scan reads the index
+// entries of a key's published events only for keys the relay does not know. 100 keys get 100
+// published events each (their entries stay in the key index: a REPEATABLE READ snapshot taken
+// before them is held), then 2 pending events each. A claim whose walk is full (Oldest 16) runs
+// the skip scan over all 100 keys; the relay knows the heads of 90 of them (KeyLows). It must
+// lease all 200 events (the 10 unknown keys' heads come from the skip scan, the known ones' from
+// their lows) and read at most a third of the buffers of the same claim knowing no key (which
+// reads every key's 100 dead entries).
+func TestSkipScanStepsOverKnownKeys(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.StdDB(t)
+	ex := dialect.StdSQL{D: db, Pgx: true}
+	cfg := dialect.RelayConfig{BatchSize: 1000, MaxRunPerKey: 100, KeyScan: 1000, LeaseDuration: 30 * time.Second, MaxAttempts: 10, RetryBase: time.Second, RetryMax: time.Minute}
+	name, tbl := migratedTable(t, db)
+	d := Dialect{}
+	holdSnapshot(t, db, name)
+	r := d.NewRelay(tbl, cfg, dialect.TopicSelection{Include: dialect.Topic{All: true}}).(*relay)
+	insert := func(perKey int) {
+		t.Helper()
+		var rows []dialect.InsertRow
+		for range perKey {
+			for k := range 100 {
+				key := fmt.Sprintf("k%02d", k)
+				rows = append(rows, dialect.InsertRow{ID: uuid.NewString(), Topic: "t", Payload: []byte(`{}`), Headers: "{}", OrderingKey: &key})
+			}
+		}
+		if err := dialect.WithTx(ctx, ex, nil, func(tx dialect.Executor) error {
+			_, err := d.Insert(ctx, tx, &dialect.InsertParams{Table: tbl, Rows: rows})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for round := range 10 { // 100 published events per key
+		insert(10)
+		p := &dialect.ClaimParams{Token: fmt.Sprintf("pub%d", round), Limit: cfg.BatchSize, Oldest: cfg.BatchSize}
+		res, err := r.Claim(ctx, ex, p)
+		if err != nil || len(res.Events) != 1000 {
+			t.Fatalf("round %d: claimed %d events, %v", round, len(res.Events), err)
+		}
+		acked := make([]int64, 0, len(res.Events))
+		for _, e := range res.Events {
+			acked = append(acked, e.Sequence)
+		}
+		if marked, err := r.Mark(ctx, ex, &dialect.MarkParams{Token: p.Token, Acked: acked}); err != nil || len(marked) != 1000 {
+			t.Fatalf("round %d: marked %d, %v", round, len(marked), err)
+		}
+	}
+	insert(2)
+	heads := map[string]int64{}
+	rs, err := db.QueryContext(ctx, `SELECT "ordering_key", min("sequence") FROM `+dialect.DoubleQuote(name)+` WHERE "published_at" IS NULL GROUP BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	floor := int64(1 << 62)
+	for rs.Next() {
+		var k string
+		var s int64
+		if err := rs.Scan(&k, &s); err != nil {
+			t.Fatal(err)
+		}
+		heads[k] = s
+		floor = min(floor, s)
+	}
+	if err := rs.Err(); err != nil || len(heads) != 100 {
+		t.Fatalf("%d pending heads, %v", len(heads), err)
+	}
+	claim := func(token string, known int) *dialect.ClaimParams {
+		p := &dialect.ClaimParams{Token: token, Limit: cfg.BatchSize, Oldest: 16, LowKeyed: floor, LowUnordered: floor}
+		for k := range known {
+			key := fmt.Sprintf("k%02d", k)
+			p.KeyLows = append(p.KeyLows, dialect.KeyLow{Key: key, Low: heads[key]})
+		}
+		return p
+	}
+	knowing, blind := explainBuffers(t, db, r, claim("x", 90)), explainBuffers(t, db, r, claim("x", 0))
+	t.Logf("claim buffers: knowing 90 of 100 keys %d, knowing none %d", knowing, blind)
+	if 3*knowing > blind {
+		t.Errorf("knowing 90 of 100 keys the claim read %d buffers, knowing none %d: the skip scan read the known keys' entries", knowing, blind)
+	}
+	res, err := r.Claim(ctx, ex, claim("final", 90))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Events) != 200 {
+		t.Errorf("claimed %d events, want every key's 2 pending events (200)", len(res.Events))
+	}
+	if res.Scanned == nil || *res.Scanned != 100 {
+		t.Errorf("skip scan covered %v keys, want 100 (90 known, stepped over; 10 read)", res.Scanned)
+	}
+	if res.Floors == nil || res.Floors.ScanHeads != 10 {
+		t.Errorf("skip scan found %+v heads of unknown keys, want 10", res.Floors)
+	}
+}
+
+// migratedTable creates and migrates a fresh outbox table (dropped at the test's end).
+func migratedTable(t *testing.T, db *sql.DB) (string, *dialect.Table) {
+	t.Helper()
+	name := pgtest.Table(t)
+	tbl := &dialect.Table{Parts: []string{name}, IndexBase: name, FillFactor: 50, FillDefault: true, LockSeed: 1}
+	if err := (Dialect{}).Migrate(context.Background(), dialect.StdSQL{D: db, Pgx: true}, tbl); err != nil {
+		t.Fatal(err)
+	}
+	return name, tbl
+}
+
+// holdSnapshot opens a REPEATABLE READ transaction on its own connection and takes its snapshot
+// (a read of table), held until the test ends: no row version written after it can be removed.
+func holdSnapshot(t *testing.T, db *sql.DB, table string) {
+	t.Helper()
+	ctx := context.Background()
+	held, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		held.ExecContext(ctx, `ROLLBACK`) //nolint:errcheck
+		held.Close()
+	})
+	if _, err := held.ExecContext(ctx, `BEGIN ISOLATION LEVEL REPEATABLE READ`); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := held.QueryRowContext(ctx, `SELECT count(*) FROM `+dialect.DoubleQuote(table)).Scan(&n); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -104,12 +104,8 @@ func (e *explainer) Handle() any { return e.db }
 func TestOperationPlans(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.StdDB(t)
-	name := pgtest.Table(t)
-	tbl := &dialect.Table{Parts: []string{name}, IndexBase: name, FillFactor: 50, FillDefault: true, LockSeed: 1}
+	name, tbl := migratedTable(t, db)
 	d := Dialect{}
-	if err := d.Migrate(ctx, dialect.StdSQL{D: db, Pgx: true}, tbl); err != nil {
-		t.Fatal(err)
-	}
 	q := dialect.DoubleQuote(name)
 	const topics = `(ARRAY['orders.created', 'orders.paid', 'billing.invoice', 'mail', 'audit'])[1 + i % 5]`
 	for _, st := range []string{

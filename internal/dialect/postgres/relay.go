@@ -10,7 +10,7 @@ import (
 
 // claimOrder is the order in which composeClaim joins claim.sql's fragments into one WITH
 // RECURSIVE statement (each may read those before it).
-var claimOrder = []string{"skip", "walked_new", "walked_retry", "walked", "walk", "cont", "wruns", "scanned", "probed", "sheads", "runs", "keyed", "locked",
+var claimOrder = []string{"known", "skip", "walked_new", "walked_retry", "walked", "walk", "cont", "wruns", "scanned", "probed", "sheads", "runs", "keyed", "locked",
 	"unordered_new", "unordered_retry", "unordered", "next_keyed", "next_unordered", "picked", "upd"}
 
 // relay is one subscription's compiled statements.

@@ -895,23 +895,33 @@ func (sub *subscription) isolate(b *leased, one *item) (again bool, err error) {
 		sub.isolating, sub.isolated = true, 0
 	}
 	sub.isolateWide = false
-	// one gets a lease renewal of its own below; the rest is given back now.
-	b.stopRenew()
-	b.lost()
 	for _, it := range b.items {
 		if it != one && (it.state == stateClaimed || it.state == stateReleased) {
 			it.state, it.err = stateAbandoned, nil
 		}
 	}
+	// b's lease stays renewed until the give-back is written (the mark may wait for the
+	// previous batch's marks, or for SQLite's write lock behind many writers: a lease that
+	// expired meanwhile would let another relay claim the events and count one more start);
+	// from now on its renewal expects only one row to stay leased, and one has a renewal of
+	// its own for its delivery.
+	b.fl.mu.Lock()
+	b.fl.written = len(b.items) - 1
+	b.fl.mu.Unlock()
+	ob := sub.lease(b.token, []*item{one}, b.prev)
 	sub.waitMarks()
-	if _, err := sub.mark(b.token, b.items); err != nil {
+	_, err = sub.mark(b.token, b.items)
+	b.stopRenew()
+	b.lost()
+	if err != nil {
 		// Not delivered either: one is given back too if the database lets it, else its lease
 		// expires with the rest's.
+		ob.stopRenew()
+		ob.lost()
 		one.state = stateAbandoned
 		_, _ = sub.mark(b.token, []*item{one})
 		return false, err
 	}
-	ob := sub.lease(b.token, []*item{one}, b.prev)
 	sub.deliver(ob, ob.items)
 	sub.noteOutcomes(ob.items, nil)
 	sub.confirm(ob)

@@ -29,15 +29,16 @@ known AS MATERIALIZED (
 -- walk (the first row, step 0, is only the start). It is bounded by keys the relay does not
 -- know: those keys' rows have their first unpublished event in seq; a key the relay knows is
 -- only a marker row (seq NULL; i is the next known key's position in known), its head comes
--- from probed, from its low. Each step reads the
--- key index between the last key and the next known key, whose bound (an index condition:
--- the scan stops there) keeps it off the known key's entries. Reading them was the skip scan's
--- cost under a long-open snapshot: a key's first index entries are then every event of the key
--- published since that snapshot (no VACUUM or kill_prior_tuple can remove them); over 100 keys
--- at 1,000 events/s a skip scan read about 5k entries per key after 8.5 minutes and took
--- 1.1 s. A key the relay does not know is still read from its first entry: a key another
--- relay serves, or one nobody delivered lately. That is why "scanned" runs it only when
--- needed.
+-- from probed, from its low. Each step reads the key index between the last key and the next
+-- known key, whose bound (an index condition: the scan stops there) keeps it off the known
+-- key's entries; past the last known key there is no bound, hence the step's second branch
+-- (text has no greatest value to write one bound for both). Reading the known keys' entries
+-- was the skip scan's cost under a long-open snapshot: a key's first index entries are then
+-- every event of the key published since that snapshot (no VACUUM or kill_prior_tuple can
+-- remove them); over 100 keys at 1,000 events/s a skip scan read about 5k entries per key
+-- after 8.5 minutes and took 1.1 s (TestSkipScanStepsOverKnownKeys). A key the relay does not
+-- know is still read from its first entry: a key another relay serves, or one nobody
+-- delivered lately. That is why "scanned" runs it only when needed.
 skip(k, seq, i, step) AS (
 	SELECT @cursor::text, NULL::bigint, COALESCE((SELECT min(j) FROM generate_subscripts(known.a, 1) AS j WHERE known.a[j] > @cursor), cardinality(known.a) + 1), 0 FROM known
 	UNION ALL
@@ -75,8 +76,8 @@ walked_new AS MATERIALIZED (
 -- retry index can serve it: the key, topic and sequence tests are written on expressions
 -- (COALESCE is not strict, so it proves no partial index's "ordering_key" IS NOT NULL; the
 -- CHECK constraint rules out ''), because every other index that could serve them (keyed_idx,
--- the primary key, the (topic, sequence) index) holds every event written since the oldest
--- snapshot below the floor. On a table without statistics (autovacuum off, or not yet run)
+-- the primary key, the (topic, sequence) index tables created by older versions keep) holds
+-- every event written since the oldest snapshot below the floor. On a table without statistics (autovacuum off, or not yet run)
 -- the planner served this scan from keyed_idx ("sequence" < floor) once the table passed about
 -- 500k rows: under a snapshot held for 10 minutes each claim read 495k buffers (1 to 3.6 s)
 -- to find no retry (TestClaimRetryScansNeedRetryIndex).

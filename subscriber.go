@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"github.com/watermill-outbox/outbox/internal/dialect"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -234,6 +235,10 @@ type subscription struct {
 	lows       *keyLows
 	sweep      *sweeper
 	contFollow map[string]bool
+	// refind is a sequence the next claim lowers the keyed floor to (0: none; see refindFrom):
+	// a followed key's events from there may lie below the floor with no continuation left to
+	// lease them.
+	refind int64
 	// keyScanIn is how many more claims leave out the key skip scan, keyScanEvery how many the
 	// last backoff was (PostgreSQL floors): a skip scan that found no claimable head of a key the
 	// relay does not know (the known keys' heads come from their lows) doubles the backoff up to
@@ -901,15 +906,22 @@ func (sub *subscription) confirm(b *leased) {
 // after this batch's marks, so that several relays end up sharing a few hot keys instead of
 // the first one keeping them all.
 func (sub *subscription) continueRuns(token string, deliver []*item) {
+	// Continuations no claim used (the batch delivered now was claimed ahead, and no claim
+	// ran after the batch they continue): a followed key's are lost with them.
+	for i, k := range sub.contKeys {
+		if sub.contFollow[k] {
+			sub.refindFrom(sub.contAfter[i] + 1)
+		}
+	}
 	sub.contKeys, sub.contAfter, sub.contFrom, sub.contToken = sub.contKeys[:0], sub.contAfter[:0], sub.contFrom[:0], token
 	sub.contFollow, sub.contLeftOut = nil, false
 	if !sub.s.s.caps.Continuations || sub.ctx.Err() != nil {
 		return
 	}
 	type run struct {
-		n           int
-		first, last int64
-		ok, follow  bool
+		n                 int
+		first, last, miss int64 // miss: the first event not acked (0: none)
+		ok, follow        bool
 	}
 	runs := map[string]*run{}
 	var order []string
@@ -926,8 +938,19 @@ func (sub *subscription) continueRuns(token string, deliver []*item) {
 		}
 		r.n++
 		r.last = it.ev.Sequence
+		if it.state != stateAcked && r.miss == 0 {
+			r.miss = it.ev.Sequence
+		}
 		r.ok = r.ok && it.state == stateAcked
 		r.follow = r.follow || it.follow
+	}
+	for _, k := range order {
+		if r := runs[k]; r.follow && !r.ok {
+			// Not continued: the event not acked and the key's events after it lie below the
+			// floor. One that failed is found by the retry scan when due, and the rest wait for
+			// it; one released without an attempt (an outage, a stop) has no next_attempt_at.
+			sub.refindFrom(r.miss)
+		}
 	}
 	rounds := make(map[string]int, len(order))
 	dropped := false
@@ -951,6 +974,20 @@ func (sub *subscription) continueRuns(token string, deliver []*item) {
 		}
 	}
 	sub.contStreak = rounds
+}
+
+// refindFrom has the next claim lower the keyed floor to seq (see refind) when the
+// subscription has floors. A followed key (item.follow) lies below the keyed floor, where only
+// its continuation finds its events once its run is delivered (the floor moved past them while
+// they waited for a retrying or dead-lettered event); when that continuation is lost (a run not
+// acked whole, continuations no claim used, a claim that did not lease them), the floor goes
+// back to the key's next event instead of leaving it to the sweep (sweepInterval). The claim
+// after that walks from there once (the entries of events published since), and the floor then
+// stays at the key's first pending event until it is published.
+func (sub *subscription) refindFrom(seq int64) {
+	if sub.sweep != nil && seq > 0 && (sub.refind == 0 || seq < sub.refind) {
+		sub.refind = seq
+	}
 }
 
 // contRounds is how many batches in a row a key may be continued before it is left out once
@@ -1062,6 +1099,8 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		LowUnordered: sub.lowUnordered, LowKeyed: sub.lowKeyed, ContToken: sub.contToken, Paused: sub.pausedTopics(began)}
 	if sub.sweep != nil {
 		sub.fl.Lower(sub.sweep.take())
+		sub.fl.Lower(sub.refind, 0)
+		sub.refind = 0
 		p.LowKeyed, p.LowUnordered, p.KeyLows = sub.fl.Keyed, sub.fl.Unordered, sub.lows.params()
 		if p.NoKeyScan = sub.keyScanIn > 0; p.NoKeyScan {
 			sub.keyScanIn--
@@ -1078,6 +1117,7 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	p.ReadFirst = p.Eager && sub.fullRun == 0 && !dialect.SQLiteNoReadFirst.Load()
 	res, err := sub.relay.Claim(sub.ctx, s.db, p)
 	if err != nil {
+		sub.lostFollowed(p.Cont, follow, nil)
 		return nil, false, fmt.Errorf("outbox: claim from %s: %w", s.s.table, err)
 	}
 	if len(res.Events) >= p.Limit {
@@ -1102,6 +1142,7 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		for _, it := range items {
 			it.cont = cont[it.ev.OrderingKey]
 		}
+		sub.lostFollowed(p.Cont, follow, items)
 	}
 	keys, keyed := map[string]struct{}{}, 0
 	for _, it := range items {
@@ -1186,6 +1227,18 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		h(ClaimInfo{Events: len(items), Duration: time.Since(began)})
 	}
 	return items, more, nil
+}
+
+// lostFollowed notes the followed continuations of conts (follow: contFollow when the claim
+// began) that the claim's items (in sequence order) do not continue: the key had no event
+// left, or its next run could not be leased yet (the marks before it had not landed and its
+// lease was short, or another relay holds it). See refindFrom.
+func (sub *subscription) lostFollowed(conts []dialect.Continuation, follow map[string]bool, items []*item) {
+	for _, c := range conts {
+		if follow[c.Key] && !slices.ContainsFunc(items, func(it *item) bool { return it.cont && it.ev.OrderingKey == c.Key }) {
+			sub.refindFrom(c.After + 1)
+		}
+	}
 }
 
 // probeClaim leases one event of o's topics (the oldest claimable, in key order like any

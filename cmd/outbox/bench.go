@@ -295,8 +295,14 @@ func runBench(ctx context.Context, out io.Writer, d *database, f benchFlags) err
 		if f.latKeys > 0 {
 			shape = fmt.Sprintf("%d keys", f.latKeys)
 		}
-		fmt.Fprintf(out, "%-46s %12s\n", fmt.Sprintf("latency at %.0f/s, %s, p50/p99/worst (ms)", f.rate, shape), lat)
-		if f.held {
+		title := fmt.Sprintf("latency at %.0f/s, %s, p50/p99/worst (ms)", f.rate, shape)
+		if f.heldOnly {
+			// No run without the snapshot to compare with: the held run's figures alone.
+			fmt.Fprintf(out, "%-46s %12s\n", title+", held snapshot", held)
+		} else {
+			fmt.Fprintf(out, "%-46s %12s\n", title, lat)
+		}
+		if f.held && !f.heldOnly {
 			fmt.Fprintf(out, "%-46s %12s %12s %7.2f\n", "  with a held snapshot (ms)", held, "p99 ratio", held.p99/lat.p99)
 		}
 	}

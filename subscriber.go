@@ -289,6 +289,13 @@ type subscription struct {
 	// their keys were held by the batch out, e.g. a few hot keys).
 	next       *leased
 	noPrefetch int
+	// isolating: a claim returned suspects (see isolate), so nothing is claimed ahead, claims
+	// lease at most isolateLimit events and each one holding a suspect delivers one event
+	// alone, until a whole batch's claim returns none (see noSuspect); isolateWide: the last
+	// capped claim held no suspect, so the next claims lease whole batches; isolated counts
+	// the events delivered alone since isolating began.
+	isolating, isolateWide bool
+	isolated               int
 }
 
 // marks is one batch's mark statement, written beside the delivery of the batches after it.
@@ -600,10 +607,17 @@ func (sub *subscription) poll() (again bool, err error) {
 			sub.heldPolls = 0
 		}
 		if err != nil || b == nil {
+			if err == nil {
+				sub.endIsolation() // nothing claimable is left, suspects included
+			}
 			return more, err
 		}
 	}
 	deliver := sub.deliverable(b)
+	if one := suspect(deliver); one != nil {
+		return sub.isolate(b, one)
+	}
+	sub.noSuspect()
 	delivered := make(chan struct{})
 	go func() {
 		defer close(delivered)
@@ -674,7 +688,7 @@ func (sub *subscription) mayPrefetch(b *leased) bool {
 		sub.noPrefetch--
 		return false
 	}
-	return b.full && !b.held && !sub.contLeftOut && sub.serialFor == 0 && sub.ctx.Err() == nil && sub.dueProbe(time.Now()) == nil
+	return b.full && !b.held && !sub.contLeftOut && sub.serialFor == 0 && !sub.isolating && sub.ctx.Err() == nil && sub.dueProbe(time.Now()) == nil
 }
 
 // prefetch claims the next batch while the current one is out, beside the previous batch's
@@ -831,6 +845,124 @@ func (sub *subscription) dropPoison(deliver []*item) []*item {
 	}
 	return out
 }
+
+// suspect returns the event of deliver (a claimed batch's deliverable events, in sequence
+// order) to deliver alone, or nil when deliver holds no suspect. A suspect is an event whose
+// delivery started before without an outcome (DeliveryStarts > 1 once this claim counted its
+// start): the relay died, or lost its lease, while delivering it — or while delivering
+// another event of the batch it was claimed in. The event returned is the first suspect
+// when it is unordered, else its key's head in deliver (the suspect itself, or the events
+// before it go first, each alone: per-key order holds).
+func suspect(deliver []*item) *item {
+	var heads map[string]*item
+	for _, it := range deliver {
+		k := it.ev.OrderingKey
+		if k != "" && heads[k] == nil {
+			if heads == nil {
+				heads = map[string]*item{}
+			}
+			heads[k] = it
+		}
+		if it.ev.DeliveryStarts > 1 {
+			if k == "" {
+				return it
+			}
+			return heads[k]
+		}
+	}
+	return nil
+}
+
+// isolate delivers one event of b alone because b holds a suspect (see suspect): before one
+// is emitted, b's other events are given back without counting the start their claim counted
+// (stateAbandoned: a suspect keeps the starts it had) and b's poison events dead-lettered, in
+// one mark; nothing else of the subscription is out (the previous batch's marks landed, no
+// claim ahead); one's outcome is written before isolate returns. A crash while one is out so
+// counts a start for one only, and MaxDeliveryStarts dead-letters only the event that crashes
+// the relay each time it is delivered, not the events claimed with it. It logs at Info when
+// the subscription starts isolating (see endIsolation for the end).
+func (sub *subscription) isolate(b *leased, one *item) (again bool, err error) {
+	s := sub.s
+	if !sub.isolating {
+		n := 0
+		for _, it := range b.items {
+			if it.ev.DeliveryStarts > 1 {
+				n++
+			}
+		}
+		s.logger.Info("outbox: isolating suspects: events whose earlier delivery ended without an outcome (a crash?) are delivered one at a time",
+			watermill.LogFields{"suspects": n, "claimed": len(b.items), "token": b.token})
+		sub.isolating, sub.isolated = true, 0
+	}
+	sub.isolateWide = false
+	for _, it := range b.items {
+		if it != one && (it.state == stateClaimed || it.state == stateReleased) {
+			it.state, it.err = stateAbandoned, nil
+		}
+	}
+	// b's lease stays renewed until the give-back is written (the mark may wait for the
+	// previous batch's marks, or for SQLite's write lock behind many writers: a lease that
+	// expired meanwhile would let another relay claim the events and count one more start);
+	// from now on its renewal expects only one row to stay leased, and one has a renewal of
+	// its own for its delivery.
+	b.fl.mu.Lock()
+	b.fl.written = len(b.items) - 1
+	b.fl.mu.Unlock()
+	ob := sub.lease(b.token, []*item{one}, b.prev)
+	sub.waitMarks()
+	_, err = sub.mark(b.token, b.items)
+	b.stopRenew()
+	b.lost()
+	if err != nil {
+		// Not delivered either: one is given back too if the database lets it, else its lease
+		// expires with the rest's.
+		ob.stopRenew()
+		ob.lost()
+		one.state = stateAbandoned
+		_, _ = sub.mark(b.token, []*item{one})
+		return false, err
+	}
+	sub.deliver(ob, ob.items)
+	sub.noteOutcomes(ob.items, nil)
+	sub.confirm(ob)
+	sub.continueRuns(b.token, ob.items)
+	sub.isolated++
+	m := &marks{done: make(chan struct{})}
+	sub.marking, sub.contMarks = m, m
+	m.unconfirmed, err = sub.mark(b.token, ob.items)
+	close(m.done)
+	if err != nil {
+		s.logger.Error("outbox: writing marks failed; the events are delivered again after their lease", err, watermill.LogFields{"token": b.token})
+	}
+	return true, nil
+}
+
+// noSuspect notes a claimed batch without suspects. While isolating (see isolate), the batch
+// of a capped claim is delivered whole (beside nothing else) and the next claims lease whole
+// batches, since a capped claim may have left suspects unclaimed (their claim order puts other
+// events first); a whole batch without suspects ends the isolation (endIsolation).
+func (sub *subscription) noSuspect() {
+	if sub.isolating && !sub.isolateWide {
+		sub.isolateWide = true
+		return
+	}
+	sub.endIsolation()
+}
+
+// endIsolation ends isolating suspects (see isolate): claims lease whole batches again, and
+// claim ahead. It logs at Info.
+func (sub *subscription) endIsolation() {
+	if !sub.isolating {
+		return
+	}
+	sub.isolating, sub.isolateWide = false, false
+	sub.s.logger.Info("outbox: suspects isolated; whole batches resume", watermill.LogFields{"delivered_alone": sub.isolated})
+}
+
+// isolateLimit is the most events a claim leases while the subscription isolates suspects
+// (see isolate): all but one are given back at once, so a larger claim costs only more rows
+// leased and released per suspect.
+const isolateLimit = 16
 
 // dropPaused takes out of deliver (in sequence order) the events of topics paused by an
 // outage that opened after their batch was claimed ahead, and their keys' later events: they
@@ -1069,6 +1201,9 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	}
 	if sub.splitFor > 0 {
 		p.Limit = sub.splitLimit
+	}
+	if sub.isolating && !sub.isolateWide {
+		p.Limit = min(p.Limit, isolateLimit)
 	}
 	for i, k := range sub.contKeys {
 		p.Cont = append(p.Cont, dialect.Continuation{Key: k, From: sub.contFrom[i], After: sub.contAfter[i]})

@@ -158,6 +158,20 @@ type SubscriberConfig struct {
 	// dead-lettered at its next claim with ErrPoisonEvent instead of being delivered again. A
 	// relay that stops gracefully does not count the deliveries it leaves unanswered, nor those
 	// cut short by the stop. Default 5; at least 1.
+	//
+	// A crash counts a start for every event of the batches out (up to twice BatchSize with
+	// the batch claimed ahead), not only for the one that caused it, so after a crash the
+	// relay isolates suspects — claimed events whose earlier start ended without an outcome:
+	// a claim that returns suspects gives its other events back at once without counting
+	// their start, and delivers one suspect alone (or the head of its ordering key, to keep
+	// the key's order), its outcome written before the next claim; while suspects remain,
+	// claims lease at most 16 events and none is claimed ahead. A crash during a suspect's
+	// delivery so counts a start for that event only: only the event that crashes the relay
+	// MaxDeliveryStarts times in a row is dead-lettered, never the events claimed with it. A
+	// crash loop costs throughput (one claim and delivery at a time per suspect) only while
+	// suspects remain; whole batches resume at the first claim without one. Both moments are
+	// logged at Info. Isolation is per subscription: a crash during one Subscribe call's
+	// suspect still counts a start for the batches other subscriptions of the process have out.
 	MaxDeliveryStarts int
 
 	takeBack bool // RelayName was set explicitly (see setDefaults)

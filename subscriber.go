@@ -614,7 +614,7 @@ func (sub *subscription) poll() (again bool, err error) {
 		}
 	}
 	deliver := sub.deliverable(b)
-	if one := suspect(deliver); one != nil {
+	if one := suspect(deliver, suspectAbove(sub.s.cfg.MaxDeliveryStarts)); one != nil {
 		return sub.isolate(b, one)
 	}
 	sub.noSuspect()
@@ -846,14 +846,28 @@ func (sub *subscription) dropPoison(deliver []*item) []*item {
 	return out
 }
 
+// suspectAbove returns the DeliveryStarts above which a claimed event is a suspect (see
+// suspect), for MaxDeliveryStarts limit: 2 (two starts before this claim's ended without an
+// outcome) when limit is 3 or more, else 1. One crash is ordinary (a deploy's kill, an OOM
+// kill, a lost node) and leaves every event its relay held, up to two batches, with one such
+// start: delivering those one at a time after every crash would cost seconds of throughput
+// for nothing. A crash loop charges the same events again, and the second start isolates them
+// before limit dead-letters them (at limit 2 or less the first must).
+func suspectAbove(limit int) int {
+	if limit >= 3 {
+		return 2
+	}
+	return 1
+}
+
 // suspect returns the event of deliver (a claimed batch's deliverable events, in sequence
 // order) to deliver alone, or nil when deliver holds no suspect. A suspect is an event whose
-// delivery started before without an outcome (DeliveryStarts > 1 once this claim counted its
-// start): the relay died, or lost its lease, while delivering it — or while delivering
-// another event of the batch it was claimed in. The event returned is the first suspect
-// when it is unordered, else its key's head in deliver (the suspect itself, or the events
-// before it go first, each alone: per-key order holds).
-func suspect(deliver []*item) *item {
+// delivery started before without an outcome (DeliveryStarts > above once this claim counted
+// its start, see suspectAbove): the relay died, or lost its lease, while delivering it — or
+// while delivering another event of the batch it was claimed in. The event returned is the
+// first suspect when it is unordered, else its key's head in deliver (the suspect itself, or
+// the events before it go first, each alone: per-key order holds).
+func suspect(deliver []*item, above int) *item {
 	var heads map[string]*item
 	for _, it := range deliver {
 		k := it.ev.OrderingKey
@@ -863,7 +877,7 @@ func suspect(deliver []*item) *item {
 			}
 			heads[k] = it
 		}
-		if it.ev.DeliveryStarts > 1 {
+		if it.ev.DeliveryStarts > above {
 			if k == "" {
 				return it
 			}
@@ -884,9 +898,9 @@ func suspect(deliver []*item) *item {
 func (sub *subscription) isolate(b *leased, one *item) (again bool, err error) {
 	s := sub.s
 	if !sub.isolating {
-		n := 0
+		n, above := 0, suspectAbove(s.cfg.MaxDeliveryStarts)
 		for _, it := range b.items {
-			if it.ev.DeliveryStarts > 1 {
+			if it.ev.DeliveryStarts > above {
 				n++
 			}
 		}

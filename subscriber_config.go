@@ -160,10 +160,13 @@ type SubscriberConfig struct {
 	// cut short by the stop. Default 5; at least 1.
 	//
 	// A crash counts a start for every event of the batches out (up to twice BatchSize with
-	// the batch claimed ahead), not only for the one that caused it, so after a crash the
-	// relay isolates suspects — claimed events whose earlier start ended without an outcome:
-	// a claim that returns suspects gives its other events back at once without counting
-	// their start, and delivers one suspect alone (or the head of its ordering key, to keep
+	// the batch claimed ahead), not only for the one that caused it, so after a second crash
+	// with the same events out the relay isolates suspects — claimed events whose last two
+	// starts ended without an outcome (the last one, when MaxDeliveryStarts is 2; at 1 the
+	// first crash dead-letters every event it leaves, innocent or not). One crash alone (a
+	// deploy's kill, an OOM kill) does not isolate: its events are delivered in whole batches.
+	// While isolating, a claim that returns suspects gives its other events back at once
+	// without counting their start, and delivers one suspect alone (or the head of its ordering key, to keep
 	// the key's order), its outcome written before the next claim; while suspects remain,
 	// claims lease at most 16 events and none is claimed ahead. A crash during a suspect's
 	// delivery so counts a start for that event only: only the event that crashes the relay

@@ -1729,9 +1729,18 @@ func (sub *subscription) mark(token string, items []*item) (unconfirmed map[stri
 		byseq[seq] = it
 	}
 	if len(byseq) == 0 && len(m.abandoned) == 0 {
+		if unconfirmed != nil {
+			sub.uncharge(token, items, nil) // acks the flusher found taken over
+		}
 		return unconfirmed, nil
 	}
 	results, err := sub.writeMarks(token, m)
+	for try := 1; err != nil && try < markTries; try++ {
+		// The outcome is known: written late, it still beats a redelivery that counts a
+		// start (SQLite answers SQLITE_BUSY after its busy timeout behind many writers).
+		time.Sleep(time.Duration(try) * 100 * time.Millisecond)
+		results, err = sub.writeMarks(token, m)
+	}
 	// The keys whose acks were not written: every key of the batch when the statement failed.
 	written := make(map[int64]bool, len(results))
 	if err == nil {
@@ -1755,9 +1764,40 @@ func (sub *subscription) mark(token string, items []*item) (unconfirmed map[stri
 			return it.state == stateAcked && (it.flushed == flushWritten || written[it.ev.Sequence])
 		})
 	}
+	if len(byseq) > len(results) || unconfirmed != nil || len(m.abandoned) > 0 {
+		sub.uncharge(token, items, written)
+	}
 	sub.leaseLost(token, len(byseq)-len(results))
 	sub.reportMarks(results, byseq, false)
 	return unconfirmed, nil
+}
+
+// markTries is how many times mark runs a batch's mark statement that failed.
+const markTries = 3
+
+// uncharge takes back the delivery start the claim under token counted for items whose lease
+// passed to another relay while this relay, alive, had them out (their renewals or marks came
+// too late, e.g. behind SQLite's write lock): a delivery that ended so is no crash, and
+// counting it would let MaxDeliveryStarts (and suspect isolation) take innocent events for
+// poison ones. written holds the sequences the mark wrote (nil: none); the dialect leaves
+// alone the rows this token still holds and those with an outcome since the claim (see
+// dialect.MarkParams.Uncharge). A failure is logged only: the start stays counted.
+func (sub *subscription) uncharge(token string, items []*item, written map[int64]bool) {
+	var us []dialect.Start
+	for _, it := range items {
+		if it.flushed == flushWritten || written[it.ev.Sequence] {
+			continue
+		}
+		us = append(us, dialect.Start{Seq: it.ev.Sequence, Attempts: it.ev.Attempts, Starts: it.ev.DeliveryStarts})
+	}
+	if len(us) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(sub.ctx), 30*time.Second)
+	defer cancel()
+	if _, err := sub.relay.Mark(ctx, sub.s.db, &dialect.MarkParams{Token: token, Uncharge: us}); err != nil {
+		sub.s.logger.Error("outbox: taking back the delivery starts of events taken over failed; they stay counted", err, watermill.LogFields{"token": token})
+	}
 }
 
 // writeMarks runs the dialect's mark statement with a 30 s bound, also while closing.

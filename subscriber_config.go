@@ -153,11 +153,15 @@ type SubscriberConfig struct {
 	MarkInterval time.Duration
 	// MaxDeliveryStarts detects poison events: an event whose delivery was started this many
 	// times in a row without any outcome being recorded (no ack, no failure: the relay was
-	// killed, crashed or lost its lease while delivering it each time, or the destination
-	// answered NotAttempted each time, e.g. the event made it drop its connection) is
-	// dead-lettered at its next claim with ErrPoisonEvent instead of being delivered again. A
-	// relay that stops gracefully does not count the deliveries it leaves unanswered, nor those
-	// cut short by the stop. Default 5; at least 1.
+	// killed or crashed while delivering it each time, or the destination answered
+	// NotAttempted each time, e.g. the event made it drop its connection) is dead-lettered at
+	// its next claim with ErrPoisonEvent instead of being delivered again. A relay that stops
+	// gracefully does not count the deliveries it leaves unanswered, nor those cut short by the
+	// stop. A relay alive whose lease passed to another relay while it delivered (its renewals
+	// or marks came too late, e.g. behind SQLite's write lock) takes its start back when its
+	// marks are written (the fencing refuses its outcomes; the start is taken back only while
+	// no outcome was recorded since its claim): until then the event counts that start too.
+	// Default 5; at least 1.
 	//
 	// A crash counts a start for every event of the batches out (up to twice BatchSize with
 	// the batch claimed ahead), not only for the one that caused it, so after a second crash

@@ -289,13 +289,13 @@ type subscription struct {
 	// their keys were held by the batch out, e.g. a few hot keys).
 	next       *leased
 	noPrefetch int
-	// isolating: a claim returned suspects (see isolate), so nothing is claimed ahead, claims
-	// lease at most isolateLimit events and each one holding a suspect delivers one event
-	// alone, until a whole batch's claim returns none (see noSuspect); isolateWide: the last
-	// capped claim held no suspect, so the next claims lease whole batches; isolated counts
-	// the events delivered alone since isolating began.
+	// isolating: a claim returned suspects (see isolate), so nothing is claimed ahead and
+	// claims lease one event each, delivered alone, until isolateClean of them in a row held
+	// no suspect; then isolateWide: the next claims lease whole batches, until a whole batch's
+	// claim returns none (see noSuspect). clean counts those claims; isolated counts the events
+	// delivered alone since isolating began.
 	isolating, isolateWide bool
-	isolated               int
+	isolated, clean        int
 }
 
 // marks is one batch's mark statement, written beside the delivery of the batches after it.
@@ -908,7 +908,7 @@ func (sub *subscription) isolate(b *leased, one *item) (again bool, err error) {
 			watermill.LogFields{"suspects": n, "claimed": len(b.items), "token": b.token})
 		sub.isolating, sub.isolated = true, 0
 	}
-	sub.isolateWide = false
+	sub.isolateWide, sub.clean = false, 0
 	for _, it := range b.items {
 		if it != one && (it.state == stateClaimed || it.state == stateReleased) {
 			it.state, it.err = stateAbandoned, nil
@@ -951,13 +951,15 @@ func (sub *subscription) isolate(b *leased, one *item) (again bool, err error) {
 	return true, nil
 }
 
-// noSuspect notes a claimed batch without suspects. While isolating (see isolate), the batch
-// of a capped claim is delivered whole (beside nothing else) and the next claims lease whole
-// batches, since a capped claim may have left suspects unclaimed (their claim order puts other
-// events first); a whole batch without suspects ends the isolation (endIsolation).
+// noSuspect notes a claimed batch without suspects. While isolating (see isolate), the event
+// of a capped claim is delivered alone; after isolateClean such claims in a row the next
+// claims lease whole batches, and a whole batch without suspects ends the isolation
+// (endIsolation).
 func (sub *subscription) noSuspect() {
 	if sub.isolating && !sub.isolateWide {
-		sub.isolateWide = true
+		if sub.clean++; sub.clean >= isolateClean {
+			sub.isolateWide = true
+		}
 		return
 	}
 	sub.endIsolation()
@@ -973,10 +975,14 @@ func (sub *subscription) endIsolation() {
 	sub.s.logger.Info("outbox: suspects isolated; whole batches resume", watermill.LogFields{"delivered_alone": sub.isolated})
 }
 
-// isolateLimit is the most events a claim leases while the subscription isolates suspects
-// (see isolate): all but one are given back at once, so a larger claim costs only more rows
-// leased and released per suspect.
-const isolateLimit = 16
+// isolateClean is how many one-event claims in a row without a suspect end the one-event
+// claims of an isolation (see noSuspect). While isolating, a claim leases one event, so no
+// event is leased that is not emitted. Claims of 16 (SQLite ignored the cap and leased whole
+// batches) gave all but one back per suspect: with 50 relays on SQLite those give-backs,
+// behind the write lock, often came after the lease had passed to another relay, which
+// counted a start for events never emitted. A whole batch with suspects now costs a give-back
+// of all but one once per isolateClean events delivered alone.
+const isolateClean = 16
 
 // dropPaused takes out of deliver (in sequence order) the events of topics paused by an
 // outage that opened after their batch was claimed ahead, and their keys' later events: they
@@ -1217,7 +1223,7 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		p.Limit = sub.splitLimit
 	}
 	if sub.isolating && !sub.isolateWide {
-		p.Limit = min(p.Limit, isolateLimit)
+		p.Limit = 1 // see isolateClean
 	}
 	for i, k := range sub.contKeys {
 		p.Cont = append(p.Cont, dialect.Continuation{Key: k, From: sub.contFrom[i], After: sub.contAfter[i]})

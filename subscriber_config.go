@@ -171,12 +171,13 @@ type SubscriberConfig struct {
 	// deploy's kill, an OOM kill) does not isolate: its events are delivered in whole batches.
 	// While isolating, a claim that returns suspects gives its other events back at once
 	// without counting their start, and delivers one suspect alone (or the head of its ordering key, to keep
-	// the key's order), its outcome written before the next claim; while suspects remain,
-	// claims lease at most 16 events and none is claimed ahead. A crash during a suspect's
-	// delivery so counts a start for that event only: only the event that crashes the relay
-	// MaxDeliveryStarts times in a row is dead-lettered, never the events claimed with it. A
-	// crash loop costs throughput (one claim and delivery at a time per suspect) only while
-	// suspects remain; whole batches resume at the first claim without one. Both moments are
+	// the key's order), its outcome written before the next claim; then claims lease one event
+	// each, delivered alone, until 16 in a row held no suspect, and none is claimed ahead. A
+	// crash during a suspect's delivery so counts a start for that event only: only the event
+	// that crashes the relay MaxDeliveryStarts times in a row is dead-lettered, never the
+	// events claimed with it. A crash loop costs throughput (one claim and delivery at a time)
+	// only while suspects remain; whole batches resume at the first whole claim without one
+	// (or when nothing is left to claim). Both moments are
 	// logged at Info. Isolation is per subscription: a crash during one Subscribe call's
 	// suspect still counts a start for the batches other subscriptions of the process have out.
 	MaxDeliveryStarts int

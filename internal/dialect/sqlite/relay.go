@@ -15,6 +15,9 @@ type relay struct {
 	cfg                  dialect.RelayConfig
 	claim, paused, probe string
 	lease                string
+	// filter and pausedFilter are the claim's and the paused claim's conditions, for a claim
+	// of fewer events than BatchSize (ClaimParams.Limit).
+	filter, pausedFilter string
 	args                 []any // the topic filter's parameters, from $4 on
 }
 
@@ -31,8 +34,9 @@ func (Dialect) NewRelay(t *dialect.Table, cfg dialect.RelayConfig, sel dialect.T
 		filter += " AND NOT " + topicCond(`"topic"`, e, &args)
 	}
 	r.args = args[3:]
-	r.claim = claimSQL(t, cfg, filter, cfg.BatchSize)
-	r.paused = claimSQL(t, cfg, filter+` AND "topic" NOT IN (SELECT value FROM json_each($3))`, cfg.BatchSize)
+	r.filter, r.pausedFilter = filter, filter+` AND "topic" NOT IN (SELECT value FROM json_each($3))`
+	r.claim = claimSQL(t, cfg, r.filter, cfg.BatchSize)
+	r.paused = claimSQL(t, cfg, r.pausedFilter, cfg.BatchSize)
 	r.probe = claimSQL(t, cfg, filter+` AND "topic" IN (SELECT value FROM json_each($3))`, 1)
 	var extra strings.Builder
 	for _, c := range t.Extra {
@@ -94,12 +98,17 @@ SELECT NULL, (SELECT max(k) FROM scanned), (SELECT count(*) FROM scanned)`,
 }
 
 // Claim implements dialect.Relay: the selection and an UPDATE … RETURNING that leases it, in
-// one IMMEDIATE transaction so no other writer comes between. Ranks are left to the caller.
+// one IMMEDIATE transaction so no other writer comes between. Ranks are left to the caller. A
+// p.Limit below BatchSize caps the whole claim (keyed and unordered events) at p.Limit events.
 func (r *relay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.ClaimParams) (*dialect.ClaimResult, error) {
 	q, topics := r.claim, p.Paused
 	switch {
 	case p.Probe != nil:
 		q, topics = r.probe, p.Probe
+	case p.Limit > 0 && p.Limit < r.cfg.BatchSize && len(p.Paused) > 0:
+		q = claimSQL(r.t, r.cfg, r.pausedFilter, p.Limit)
+	case p.Limit > 0 && p.Limit < r.cfg.BatchSize:
+		q = claimSQL(r.t, r.cfg, r.filter, p.Limit)
 	case len(p.Paused) > 0:
 		q = r.paused
 	}

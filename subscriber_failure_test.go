@@ -545,3 +545,49 @@ func TestNotAttemptedForeverIsPoison(t *testing.T) {
 		}
 	})
 }
+
+// TestTakenOverStartUncharged: a relay alive whose lease passed to another relay while its
+// batch was out (its renewals came too late) takes back the delivery start its claim counted,
+// so that the count holds only the deliveries that ended without an outcome because a relay
+// died: 5 events, all taken over (the other relay's claim counts its own start) and acked
+// late, end with delivery_starts 1 (the taker's start only), not 2. An event whose outcome
+// was written since the claim (a failure: attempts 1, and claimed again) keeps its count.
+func TestTakenOverStartUncharged(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t)
+		b.seed(t, schema, "t", 5, []string{""})
+		tbl := schema.Table
+		cfg := fastCfg(schema)
+		cfg.MarkInterval = time.Hour // the batch's one mark at its end
+		lost := make(chan outbox.LeaseLostInfo, 10)
+		cfg.Hooks.OnLeaseLost = func(i outbox.LeaseLostInfo) { lost <- i }
+		sub := b.newSub(t, cfg)
+		ch, _ := sub.SubscribeBatches(ctx, "t")
+		batch := <-ch
+		if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE delivery_starts = 1`, tbl)); n != 5 {
+			t.Fatalf("%d events with delivery_starts 1 once claimed, want 5", n)
+		}
+		// Another relay took the 5 over (its claim counts a start); the first event it failed
+		// since and claimed again (an outcome: the start count began again).
+		b.exec(t, fmt.Sprintf(`UPDATE %q SET leased_by = 'other#0123456789ab#1', delivery_starts = delivery_starts + 1`, tbl))
+		b.exec(t, fmt.Sprintf(`UPDATE %q SET leased_by = 'other#0123456789ab#2', attempts = 1, delivery_starts = 1 WHERE sequence = (SELECT min(sequence) FROM %q)`, tbl, tbl))
+		for _, m := range batch.Messages {
+			m.Ack()
+		}
+		select {
+		case i := <-lost:
+			if i.Events != 5 {
+				t.Fatalf("OnLeaseLost with %d events, want 5", i.Events)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the lease loss was not reported within 10s")
+		}
+		sub.Close() // the batch's mark, and the start taken back, are written before Close returns
+		if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NULL AND attempts = 0 AND delivery_starts = 1`, tbl)); n != 4 {
+			t.Fatalf("%d taken-over events with delivery_starts 1 (the taker's start only), want 4", n)
+		}
+		if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NULL AND attempts = 1 AND delivery_starts = 1`, tbl)); n != 1 {
+			t.Fatalf("%d events failed since the claim with delivery_starts 1 (left alone), want 1", n)
+		}
+	})
+}

@@ -87,13 +87,7 @@ func pgBackend(t *testing.T) *backend {
 // sqliteBackend opens a fresh SQLite database file for t.
 func sqliteBackend(t *testing.T) *backend {
 	t.Helper()
-	return sqliteBackendAt(t, filepath.Join(t.TempDir(), "outbox.db"))
-}
-
-// sqliteBackendAt opens the SQLite database file path (created if missing) for t.
-func sqliteBackendAt(t *testing.T, path string) *backend {
-	t.Helper()
-	db, err := sql.Open("sqlite", outbox.SQLiteDSN(path))
+	db, err := sql.Open("sqlite", outbox.SQLiteDSN(filepath.Join(t.TempDir(), "outbox.db")))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -101,9 +101,8 @@ type Event struct {
 	// LastError is the error of the last failed delivery, "" if none.
 	LastError string
 	// DeliveryStarts counts the deliveries started since the event's last recorded outcome
-	// (ack, failure, release), this one included: above 1 when a relay crashed while
-	// delivering it, or lost its lease and has not yet taken its start back (see
-	// SubscriberConfig.MaxDeliveryStarts).
+	// (ack, failure, release), this one included: above 1 when a relay stopped or lost its
+	// lease while delivering it (see SubscriberConfig.MaxDeliveryStarts).
 	DeliveryStarts int
 	// Extra holds the SchemaConfig.ExtraColumns values read by the subscriber, by column name
 	// (as the driver returns them).

@@ -294,13 +294,6 @@ type subscription struct {
 	// their keys were held by the batch out, e.g. a few hot keys).
 	next       *leased
 	noPrefetch int
-	// isolating: a claim returned suspects (see isolate), so nothing is claimed ahead and
-	// claims lease one event each, delivered alone, until isolateClean of them in a row held
-	// no suspect; then isolateWide: the next claims lease whole batches, until a whole batch's
-	// claim returns none (see noSuspect). clean counts those claims; isolated counts the events
-	// delivered alone since isolating began.
-	isolating, isolateWide bool
-	isolated, clean        int
 }
 
 // marks is one batch's mark statement, written beside the delivery of the batches after it.
@@ -612,17 +605,10 @@ func (sub *subscription) poll() (again bool, err error) {
 			sub.heldPolls = 0
 		}
 		if err != nil || b == nil {
-			if err == nil {
-				sub.endIsolation() // nothing claimable is left, suspects included
-			}
 			return more, err
 		}
 	}
 	deliver := sub.deliverable(b)
-	if one := suspect(deliver, suspectAbove(sub.s.cfg.MaxDeliveryStarts)); one != nil {
-		return sub.isolate(b, one)
-	}
-	sub.noSuspect()
 	delivered := make(chan struct{})
 	go func() {
 		defer close(delivered)
@@ -693,7 +679,7 @@ func (sub *subscription) mayPrefetch(b *leased) bool {
 		sub.noPrefetch--
 		return false
 	}
-	return b.full && !b.held && !sub.contLeftOut && sub.serialFor == 0 && !sub.isolating && sub.ctx.Err() == nil && sub.dueProbe(time.Now()) == nil
+	return b.full && !b.held && !sub.contLeftOut && sub.serialFor == 0 && sub.ctx.Err() == nil && sub.dueProbe(time.Now()) == nil
 }
 
 // prefetch claims the next batch while the current one is out, beside the previous batch's
@@ -850,144 +836,6 @@ func (sub *subscription) dropPoison(deliver []*item) []*item {
 	}
 	return out
 }
-
-// suspectAbove returns the DeliveryStarts above which a claimed event is a suspect (see
-// suspect), for MaxDeliveryStarts limit: 2 (two starts before this claim's ended without an
-// outcome) when limit is 3 or more, else 1. One crash is ordinary (a deploy's kill, an OOM
-// kill, a lost node) and leaves every event its relay held, up to two batches, with one such
-// start: delivering those one at a time after every crash would cost seconds of throughput
-// for nothing. A crash loop charges the same events again, and the second start isolates them
-// before limit dead-letters them (at limit 2 or less the first must).
-func suspectAbove(limit int) int {
-	if limit >= 3 {
-		return 2
-	}
-	return 1
-}
-
-// suspect returns the event of deliver (a claimed batch's deliverable events, in sequence
-// order) to deliver alone, or nil when deliver holds no suspect. A suspect is an event whose
-// delivery started before without an outcome (DeliveryStarts > above once this claim counted
-// its start, see suspectAbove): the relay died, or lost its lease, while delivering it — or
-// while delivering another event of the batch it was claimed in. The event returned is the
-// first suspect when it is unordered, else its key's head in deliver (the suspect itself, or
-// the events before it go first, each alone: per-key order holds).
-func suspect(deliver []*item, above int) *item {
-	var heads map[string]*item
-	for _, it := range deliver {
-		k := it.ev.OrderingKey
-		if k != "" && heads[k] == nil {
-			if heads == nil {
-				heads = map[string]*item{}
-			}
-			heads[k] = it
-		}
-		if it.ev.DeliveryStarts > above {
-			if k == "" {
-				return it
-			}
-			return heads[k]
-		}
-	}
-	return nil
-}
-
-// isolate delivers one event of b alone because b holds a suspect (see suspect): before one
-// is emitted, b's other events are given back without counting the start their claim counted
-// (stateAbandoned: a suspect keeps the starts it had) and b's poison events dead-lettered, in
-// one mark; nothing else of the subscription is out (the previous batch's marks landed, no
-// claim ahead); one's outcome is written before isolate returns. A crash while one is out so
-// counts a start for one only, and MaxDeliveryStarts dead-letters only the event that crashes
-// the relay each time it is delivered, not the events claimed with it. It logs at Info when
-// the subscription starts isolating (see endIsolation for the end).
-func (sub *subscription) isolate(b *leased, one *item) (again bool, err error) {
-	s := sub.s
-	if !sub.isolating {
-		n, above := 0, suspectAbove(s.cfg.MaxDeliveryStarts)
-		for _, it := range b.items {
-			if it.ev.DeliveryStarts > above {
-				n++
-			}
-		}
-		s.logger.Info("outbox: isolating suspects: events whose earlier delivery ended without an outcome (a crash?) are delivered one at a time",
-			watermill.LogFields{"suspects": n, "claimed": len(b.items), "token": b.token})
-		sub.isolating, sub.isolated = true, 0
-	}
-	sub.isolateWide, sub.clean = false, 0
-	for _, it := range b.items {
-		if it != one && (it.state == stateClaimed || it.state == stateReleased) {
-			it.state, it.err = stateAbandoned, nil
-		}
-	}
-	// b's lease stays renewed until the give-back is written (the mark may wait for the
-	// previous batch's marks, or for SQLite's write lock behind many writers: a lease that
-	// expired meanwhile would let another relay claim the events and count one more start);
-	// from now on its renewal expects only one row to stay leased, and one has a renewal of
-	// its own for its delivery.
-	b.fl.mu.Lock()
-	b.fl.written = len(b.items) - 1
-	b.fl.mu.Unlock()
-	ob := sub.lease(b.token, []*item{one}, b.prev)
-	sub.waitMarks()
-	_, err = sub.mark(b.token, b.items)
-	b.stopRenew()
-	b.lost()
-	if err != nil {
-		// Not delivered either: one is given back too if the database lets it, else its lease
-		// expires with the rest's.
-		ob.stopRenew()
-		ob.lost()
-		one.state = stateAbandoned
-		_, _ = sub.mark(b.token, []*item{one})
-		return false, err
-	}
-	sub.deliver(ob, ob.items)
-	sub.noteOutcomes(ob.items, nil)
-	sub.confirm(ob)
-	sub.continueRuns(b.token, ob.items)
-	sub.isolated++
-	m := &marks{done: make(chan struct{})}
-	sub.marking, sub.contMarks = m, m
-	m.unconfirmed, err = sub.mark(b.token, ob.items)
-	close(m.done)
-	if err != nil {
-		s.logger.Error("outbox: writing marks failed; the events are delivered again after their lease", err, watermill.LogFields{"token": b.token})
-	}
-	return true, nil
-}
-
-// noSuspect notes a claimed batch without suspects. While isolating (see isolate), the event
-// of a capped claim is delivered alone; after isolateClean such claims in a row the next
-// claims lease whole batches, and a whole batch without suspects ends the isolation
-// (endIsolation).
-func (sub *subscription) noSuspect() {
-	if sub.isolating && !sub.isolateWide {
-		if sub.clean++; sub.clean >= isolateClean {
-			sub.isolateWide = true
-		}
-		return
-	}
-	sub.endIsolation()
-}
-
-// endIsolation ends isolating suspects (see isolate): claims lease whole batches again, and
-// claim ahead. It logs at Info.
-func (sub *subscription) endIsolation() {
-	if !sub.isolating {
-		return
-	}
-	sub.isolating, sub.isolateWide = false, false
-	sub.s.logger.Info("outbox: suspects isolated; whole batches resume", watermill.LogFields{"delivered_alone": sub.isolated})
-}
-
-// isolateClean is how many one-event claims in a row without a suspect end the one-event
-// claims of an isolation (see noSuspect). While isolating, a claim leases one event, so no
-// event is leased that is not emitted. Claims of 16 (SQLite ignored the cap and leased whole
-// batches) gave all but one back per suspect: with 50 relays on SQLite those give-backs,
-// behind the write lock, often came after the lease had passed to another relay, which
-// counted a start for events never emitted. A whole batch with suspects now costs a give-back
-// of all but one once per isolateClean events delivered alone.
-const isolateClean = 16
 
 // dropPaused takes out of deliver (in sequence order) the events of topics paused by an
 // outage that opened after their batch was claimed ahead, and their keys' later events: they
@@ -1260,9 +1108,6 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	}
 	if sub.splitFor > 0 {
 		p.Limit = sub.splitLimit
-	}
-	if sub.isolating && !sub.isolateWide {
-		p.Limit = 1 // see isolateClean
 	}
 	for i, k := range sub.contKeys {
 		p.Cont = append(p.Cont, dialect.Continuation{Key: k, From: sub.contFrom[i], After: sub.contAfter[i]})
@@ -1788,18 +1633,9 @@ func (sub *subscription) mark(token string, items []*item) (unconfirmed map[stri
 		byseq[seq] = it
 	}
 	if len(byseq) == 0 && len(m.abandoned) == 0 {
-		if unconfirmed != nil {
-			sub.uncharge(token, items, nil) // acks the flusher found taken over
-		}
 		return unconfirmed, nil
 	}
 	results, err := sub.writeMarks(token, m)
-	for try := 1; err != nil && try < markTries; try++ {
-		// The outcome is known: written late, it still beats a redelivery that counts a
-		// start (SQLite answers SQLITE_BUSY after its busy timeout behind many writers).
-		time.Sleep(time.Duration(try) * 100 * time.Millisecond)
-		results, err = sub.writeMarks(token, m)
-	}
 	// The keys whose acks were not written: every key of the batch when the statement failed.
 	written := make(map[int64]bool, len(results))
 	if err == nil {
@@ -1823,40 +1659,9 @@ func (sub *subscription) mark(token string, items []*item) (unconfirmed map[stri
 			return it.state == stateAcked && (it.flushed == flushWritten || written[it.ev.Sequence])
 		})
 	}
-	if len(byseq) > len(results) || unconfirmed != nil || len(m.abandoned) > 0 {
-		sub.uncharge(token, items, written)
-	}
 	sub.leaseLost(token, len(byseq)-len(results))
 	sub.reportMarks(results, byseq, false)
 	return unconfirmed, nil
-}
-
-// markTries is how many times mark runs a batch's mark statement that failed.
-const markTries = 3
-
-// uncharge takes back the delivery start the claim under token counted for items whose lease
-// passed to another relay while this relay, alive, had them out (their renewals or marks came
-// too late, e.g. behind SQLite's write lock): a delivery that ended so is no crash, and
-// counting it would let MaxDeliveryStarts (and suspect isolation) take innocent events for
-// poison ones. written holds the sequences the mark wrote (nil: none); the dialect leaves
-// alone the rows this token still holds and those with an outcome since the claim (see
-// dialect.MarkParams.Uncharge). A failure is logged only: the start stays counted.
-func (sub *subscription) uncharge(token string, items []*item, written map[int64]bool) {
-	var us []dialect.Start
-	for _, it := range items {
-		if it.flushed == flushWritten || written[it.ev.Sequence] {
-			continue
-		}
-		us = append(us, dialect.Start{Seq: it.ev.Sequence, Attempts: it.ev.Attempts, Starts: it.ev.DeliveryStarts})
-	}
-	if len(us) == 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(sub.ctx), 30*time.Second)
-	defer cancel()
-	if _, err := sub.relay.Mark(ctx, sub.s.db, &dialect.MarkParams{Token: token, Uncharge: us}); err != nil {
-		sub.s.logger.Error("outbox: taking back the delivery starts of events taken over failed; they stay counted", err, watermill.LogFields{"token": token})
-	}
 }
 
 // writeMarks runs the dialect's mark statement with a 30 s bound, also while closing.

@@ -153,33 +153,11 @@ type SubscriberConfig struct {
 	MarkInterval time.Duration
 	// MaxDeliveryStarts detects poison events: an event whose delivery was started this many
 	// times in a row without any outcome being recorded (no ack, no failure: the relay was
-	// killed or crashed while delivering it each time, or the destination answered
-	// NotAttempted each time, e.g. the event made it drop its connection) is dead-lettered at
-	// its next claim with ErrPoisonEvent instead of being delivered again. A relay that stops
-	// gracefully does not count the deliveries it leaves unanswered, nor those cut short by the
-	// stop. A relay alive whose lease passed to another relay while it delivered (its renewals
-	// or marks came too late, e.g. behind SQLite's write lock) takes its start back when its
-	// marks are written (the fencing refuses its outcomes; the start is taken back only while
-	// no outcome was recorded since its claim): until then the event counts that start too.
-	// Default 5; at least 1.
-	//
-	// A crash counts a start for every event of the batches out (up to twice BatchSize with
-	// the batch claimed ahead), not only for the one that caused it, so after a second crash
-	// with the same events out the relay isolates suspects — claimed events whose last two
-	// starts ended without an outcome (the last one, when MaxDeliveryStarts is 2; at 1 the
-	// first crash dead-letters every event it leaves, innocent or not). One crash alone (a
-	// deploy's kill, an OOM kill) does not isolate: its events are delivered in whole batches.
-	// While isolating, a claim that returns suspects gives its other events back at once
-	// without counting their start, and delivers one suspect alone (or the head of its ordering key, to keep
-	// the key's order), its outcome written before the next claim; then claims lease one event
-	// each, delivered alone, until 16 in a row held no suspect, and none is claimed ahead. A
-	// crash during a suspect's delivery so counts a start for that event only: only the event
-	// that crashes the relay MaxDeliveryStarts times in a row is dead-lettered, never the
-	// events claimed with it. A crash loop costs throughput (one claim and delivery at a time)
-	// only while suspects remain; whole batches resume at the first whole claim without one
-	// (or when nothing is left to claim). Both moments are
-	// logged at Info. Isolation is per subscription: a crash during one Subscribe call's
-	// suspect still counts a start for the batches other subscriptions of the process have out.
+	// killed, crashed or lost its lease while delivering it each time, or the destination
+	// answered NotAttempted each time, e.g. the event made it drop its connection) is
+	// dead-lettered at its next claim with ErrPoisonEvent instead of being delivered again. A
+	// relay that stops gracefully does not count the deliveries it leaves unanswered, nor those
+	// cut short by the stop. Default 5; at least 1.
 	MaxDeliveryStarts int
 
 	takeBack bool // RelayName was set explicitly (see setDefaults)

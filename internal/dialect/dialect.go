@@ -406,23 +406,8 @@ type MarkParams struct {
 	Keep        []bool
 	Perm        []bool
 	Jitters     []float64
-	// Eager: see ClaimParams.Eager (SQLite's marks lock eagerly whatever it says).
+	// Eager: see ClaimParams.Eager.
 	Eager bool
-	// Uncharge takes back the delivery start this token's claim counted for events whose lease
-	// passed to another relay while this one, alive, delivered them (or gave them back): a
-	// start that ended without an outcome only because the lease ran out is no crash. Each
-	// event's row is decremented only while it is leased by another token (or by none), pending,
-	// not dead-lettered, with the attempts and at least the delivery starts this claim read:
-	// no outcome was written since, so the count still holds this claim's start.
-	Uncharge []Start
-}
-
-// Start is an event's claim as the claim returned it: its attempts and delivery starts (this
-// claim's included). The dialects pass a list of them to the database as JSON.
-type Start struct {
-	Seq      int64 `json:"s"`
-	Attempts int   `json:"a"`
-	Starts   int   `json:"d"`
 }
 
 // MarkResult is one marked event: its attempts after the mark, its next attempt (a retry),

@@ -529,15 +529,6 @@ func (r *relay) Mark(ctx context.Context, ex dialect.Executor, p *dialect.MarkPa
 }
 
 func (r *relay) mark(ctx context.Context, q querier, p *dialect.MarkParams, out *[]dialect.MarkResult) error {
-	if len(p.Uncharge) > 0 {
-		js, _ := json.Marshal(p.Uncharge)
-		stmt := "UPDATE " + r.n.table + " o JOIN JSON_TABLE(?, '$[*]' COLUMNS (s BIGINT PATH '$.s', a INT PATH '$.a', d INT PATH '$.d')) f ON o.`sequence` = f.s" +
-			" SET o.`delivery_starts` = o.`delivery_starts` - 1 WHERE NOT (o.`leased_by` <=> ?) AND o.`published_at` IS NULL AND o.`dead_lettered_at` IS NULL" +
-			" AND o.`attempts` = f.a AND o.`delivery_starts` >= f.d AND o.`delivery_starts` > 0"
-		if _, err := q.exec(ctx, stmt, string(js), p.Token); err != nil {
-			return fmt.Errorf("uncharge: %w", err)
-		}
-	}
 	all := slices.Concat(p.Acked, p.Released, p.Unavailable, p.Failed, p.Abandoned)
 	if len(all) == 0 {
 		return nil

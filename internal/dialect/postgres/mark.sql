@@ -5,8 +5,7 @@
 -- with last_error noted and no attempt counted (delivery_starts kept for a delivery that was
 -- not attempted, @keep); failed → attempts + 1 and a retry after RetryBase·2^attempts capped at
 -- RetryMax, × jitter, or a dead letter at MaxAttempts or when permanent; abandoned (unanswered
--- at a stop) → released, the delivery start uncounted; uncharged (@uncharge, leased by another
--- token now: see dialect.MarkParams.Uncharge) → this claim's delivery start taken back.
+-- at a stop) → released, the delivery start uncounted.
 WITH acked AS (
 	UPDATE {t} SET "published_at" = now(), "lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0
 	WHERE "sequence" = ANY(@acked::bigint[]) AND {fence} RETURNING "sequence", "attempts", NULL::timestamptz AS next, false AS dead
@@ -30,12 +29,6 @@ WITH acked AS (
 ), abandoned AS (
 	UPDATE {t} SET "delivery_starts" = GREATEST("delivery_starts" - 1, 0), "lease_until" = NULL, "leased_by" = NULL
 	WHERE "sequence" = ANY(@abandoned::bigint[]) AND {fence} RETURNING "sequence"
-), uncharged AS (
-	UPDATE {t} o SET "delivery_starts" = o."delivery_starts" - 1
-	WHERE o."sequence" = ANY(@uncharge::bigint[]) AND o."leased_by" IS DISTINCT FROM @token AND o."published_at" IS NULL AND o."dead_lettered_at" IS NULL
-		AND o."attempts" = (@uattempts::int[])[array_position(@uncharge::bigint[], o."sequence")]
-		AND o."delivery_starts" >= (@ustarts::int[])[array_position(@uncharge::bigint[], o."sequence")] AND o."delivery_starts" > 0
-	RETURNING o."sequence"
 )
 SELECT "sequence", "attempts", next, dead, now() FROM acked
 UNION ALL SELECT "sequence", "attempts", next, dead, now() FROM released

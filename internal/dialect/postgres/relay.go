@@ -198,11 +198,6 @@ func (r *relay) Mark(ctx context.Context, ex dialect.Executor, m *dialect.MarkPa
 	named := params{"acked": nonNil(m.Acked), "released": nonNil(m.Released), "failed": nonNil(m.Failed), "errs": nonNil(m.Errs),
 		"jitters": nonNil(m.Jitters), "token": m.Token, "unavailable": nonNil(m.Unavailable), "notes": nonNil(m.Notes),
 		"perm": nonNil(m.Perm), "abandoned": nonNil(m.Abandoned), "keep": nonNil(m.Keep)}
-	useqs, uatt, ustarts := []int64{}, []int32{}, []int32{}
-	for _, u := range m.Uncharge {
-		useqs, uatt, ustarts = append(useqs, u.Seq), append(uatt, int32(u.Attempts)), append(ustarts, int32(u.Starts))
-	}
-	named["uncharge"], named["uattempts"], named["ustarts"] = useqs, uatt, ustarts
 	rs, err := ex.Query(ctx, r.mark.SQL, ex.OneShot(r.mark.Args(named))...)
 	if err != nil {
 		return nil, err

@@ -15,9 +15,6 @@ type relay struct {
 	cfg                  dialect.RelayConfig
 	claim, paused, probe string
 	lease                string
-	// filter and pausedFilter are the claim's and the paused claim's conditions, for a claim
-	// of fewer events than BatchSize (ClaimParams.Limit).
-	filter, pausedFilter string
 	args                 []any // the topic filter's parameters, from $4 on
 }
 
@@ -34,9 +31,8 @@ func (Dialect) NewRelay(t *dialect.Table, cfg dialect.RelayConfig, sel dialect.T
 		filter += " AND NOT " + topicCond(`"topic"`, e, &args)
 	}
 	r.args = args[3:]
-	r.filter, r.pausedFilter = filter, filter+` AND "topic" NOT IN (SELECT value FROM json_each($3))`
-	r.claim = claimSQL(t, cfg, r.filter, cfg.BatchSize)
-	r.paused = claimSQL(t, cfg, r.pausedFilter, cfg.BatchSize)
+	r.claim = claimSQL(t, cfg, filter, cfg.BatchSize)
+	r.paused = claimSQL(t, cfg, filter+` AND "topic" NOT IN (SELECT value FROM json_each($3))`, cfg.BatchSize)
 	r.probe = claimSQL(t, cfg, filter+` AND "topic" IN (SELECT value FROM json_each($3))`, 1)
 	var extra strings.Builder
 	for _, c := range t.Extra {
@@ -98,17 +94,12 @@ SELECT NULL, (SELECT max(k) FROM scanned), (SELECT count(*) FROM scanned)`,
 }
 
 // Claim implements dialect.Relay: the selection and an UPDATE … RETURNING that leases it, in
-// one IMMEDIATE transaction so no other writer comes between. Ranks are left to the caller. A
-// p.Limit below BatchSize caps the whole claim (keyed and unordered events) at p.Limit events.
+// one IMMEDIATE transaction so no other writer comes between. Ranks are left to the caller.
 func (r *relay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.ClaimParams) (*dialect.ClaimResult, error) {
 	q, topics := r.claim, p.Paused
 	switch {
 	case p.Probe != nil:
 		q, topics = r.probe, p.Probe
-	case p.Limit > 0 && p.Limit < r.cfg.BatchSize && len(p.Paused) > 0:
-		q = claimSQL(r.t, r.cfg, r.pausedFilter, p.Limit)
-	case p.Limit > 0 && p.Limit < r.cfg.BatchSize:
-		q = claimSQL(r.t, r.cfg, r.filter, p.Limit)
 	case len(p.Paused) > 0:
 		q = r.paused
 	}
@@ -158,21 +149,10 @@ func (r *relay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.Claim
 	return res, nil
 }
 
-// Renew implements dialect.Relay. It takes the write lock eagerly (see withRelayTx), as Mark
-// does: the writes that keep or end a lease go before claims, which wait through SQLite's busy
-// handler unless woken. Behind 50 relays' claims (TestPubSubUniversal's TestConcurrentSubscribe
-// under -race and CPU load) a renewal waiting through the busy handler, which sleeps up to
-// 100 ms between tries while newer writers take the lock, failed ten times in a row and let a
-// live relay's lease expire: the batch was claimed again, one more delivery start counted.
-// Eager renewals still time out there, less often; the start a live relay loses so is taken
-// back by its marks (dialect.MarkParams.Uncharge).
-func (r *relay) Renew(ctx context.Context, ex dialect.Executor, token string, seqs []int64) (n int64, err error) {
-	err = withRelayTx(ctx, ex, true, false, func(ex dialect.Executor) error {
-		n, err = ex.Exec(ctx, fmt.Sprintf(`UPDATE %s SET "lease_until" = $1 WHERE "sequence" IN (SELECT value FROM json_each($2)) AND "leased_by" = $3 AND "published_at" IS NULL`, quote(r.t)),
-			micros(time.Now().Add(r.cfg.LeaseDuration)), dialect.JSONList(seqs), token)
-		return err
-	})
-	return n, err
+// Renew implements dialect.Relay.
+func (r *relay) Renew(ctx context.Context, ex dialect.Executor, token string, seqs []int64) (int64, error) {
+	return ex.Exec(ctx, fmt.Sprintf(`UPDATE %s SET "lease_until" = $1 WHERE "sequence" IN (SELECT value FROM json_each($2)) AND "leased_by" = $3 AND "published_at" IS NULL`, quote(r.t)),
+		micros(time.Now().Add(r.cfg.LeaseDuration)), dialect.JSONList(seqs), token)
 }
 
 // Mark implements dialect.Relay: one transaction of fenced UPDATEs (the same rules as the
@@ -180,8 +160,7 @@ func (r *relay) Renew(ctx context.Context, ex dialect.Executor, token string, se
 func (r *relay) Mark(ctx context.Context, ex dialect.Executor, m *dialect.MarkParams) ([]dialect.MarkResult, error) {
 	t := quote(r.t)
 	var out []dialect.MarkResult
-	// Every mark locks eagerly, m.Eager or not: see Renew.
-	err := withRelayTx(ctx, ex, true, false, func(ex dialect.Executor) error {
+	err := withRelayTx(ctx, ex, m.Eager, false, func(ex dialect.Executor) error {
 		now := time.Now() // once the write lock is held (see Claim)
 		nowUS := micros(now)
 		collect := func(q string, args ...any) error {
@@ -209,14 +188,6 @@ func (r *relay) Mark(ctx context.Context, ex dialect.Executor, m *dialect.MarkPa
 		}
 		fence := `"leased_by" = $2 AND "published_at" IS NULL`
 		ofence := `o."leased_by" = $2 AND o."published_at" IS NULL`
-		if len(m.Uncharge) > 0 {
-			if _, err := ex.Exec(ctx, fmt.Sprintf(`UPDATE %s AS o SET "delivery_starts" = o."delivery_starts" - 1
-FROM (SELECT value ->> '$.s' AS s, value ->> '$.a' AS a, value ->> '$.d' AS d FROM json_each($1)) AS f
-WHERE o."sequence" = f.s AND o."leased_by" IS NOT $2 AND o."published_at" IS NULL AND o."dead_lettered_at" IS NULL
-AND o."attempts" = f.a AND o."delivery_starts" >= f.d AND o."delivery_starts" > 0`, t), dialect.JSONList(m.Uncharge), m.Token); err != nil {
-				return err
-			}
-		}
 		if len(m.Acked) > 0 {
 			if err := collect(fmt.Sprintf(`UPDATE %s SET "published_at" = $3, "lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0 WHERE "sequence" IN (SELECT value FROM json_each($1)) AND %s RETURNING "sequence", "attempts", NULL, NULL`,
 				t, fence), dialect.JSONList(m.Acked), m.Token, nowUS); err != nil {

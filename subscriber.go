@@ -920,8 +920,8 @@ func (sub *subscription) continueRuns(token string, deliver []*item) {
 	}
 	type run struct {
 		n                 int
-		first, last, miss int64 // miss: the first event not acked (0: none)
-		ok, follow        bool
+		first, last, miss int64 // miss: the first event not acked (0: the run was acked whole)
+		follow            bool
 	}
 	runs := map[string]*run{}
 	var order []string
@@ -932,7 +932,7 @@ func (sub *subscription) continueRuns(token string, deliver []*item) {
 		}
 		r := runs[k]
 		if r == nil {
-			r = &run{ok: true, first: it.ev.Sequence}
+			r = &run{first: it.ev.Sequence}
 			runs[k] = r
 			order = append(order, k)
 		}
@@ -941,21 +941,19 @@ func (sub *subscription) continueRuns(token string, deliver []*item) {
 		if it.state != stateAcked && r.miss == 0 {
 			r.miss = it.ev.Sequence
 		}
-		r.ok = r.ok && it.state == stateAcked
 		r.follow = r.follow || it.follow
 	}
+	rounds := make(map[string]int, len(order))
+	dropped := false
 	for _, k := range order {
-		if r := runs[k]; r.follow && !r.ok {
+		r := runs[k]
+		if r.miss > 0 && r.follow {
 			// Not continued: the event not acked and the key's events after it lie below the
 			// floor. One that failed is found by the retry scan when due, and the rest wait for
 			// it; one released without an attempt (an outage, a stop) has no next_attempt_at.
 			sub.refindFrom(r.miss)
 		}
-	}
-	rounds := make(map[string]int, len(order))
-	dropped := false
-	for _, k := range order {
-		if r := runs[k]; r.ok && (r.n >= sub.s.cfg.MaxRunPerKey || r.follow) {
+		if r.miss == 0 && (r.n >= sub.s.cfg.MaxRunPerKey || r.follow) {
 			n := sub.contStreak[k] + 1
 			if n > contRounds && !dropped && len(order) > 1 && !r.follow {
 				dropped, sub.contLeftOut = true, true

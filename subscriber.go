@@ -1112,7 +1112,12 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	}
 	follow := sub.contFollow
 	p.Eager = sub.eagerClaim()
-	p.ReadFirst = p.Eager && sub.fullRun == 0 && !dialect.SQLiteNoReadFirst.Load()
+	// A claim after one that leased less than a whole batch reads first (SQLite): it may well
+	// find nothing, and then it never takes the write lock. Idle relays polling through the
+	// busy handler otherwise queue with the writers for the lock at every poll (50 relays at
+	// a 20 ms poll starved publishers past their 10 s busy timeout in watermill's universal
+	// suite).
+	p.ReadFirst = sub.fullRun == 0 && !dialect.SQLiteNoReadFirst.Load()
 	res, err := sub.relay.Claim(sub.ctx, s.db, p)
 	if err != nil {
 		sub.lostFollowed(p.Cont, follow, nil)

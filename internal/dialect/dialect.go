@@ -324,8 +324,8 @@ type ClaimParams struct {
 	// writers are committing; see the subscriber's eagerClaim).
 	Eager bool
 	// ReadFirst (SQLite) looks for claimable events without the write lock first, and takes
-	// it only when there are some (eager claims after one that leased less than a whole
-	// batch, so this one may find nothing).
+	// it only when there are some (claims after one that leased less than a whole batch, so
+	// this one may find nothing).
 	ReadFirst bool
 }
 

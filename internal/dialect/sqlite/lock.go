@@ -44,10 +44,26 @@ const sqliteLockRetry = 250 * time.Microsecond
 //     before fn runs (the pool's other users keep theirs, and fn's statements and COMMIT wait
 //     as usual).
 //
+// Whatever takes the write lock waits for the process's turn to write first (writeTurn).
 // fn must be safe to run twice (it may write only what it returns).
 func withRelayTx(ctx context.Context, ex dialect.Executor, eager, readFirst bool, fn func(ex dialect.Executor) error) (err error) {
 	db, ok := ex.Handle().(*sql.DB)
-	if !ok || ex.InTx() || (!eager && !readFirst) {
+	if !ok || ex.InTx() {
+		return dialect.WithTx(ctx, ex, nil, fn)
+	}
+	if readFirst {
+		if done, err := readFirstTx(ctx, db, fn); done || err != nil {
+			return err
+		}
+	}
+	// The turn is taken before the connection: with a pool of one connection, a writer
+	// holding the turn must not wait for a connection held by one waiting for the turn.
+	end, err := writeTurn(ctx, ex)
+	if err != nil {
+		return err
+	}
+	defer end()
+	if !eager && !readFirst {
 		return dialect.WithTx(ctx, ex, nil, fn)
 	}
 	conn, err := db.Conn(ctx)
@@ -55,11 +71,6 @@ func withRelayTx(ctx context.Context, ex dialect.Executor, eager, readFirst bool
 		return err
 	}
 	defer conn.Close()
-	if readFirst {
-		if done, err := tryDeferred(ctx, conn, fn); done || err != nil {
-			return err
-		}
-	}
 	if !eager {
 		if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
 			abandon(ctx, conn)
@@ -114,6 +125,17 @@ func withRelayTx(ctx context.Context, ex dialect.Executor, eager, readFirst bool
 		return err
 	}
 	return runLocked(ctx, conn, fn)
+}
+
+// readFirstTx runs tryDeferred on a connection of its own, given back before the caller waits
+// for its turn to write.
+func readFirstTx(ctx context.Context, db *sql.DB, fn func(ex dialect.Executor) error) (done bool, err error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return true, err
+	}
+	defer conn.Close()
+	return tryDeferred(ctx, conn, fn)
 }
 
 // tryDeferred runs fn in a deferred transaction on conn (see withRelayTx's readFirst). done

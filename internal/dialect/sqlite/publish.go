@@ -69,10 +69,16 @@ func (Dialect) Insert(ctx context.Context, ex dialect.Executor, p *dialect.Inser
 		return nil
 	}
 	switch {
+	case !ex.InTx():
+		// The Publisher's own write (not the caller's transaction): in the process's turn.
+		return out, inTurn(ctx, ex, func() error {
+			if len(p.Rows) <= maxRowsPerInsert {
+				return run(ex)
+			}
+			return dialect.WithTx(ctx, ex, nil, run)
+		})
 	case len(p.Rows) <= maxRowsPerInsert:
 		return out, run(ex)
-	case !ex.InTx():
-		return out, dialect.WithTx(ctx, ex, nil, run)
 	}
 	// Several statements in the caller's transaction: a failed one does not abort a SQLite
 	// transaction, so the chunks before it are undone here, or a caller committing after the

@@ -150,7 +150,12 @@ func (r *relay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.Claim
 }
 
 // Renew implements dialect.Relay.
-func (r *relay) Renew(ctx context.Context, ex dialect.Executor, token string, seqs []int64) (int64, error) {
+func (r *relay) Renew(ctx context.Context, ex dialect.Executor, token string, seqs []int64) (n int64, err error) {
+	end, err := writeTurn(ctx, ex)
+	if err != nil {
+		return 0, err
+	}
+	defer end()
 	return ex.Exec(ctx, fmt.Sprintf(`UPDATE %s SET "lease_until" = $1 WHERE "sequence" IN (SELECT value FROM json_each($2)) AND "leased_by" = $3 AND "published_at" IS NULL`, quote(r.t)),
 		micros(time.Now().Add(r.cfg.LeaseDuration)), dialect.JSONList(seqs), token)
 }

@@ -89,9 +89,10 @@ func TestWriteTurnOnlyForOwnWrites(t *testing.T) {
 	}
 }
 
-// TestOwnWritesTakeTheTurn: the Publisher's own insert, a relay's mark transaction and a lease
-// renewal each wait for the turn (held here): they finish only after the busy timeout, with
-// nothing else holding SQLite's lock.
+// TestOwnWritesTakeTheTurn: a write in inTurn (the Publisher's own insert and a lease renewal
+// use it through writeTurn) and a relay's transactions (withRelayTx: plain, eager, read first
+// that found work) each wait for the turn (held here): they finish only after the busy
+// timeout, with nothing else holding SQLite's lock.
 func TestOwnWritesTakeTheTurn(t *testing.T) {
 	const busy = 300 * time.Millisecond
 	db := openPool(t, filepath.Join(t.TempDir(), "turn.db"), int(busy/time.Millisecond))

@@ -68,17 +68,21 @@ func (Dialect) Insert(ctx context.Context, ex dialect.Executor, p *dialect.Inser
 		}
 		return nil
 	}
+	// (out is read after run returns: Go leaves the order of `return out, run(ex)`'s operands
+	// unspecified.)
 	switch {
 	case !ex.InTx():
 		// The Publisher's own write (not the caller's transaction): in the process's turn.
-		return out, inTurn(ctx, ex, func() error {
+		err := inTurn(ctx, ex, func() error {
 			if len(p.Rows) <= maxRowsPerInsert {
 				return run(ex)
 			}
 			return dialect.WithTx(ctx, ex, nil, run)
 		})
+		return out, err
 	case len(p.Rows) <= maxRowsPerInsert:
-		return out, run(ex)
+		err := run(ex)
+		return out, err
 	}
 	// Several statements in the caller's transaction: a failed one does not abort a SQLite
 	// transaction, so the chunks before it are undone here, or a caller committing after the

@@ -174,6 +174,8 @@ func TestNextBatchClaimedWhileOut(t *testing.T) {
 		h.ack(0, 10)
 		// The first batch's marks land beside the second batch's delivery and the third
 		// batch's claim.
+		// The claim is logged after its transaction commits, so the wait covers the log too:
+		// the third lease can be seen in the table before its claim's log line is written.
 		var (
 			leases    [][]int64
 			published int
@@ -181,7 +183,8 @@ func TestNextBatchClaimedWhileOut(t *testing.T) {
 		waitFor(t, 10*time.Second, func() bool {
 			leases = sortedLeases(b.leasedBy(t, schema.Table))
 			published = b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL`, schema.Table))
-			return h.len() == 20 && len(leases) == 2 && slices.Equal(leases[1], seqs[20:30]) && published == 10
+			return h.len() == 20 && len(leases) == 2 && slices.Equal(leases[1], seqs[20:30]) && published == 10 &&
+				len(leasing(claims)) >= 3
 		}, func() string {
 			return fmt.Sprintf("the second batch out, the third leased and the first published: %d out, leases %v, %d published, claims %v",
 				h.len(), leases, published, claims.Sizes())

@@ -4,8 +4,11 @@
 // rounds. It reports per variant the median tx/s, the WAL bytes per transaction written to
 // each relation of the table (pg_walinspect, by relfilenode: load-independent, unlike tx/s on a
 // shared machine), and the CPU time per transaction of the 8 server backends (from /proc: the
-// server must run on this machine) and of this process (the writers' client side). It needs a database where it may create tables and the pg_walinspect
-// extension (superuser):
+// server must run on this machine) and of this process (the writers' client side). The
+// "narrow" variants strip the table to what a write-only table would hold, and "narrow
+// unordered" also publishes without an ordering key: they show how much of the gap to
+// watermill-sql the table's shape explains. It needs a database where it may create tables
+// and the pg_walinspect extension (superuser):
 //
 //	go run ./scripts/walcost -db 'postgres://postgres@127.0.0.1:5432/hwrite' -tx 3000 -rounds 3
 package main
@@ -39,6 +42,9 @@ type variant struct {
 	cfg   outbox.SchemaConfig
 	setup []string // statements run after Migrate (%[1]s = quoted table, %[2]s = index base)
 	wm    bool     // watermill-sql v4's publisher and default schema instead
+	// unordered publishes events without an ordering key: no per-key lock (SPEC §3.5), no
+	// keyed index entries.
+	unordered bool
 }
 
 func main() {
@@ -67,6 +73,13 @@ func main() {
 	must(pool.Exec(ctx, `DROP TABLE IF EXISTS walcost_biz; CREATE TABLE walcost_biz (id bigserial PRIMARY KEY, v int)`))
 	topicIdx := `CREATE INDEX %[2]s_topic_idx ON %[1]s ("topic", "sequence")`
 	jsonbHeaders := `ALTER TABLE %[1]s ALTER COLUMN "headers" TYPE jsonb`
+	// Dropping the relay's columns drops every index whose key or predicate names one of them
+	// (all but the primary key, the unique id and the idempotency index).
+	narrow := []string{
+		`ALTER TABLE %[1]s DROP COLUMN "attempts", DROP COLUMN "last_error", DROP COLUMN "next_attempt_at", DROP COLUMN "lease_until", DROP COLUMN "leased_by", DROP COLUMN "published_at", DROP COLUMN "dead_lettered_at", DROP COLUMN "delivery_starts"`,
+		`DROP INDEX IF EXISTS %[2]s_key_idx`,
+		`ALTER TABLE %[1]s SET (fillfactor = 100)`,
+	}
 	variants := []variant{
 		{name: "old: jsonb+topic_idx", cfg: outbox.SchemaConfig{PayloadType: outbox.PayloadJSONB}, setup: []string{jsonbHeaders, topicIdx}},
 		{name: "json+topic_idx", setup: []string{topicIdx}},
@@ -74,6 +87,12 @@ func main() {
 		{name: "json-unique_id", setup: []string{`ALTER TABLE %[1]s DROP CONSTRAINT %[2]s_id_key`}},
 		{name: "json ff100", cfg: outbox.SchemaConfig{FillFactor: 100}},
 		{name: "json-claim_idx", setup: []string{`DROP INDEX %[2]s_keyed_idx`, `DROP INDEX %[2]s_key_idx`}}, // what the claim's indexes cost (not a usable table)
+		// What a table that writers only append to would cost (a storage redesign: no lease or
+		// mark columns, no claim indexes; not a usable outbox table). The dropped columns stay
+		// in the row as null-bitmap bits, so this is an upper bound of a truly narrow table's cost.
+		{name: "narrow+unique_id", setup: narrow},
+		{name: "narrow", setup: append(slices.Clone(narrow), `ALTER TABLE %[1]s DROP CONSTRAINT %[2]s_id_key`)},
+		{name: "narrow unordered", setup: append(slices.Clone(narrow), `ALTER TABLE %[1]s DROP CONSTRAINT %[2]s_id_key`), unordered: true},
 		{name: "watermill-sql", wm: true},
 	}
 	if *only != "" {
@@ -180,7 +199,9 @@ func runVariant(ctx context.Context, pool *pgxpool.Pool, v variant, total int) (
 				return err
 			}
 			m := outbox.NewMessage([]byte(`{"order":` + strconv.Itoa(i) + `}`))
-			outbox.SetOrderingKey(m, "customer-"+strconv.Itoa(i%1000))
+			if !v.unordered {
+				outbox.SetOrderingKey(m, "customer-"+strconv.Itoa(i%1000))
+			}
 			return p.Publish("orders", m)
 		}
 	}

@@ -52,7 +52,8 @@ tables of its own (created, then dropped), and prints one table:
                keyed event, beside the same INSERT plus one row into a plain events table;
   drain        events/s of one relay (BatchSize 1000) draining --events events, unordered,
                over 1,000 keys and over 10 hot keys, beside a raw loop that leases the oldest
-               1,000 pending rows and marks them (order-blind, no retries, no dead letters);
+               1,000 pending rows through an index of its own and marks them (order-blind, no
+               retries, no dead letters);
   latency      commit → handler delay (p50, p99, and the worst p99 of any 10 s window) at --rate
                events/s over --latency-keys keys for --duration, relay woken in-process;
   held         with --held-snapshot, the drains and the latency run again with one idle
@@ -391,10 +392,13 @@ func (b *bench) drainOurs(keys int, held bool) (float64, error) {
 }
 
 // drainRaw drains a fresh backlog with the order-blind loop (lease the oldest 1,000 claimable
-// rows, mark them published) and returns events/s.
+// rows through its own pending index, mark them published) and returns events/s.
 func (b *bench) drainRaw(keys int) (float64, error) {
 	schema, err := b.migrate(b.table())
 	if err != nil {
+		return 0, err
+	}
+	if err := b.rawIndex(schema.Table); err != nil {
 		return 0, err
 	}
 	if err := b.seed(schema, b.f.events, keys); err != nil {

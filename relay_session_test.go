@@ -3,10 +3,13 @@ package outbox_test
 import (
 	"database/sql"
 	"fmt"
+	"net/url"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -125,4 +128,89 @@ func runRelay(t *testing.T, db any, syncCommit bool) func() error {
 		return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE "published_at" IS NOT NULL`, schema.Table)) == 20
 	})
 	return sub.Close
+}
+
+// TestRelaySettingsThroughBeginner: a relay given a watermill-sql Beginner over a pool or over
+// a pgx stdlib *sql.DB runs its statements with the relay's settings, as one given the pool or
+// the *sql.DB itself (jit off: a claim over stale statistics was otherwise compiled by JIT at
+// every claim). The connections' session default is jit = on (options in the DSN); a
+// statement trigger on the outbox table records jit and synchronous_commit as every lease and
+// mark sees them.
+func TestRelaySettingsThroughBeginner(t *testing.T) {
+	pgtest.Require(t)
+	u, err := url.Parse(pgtest.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	qs := u.Query()
+	qs.Set("options", "-c jit=on")
+	u.RawQuery = strings.ReplaceAll(qs.Encode(), "+", "%20") // the DSN parser reads %20, not +, as a space
+	dsn := u.String()
+	handles := map[string]func(t *testing.T) any{
+		"BeginnerFromPgx": func(t *testing.T) any {
+			pool, err := pgxpool.New(ctx, dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			return wmsql.BeginnerFromPgx(pool)
+		},
+		"BeginnerFromStdSQL": func(t *testing.T) any {
+			db, err := sql.Open("pgx", dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { db.Close() })
+			return wmsql.BeginnerFromStdSQL(db)
+		},
+	}
+	for name, open := range handles {
+		t.Run(name, func(t *testing.T) {
+			raw := pgtest.StdDB(t)
+			schema := outbox.SchemaConfig{Table: pgtest.Table(t)}
+			if err := outbox.Migrate(ctx, raw, schema); err != nil {
+				t.Fatal(err)
+			}
+			seen := schema.Table + "_settings"
+			for _, st := range []string{
+				fmt.Sprintf(`CREATE TABLE %q (jit text, sync text)`, seen),
+				fmt.Sprintf(`CREATE FUNCTION %q() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO %q VALUES (current_setting('jit'), current_setting('synchronous_commit')); RETURN NULL; END $$`, seen, seen),
+				fmt.Sprintf(`CREATE TRIGGER %q AFTER UPDATE ON %q FOR EACH STATEMENT EXECUTE FUNCTION %q()`, seen, schema.Table, seen),
+			} {
+				if _, err := raw.ExecContext(ctx, st); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Cleanup(func() {
+				raw.ExecContext(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %q; DROP TABLE IF EXISTS %q; DROP FUNCTION IF EXISTS %q()`, schema.Table, seen, seen))
+			})
+			b := &backend{dialect: outbox.DialectPostgreSQL, db: raw, raw: raw}
+			b.seed(t, schema, "orders", 5, []string{"a", ""})
+			sub, err := outbox.NewSubscriber(open(t), fastCfg(schema), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sub.Close()
+			ch, err := sub.Subscribe(ctx, "orders")
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() {
+				for m := range ch {
+					m.Ack()
+				}
+			}()
+			pgtest.Eventually(t, 10*time.Second, "every event published", func() bool {
+				return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL`, schema.Table)) == 5
+			})
+			sub.Close()
+			var statements, off int
+			if err := raw.QueryRowContext(ctx, fmt.Sprintf(`SELECT count(*), count(*) FILTER (WHERE jit = 'off' AND sync = 'off') FROM %q`, seen)).Scan(&statements, &off); err != nil {
+				t.Fatal(err)
+			}
+			if statements < 2 || off != statements {
+				t.Fatalf("%d of the relay's %d UPDATE statements ran with jit and synchronous_commit off, want all (at least a lease and a mark)", off, statements)
+			}
+		})
+	}
 }

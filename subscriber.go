@@ -67,7 +67,8 @@ type Subscriber struct {
 // runs each statement on its own. A nil logger means watermill.NopLogger. Errors: a *ConfigError
 // for an invalid config or handle. It runs no SQL.
 //
-// Over a *pgxpool.Pool or a pgx stdlib *sql.DB each relay statement runs in a transaction of
+// Over a *pgxpool.Pool or a pgx stdlib *sql.DB, also inside a watermill-sql Beginner
+// (BeginnerFromPgx, BeginnerFromStdSQL), each relay statement runs in a transaction of
 // its own, sent with BEGIN, its settings (SET LOCAL jit, plan_cache_mode, synchronous_commit)
 // and COMMIT in one round trip: no setting outlives the transaction, so the relay works
 // behind a transaction pooler. Every pgx.QueryExecMode works on a direct connection; through

@@ -115,12 +115,13 @@ type SubscriberConfig struct {
 	Hooks Hooks
 	// SyncCommit makes the relay's own statements (claims, lease renewals, marks) wait for
 	// PostgreSQL's WAL flush like ordinary commits. Default false: over a *pgxpool.Pool or a
-	// pgx stdlib *sql.DB each runs in a transaction of its own with SET LOCAL
-	// synchronous_commit = off (PostgreSQL docs, "Asynchronous Commit"; other handles,
-	// SQLite and MariaDB/MySQL always commit synchronously). That saves a flush per
-	// claim and per mark; a server crash can then forget the last few hundred milliseconds of
-	// leases and marks, which only makes those events be delivered again (at least once) —
-	// events and their order are never lost, and writers' transactions are not affected.
+	// pgx stdlib *sql.DB (also inside a watermill-sql Beginner) each runs in a transaction of
+	// its own with SET LOCAL synchronous_commit = off (PostgreSQL docs, "Asynchronous
+	// Commit"; other handles, SQLite and MariaDB/MySQL always commit synchronously). That
+	// saves a flush per claim and per mark; a server crash can then forget the last few
+	// hundred milliseconds of leases and marks, which only makes those events be delivered
+	// again (at least once) — events and their order are never lost, and writers'
+	// transactions are not affected.
 	SyncCommit bool
 	// Wakeup, when set, lets a subscription poll as soon as events of its topics are
 	// committed instead of waiting for PollInterval (see package wakeup). Polling stays the

@@ -191,15 +191,7 @@ func TestRelaySettingsThroughBeginner(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer sub.Close()
-			ch, err := sub.Subscribe(ctx, "orders")
-			if err != nil {
-				t.Fatal(err)
-			}
-			go func() {
-				for m := range ch {
-					m.Ack()
-				}
-			}()
+			(&recorder{}).consume(mustSubscribe(t, sub, "orders"), ack)
 			pgtest.Eventually(t, 10*time.Second, "every event published", func() bool {
 				return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL`, schema.Table)) == 5
 			})

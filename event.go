@@ -121,8 +121,24 @@ func EventFromContext(ctx context.Context) (*Event, bool) {
 	return e, ok
 }
 
-func contextWithEvent(ctx context.Context, e *Event) context.Context {
-	return context.WithValue(ctx, eventKey{}, e)
+// eventContext is the context of an emitted message: it carries the event (EventFromContext)
+// and the error holder of its Nack (SetNackError) in one value instead of two
+// context.WithValue layers (a relay builds one per message).
+type eventContext struct {
+	context.Context
+	ev   *Event
+	hold *errHolder
+}
+
+// Value implements context.Context.
+func (c *eventContext) Value(key any) any {
+	switch key.(type) {
+	case eventKey:
+		return c.ev
+	case errHolderKey:
+		return c.hold
+	}
+	return c.Context.Value(key)
 }
 
 // EventInput is an event to write with Publisher.Enqueue or EnqueueMany.

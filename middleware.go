@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"context"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -25,10 +24,6 @@ func (h *errHolder) get() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.err
-}
-
-func withErrHolder(ctx context.Context, h *errHolder) context.Context {
-	return context.WithValue(ctx, errHolderKey{}, h)
 }
 
 // SetNackError records err as the reason of msg's coming Nack, for a message emitted by the

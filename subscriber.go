@@ -497,8 +497,9 @@ const maxPollRetryWait = 500 * time.Millisecond
 // item is one claimed event on its way out.
 type item struct {
 	ev   *Event
-	rank int64 // position in its key's run, 1 for the head; 0 for unordered
-	cont bool  // leased as a continuation of the previous batch's run of its key
+	id   string // ev.ID's string form, computed once
+	rank int64  // position in its key's run, 1 for the head; 0 for unordered
+	cont bool   // leased as a continuation of the previous batch's run of its key
 	// follow: the key was claimed below the keyed floor (a retry, or an event an operator took
 	// back from the dead letters) or continued as such, so its later events lie below the floor
 	// too: its run, acked whole, is continued like a full one (see continueRuns), since no walk
@@ -1290,8 +1291,13 @@ func (sub *subscription) itemsOf(evs []dialect.Claimed) []*item {
 		ev := Event{Sequence: c.Sequence, Topic: c.Topic, Payload: c.Payload, CreatedAt: c.CreatedAt, Attempts: c.Attempts,
 			DeliveryStarts: c.DeliveryStarts, OrderingKey: deref(c.OrderingKey), LastError: deref(c.LastError)}
 		ev.ID, _ = uuid.Parse(c.ID)
-		if err := json.Unmarshal([]byte(c.Headers), &ev.Headers); err != nil {
-			ev.Headers = map[string]string{"outbox-headers-error": err.Error()}
+		switch c.Headers {
+		case "{}", "null", "":
+			// No headers (the column's default): nothing to decode.
+		default:
+			if err := json.Unmarshal([]byte(c.Headers), &ev.Headers); err != nil {
+				ev.Headers = map[string]string{"outbox-headers-error": err.Error()}
+			}
 		}
 		if len(c.Extra) > 0 {
 			ev.Extra = make(map[string]any, len(c.Extra))
@@ -1299,7 +1305,7 @@ func (sub *subscription) itemsOf(evs []dialect.Claimed) []*item {
 				ev.Extra[col.Name] = c.Extra[i]
 			}
 		}
-		items = append(items, &item{ev: &ev, rank: c.Rank})
+		items = append(items, &item{ev: &ev, id: ev.ID.String(), rank: c.Rank})
 	}
 	return items
 }
@@ -1307,11 +1313,11 @@ func (sub *subscription) itemsOf(evs []dialect.Claimed) []*item {
 // newMessage builds the Watermill message of an event (SPEC §4.2).
 func (sub *subscription) newMessage(ctx context.Context, it *item) *message.Message {
 	ev := it.ev
-	msg := message.NewMessage(ev.ID.String(), ev.Payload)
+	msg := message.NewMessage(it.id, ev.Payload)
 	for k, v := range ev.Headers {
 		msg.Metadata[k] = v
 	}
-	msg.Metadata[MetadataEventID] = ev.ID.String()
+	msg.Metadata[MetadataEventID] = it.id
 	msg.Metadata[MetadataTopic] = ev.Topic
 	if ev.OrderingKey != "" {
 		msg.Metadata[MetadataOrderingKey] = ev.OrderingKey
@@ -1319,15 +1325,16 @@ func (sub *subscription) newMessage(ctx context.Context, it *item) *message.Mess
 	msg.Metadata[MetadataSequence] = strconv.FormatInt(ev.Sequence, 10)
 	msg.Metadata[MetadataAttempt] = strconv.Itoa(ev.Attempts + max(ev.DeliveryStarts, 1))
 	it.hold = &errHolder{}
-	mctx, cancel := context.WithCancel(contextWithEvent(withErrHolder(ctx, it.hold), ev))
+	mctx, cancel := context.WithCancel(&eventContext{Context: ctx, ev: ev, hold: it.hold})
 	msg.SetContext(mctx)
 	it.msg, it.cancel = msg, cancel
 	return msg
 }
 
 // await waits for msg's answer and records it in it; mctx ending (CloseTimeout after a stop,
-// or a lost lease) leaves it unanswered (stateAbandoned).
-func (sub *subscription) await(mctx context.Context, it *item, timeout <-chan struct{}) {
+// or a lost lease) leaves it unanswered (stateAbandoned). The DeliveryTimeout ends with timeout
+// (a batch's, shared) or expire (one message's timer); the other is nil.
+func (sub *subscription) await(mctx context.Context, it *item, timeout <-chan struct{}, expire <-chan time.Time) {
 	defer it.cancel()
 	select {
 	case <-it.msg.Acked():
@@ -1336,12 +1343,9 @@ func (sub *subscription) await(mctx context.Context, it *item, timeout <-chan st
 	case <-it.msg.Nacked():
 		it.failed(it.hold.get())
 	case <-timeout:
-		it.state, it.err = stateFailed, ErrDeliveryTimeout
-		if sub.ctx.Err() != nil {
-			// The DeliveryTimeout passed while the relay waits for its stop (CloseTimeout):
-			// the stop, not the destination, ends the delivery; no attempt is counted.
-			it.state, it.err = stateAbandoned, nil
-		}
+		sub.timedOut(it)
+	case <-expire:
+		sub.timedOut(it)
 	case <-mctx.Done():
 		// An answer given before the stop counts, whichever the select saw first.
 		select {
@@ -1362,6 +1366,16 @@ func (sub *subscription) await(mctx context.Context, it *item, timeout <-chan st
 		// a bare Nack): the destination did not judge the event, so no attempt is counted
 		// (it is released and delivered again).
 		it.state, it.err = stateReleased, nil
+	}
+}
+
+// timedOut records that it's DeliveryTimeout passed unanswered.
+func (sub *subscription) timedOut(it *item) {
+	it.state, it.err = stateFailed, ErrDeliveryTimeout
+	if sub.ctx.Err() != nil {
+		// The DeliveryTimeout passed while the relay waits for its stop (CloseTimeout):
+		// the stop, not the destination, ends the delivery; no attempt is counted.
+		it.state, it.err = stateAbandoned, nil
 	}
 }
 
@@ -1417,10 +1431,11 @@ func (sub *subscription) deliverEach(ctx, mctx context.Context, items []*item, o
 				continue
 			}
 			inflight++
-			tctx, cancel := context.WithTimeout(context.Background(), sub.s.cfg.DeliveryTimeout)
+			// A timer, not a context.WithTimeout: one allocation less per message.
+			timer := time.NewTimer(sub.s.cfg.DeliveryTimeout)
 			go func() {
-				sub.await(mctx, it, tctx.Done())
-				cancel()
+				sub.await(mctx, it, nil, timer.C)
+				timer.Stop()
 				results <- it
 			}()
 		}
@@ -1485,7 +1500,7 @@ func (sub *subscription) deliverBatch(ctx, mctx context.Context, items []*item, 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sub.await(mctx, it, tctx.Done())
+			sub.await(mctx, it, tctx.Done(), nil)
 		}()
 	}
 	wg.Wait()
@@ -1709,9 +1724,9 @@ func (sub *subscription) reportMarks(results []markResult, byseq map[int64]*item
 		}
 		switch state {
 		case stateAcked:
-			s.logger.Debug("outbox: delivered", watermill.LogFields{"event_id": ev.ID.String(), "topic": ev.Topic})
+			s.logger.Debug("outbox: delivered", watermill.LogFields{"event_id": it.id, "topic": ev.Topic})
 			if h := s.cfg.Hooks.OnDelivered; h != nil {
-				h(DeliveredInfo{EventID: ev.ID.String(), Topic: ev.Topic, Attempts: r.Attempts + 1, Delay: r.Now.Sub(ev.CreatedAt)})
+				h(DeliveredInfo{EventID: it.id, Topic: ev.Topic, Attempts: r.Attempts + 1, Delay: r.Now.Sub(ev.CreatedAt)})
 			}
 		case stateFailed:
 			derr := &DeliveryError{EventID: ev.ID.String(), Topic: ev.Topic, Err: it.err}

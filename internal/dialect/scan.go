@@ -2,14 +2,27 @@ package dialect
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Time scans a time column of any dialect into UTC: a time.Time (PostgreSQL, MySQL with
 // parseTime), INTEGER microseconds since the Unix epoch (SQLite), or DATETIME text (MySQL
 // without parseTime, "2006-01-02 15:04:05.999999", UTC). NULL leaves the zero time.
 type Time time.Time
+
+// ScanTimestamptz implements pgtype.TimestamptzScanner: pgx then decodes a timestamptz into it
+// directly instead of through database/sql's conversion (an allocation per row).
+func (m *Time) ScanTimestamptz(v pgtype.Timestamptz) error {
+	*m = Time{}
+	if v.Valid {
+		*m = Time(v.Time)
+	}
+	return nil
+}
 
 // Scan implements sql.Scanner.
 func (m *Time) Scan(src any) error {
@@ -44,50 +57,54 @@ func (m *Time) Scan(src any) error {
 // id, topic, payload, headers, ordering_key, created_at, attempts, last_error, rank,
 // delivery_starts, the extra columns, then the marker row's cursor, scanned and walked, then one
 // column for each of trailer (pointers to nullable values, set from the marker row). The marker
-// row (marker true) carries only those after the extra columns.
-func ScanClaimed(rs Rows, nExtra int, trailer ...any) (*ClaimResult, error) {
+// row (marker true) carries only those after the extra columns. capacity is the most events the
+// claim can return (its batch size), allocated with the first one.
+func ScanClaimed(rs Rows, nExtra, capacity int, trailer ...any) (*ClaimResult, error) {
 	defer rs.Close()
 	res := &ClaimResult{Walked: -1}
+	// One set of destinations for every row: pgtype's nullable values scan without an
+	// allocation under pgx (a **int64 destination allocates for each non-NULL value) and are
+	// sql.Scanners for database/sql drivers. A claim returns up to BatchSize rows; these
+	// allocations were a fifth of a relay's CPU in a 200k drain.
+	var (
+		marker                                bool
+		seq, rank, walked, scanned            pgtype.Int8
+		id, topic, hdrs, key, lastErr, cursor pgtype.Text
+		attempts, starts                      pgtype.Int4
+		payload                               []byte
+		created                               Time
+	)
+	extra := make([]any, nExtra)
+	dest := make([]any, 0, 15+nExtra+len(trailer))
+	dest = append(dest, &marker, &seq, &id, &topic, &payload, &hdrs, &key, &created, &attempts, &lastErr, &rank, &starts)
+	for i := range extra {
+		dest = append(dest, &extra[i])
+	}
+	dest = append(dest, &cursor, &scanned, &walked)
+	dest = append(dest, trailer...)
 	for rs.Next() {
-		var (
-			marker   bool
-			seq      *int64
-			id, hdrs *string
-			topic    *string
-			attempts *int
-			rank     *int64
-			starts   *int
-			walked   *int64
-			cursor   *string
-			scanned  *int64
-			c        Claimed
-			extra    = make([]any, nExtra)
-		)
-		dest := []any{&marker, &seq, &id, &topic, &c.Payload, &hdrs, &c.OrderingKey, (*Time)(&c.CreatedAt), &attempts, &c.LastError, &rank, &starts}
-		for i := range extra {
-			dest = append(dest, &extra[i])
-		}
-		dest = append(dest, &cursor, &scanned, &walked)
-		dest = append(dest, trailer...)
+		payload = nil
 		if err := rs.Scan(dest...); err != nil {
 			return nil, fmt.Errorf("scan: %w", err)
 		}
-		if marker || seq == nil {
-			if walked != nil {
-				res.Walked = *walked
+		if marker || !seq.Valid {
+			if walked.Valid {
+				res.Walked = walked.Int64
 			}
-			res.Cursor, res.Scanned = cursor, scanned
+			res.Cursor, res.Scanned = textPtr(cursor), int8Ptr(scanned)
 			continue
 		}
-		c.Sequence, c.ID, c.Topic, c.Headers, c.Attempts, c.Rank = *seq, *id, *topic, *hdrs, *attempts, -1
-		if rank != nil {
-			c.Rank = *rank
-		}
-		if starts != nil {
-			c.DeliveryStarts = *starts
+		c := Claimed{Sequence: seq.Int64, ID: id.String, Topic: topic.String, Payload: payload, Headers: hdrs.String,
+			OrderingKey: textPtr(key), CreatedAt: time.Time(created), Attempts: int(attempts.Int32), LastError: textPtr(lastErr),
+			Rank: -1, DeliveryStarts: int(starts.Int32)}
+		if rank.Valid {
+			c.Rank = rank.Int64
 		}
 		if nExtra > 0 {
-			c.Extra = extra
+			c.Extra = slices.Clone(extra)
+		}
+		if res.Events == nil {
+			res.Events = make([]Claimed, 0, capacity)
 		}
 		res.Events = append(res.Events, c)
 	}
@@ -95,4 +112,20 @@ func ScanClaimed(rs Rows, nExtra int, trailer ...any) (*ClaimResult, error) {
 		return nil, err
 	}
 	return res, nil
+}
+
+// textPtr returns t's string, or nil for NULL.
+func textPtr(t pgtype.Text) *string {
+	if !t.Valid {
+		return nil
+	}
+	return &t.String
+}
+
+// int8Ptr returns n's value, or nil for NULL.
+func int8Ptr(n pgtype.Int8) *int64 {
+	if !n.Valid {
+		return nil
+	}
+	return &n.Int64
 }

@@ -171,7 +171,7 @@ func (r *relay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.Claim
 		return nil, err
 	}
 	var xmin, xid, maxSeq, nextKeyed, nextUnordered, heads *int64
-	res, err := dialect.ScanClaimed(rs, len(r.t.Extra), &xmin, &xid, &maxSeq, &nextKeyed, &nextUnordered, &heads)
+	res, err := dialect.ScanClaimed(rs, len(r.t.Extra), r.cfg.BatchSize, &xmin, &xid, &maxSeq, &nextKeyed, &nextUnordered, &heads)
 	if err != nil {
 		return nil, err
 	}
@@ -203,7 +203,7 @@ func (r *relay) Mark(ctx context.Context, ex dialect.Executor, m *dialect.MarkPa
 		return nil, err
 	}
 	defer rs.Close()
-	var out []dialect.MarkResult
+	out := make([]dialect.MarkResult, 0, len(m.Acked)+len(m.Released)+len(m.Unavailable)+len(m.Failed))
 	for rs.Next() {
 		var res dialect.MarkResult
 		if err := rs.Scan(&res.Seq, &res.Attempts, &res.Next, &res.Dead, &res.Now); err != nil {

@@ -1292,7 +1292,7 @@ func (sub *subscription) itemsOf(evs []dialect.Claimed) []*item {
 			DeliveryStarts: c.DeliveryStarts, OrderingKey: deref(c.OrderingKey), LastError: deref(c.LastError)}
 		ev.ID, _ = uuid.Parse(c.ID)
 		switch c.Headers {
-		case "{}", "null", "":
+		case "{}", "null":
 			// No headers (the column's default): nothing to decode.
 		default:
 			if err := json.Unmarshal([]byte(c.Headers), &ev.Headers); err != nil {

@@ -216,6 +216,8 @@ type subscription struct {
 	// keyed events exist), -1 when the claim does not report it (SQLite).
 	lastKeyCount int
 	walked       int64
+	// lastClaimed is how many events the last claim leased (its size hint for the next).
+	lastClaimed int
 	// heldPolls counts the polls in a row whose claim leased nothing although its walk found
 	// claimable keyed events: their keys are held by another relay (or by a batch of this
 	// one). The wait after such a poll doubles with each, up to heldWait (see pollWait).
@@ -1095,7 +1097,7 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	s := sub.s
 	began := time.Now()
 	sub.walked = -1
-	p := &dialect.ClaimParams{Token: token, Limit: s.cfg.BatchSize, Oldest: sub.oldest, Cursor: sub.cursor,
+	p := &dialect.ClaimParams{Token: token, Limit: s.cfg.BatchSize, SizeHint: min(s.cfg.BatchSize, max(16, sub.lastClaimed)), Oldest: sub.oldest, Cursor: sub.cursor,
 		LowUnordered: sub.lowUnordered, LowKeyed: sub.lowKeyed, ContToken: sub.contToken, Paused: sub.pausedTopics(began)}
 	if sub.sweep != nil {
 		sub.fl.Lower(sub.sweep.take())
@@ -1131,6 +1133,7 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		sub.fullRun = 0
 	}
 	sub.walked = res.Walked
+	sub.lastClaimed = len(res.Events)
 	items = sub.itemsOf(res.Events)
 	for _, it := range items {
 		it.eager = p.Eager
@@ -1292,8 +1295,11 @@ func (sub *subscription) itemsOf(evs []dialect.Claimed) []*item {
 			DeliveryStarts: c.DeliveryStarts, OrderingKey: deref(c.OrderingKey), LastError: deref(c.LastError)}
 		ev.ID, _ = uuid.Parse(c.ID)
 		switch c.Headers {
-		case "{}", "null":
+		case "{}":
 			// No headers (the column's default): nothing to decode.
+			ev.Headers = map[string]string{}
+		case "null":
+			// JSON null decodes to no map, as json.Unmarshal would.
 		default:
 			if err := json.Unmarshal([]byte(c.Headers), &ev.Headers); err != nil {
 				ev.Headers = map[string]string{"outbox-headers-error": err.Error()}

@@ -299,6 +299,9 @@ type ClaimParams struct {
 	Token string
 	// Limit caps the claim's keyed events (BatchSize, or less during a split).
 	Limit int
+	// SizeHint is how many events the claim will likely return (the relay's previous claim's
+	// count, within [16, BatchSize]): the result is allocated for that many. 0: unknown.
+	SizeHint int
 	// Oldest is how many of the oldest claimable keyed events the claim walks.
 	Oldest int
 	// Cursor is where the key skip scan resumes ("" from the start).

@@ -16,11 +16,16 @@ type Time time.Time
 
 // ScanTimestamptz implements pgtype.TimestamptzScanner: pgx then decodes a timestamptz into it
 // directly instead of through database/sql's conversion (an allocation per row).
+// PostgreSQL's infinity and -infinity are an error, as they are for Scan.
 func (m *Time) ScanTimestamptz(v pgtype.Timestamptz) error {
 	*m = Time{}
-	if v.Valid {
-		*m = Time(v.Time)
+	if !v.Valid {
+		return nil
 	}
+	if v.InfinityModifier != pgtype.Finite {
+		return fmt.Errorf("outbox: time column: %s is not a time", v.InfinityModifier)
+	}
+	*m = Time(v.Time)
 	return nil
 }
 
@@ -57,8 +62,9 @@ func (m *Time) Scan(src any) error {
 // id, topic, payload, headers, ordering_key, created_at, attempts, last_error, rank,
 // delivery_starts, the extra columns, then the marker row's cursor, scanned and walked, then one
 // column for each of trailer (pointers to nullable values, set from the marker row). The marker
-// row (marker true) carries only those after the extra columns. capacity is the most events the
-// claim can return (its batch size), allocated with the first one.
+// row (marker true) carries only those after the extra columns. capacity is how many events the
+// claim is expected to return (ClaimParams.SizeHint): the events' slice is allocated for that
+// many with the first one, and grows past it as needed.
 func ScanClaimed(rs Rows, nExtra, capacity int, trailer ...any) (*ClaimResult, error) {
 	defer rs.Close()
 	res := &ClaimResult{Walked: -1}
@@ -104,7 +110,7 @@ func ScanClaimed(rs Rows, nExtra, capacity int, trailer ...any) (*ClaimResult, e
 			c.Extra = slices.Clone(extra)
 		}
 		if res.Events == nil {
-			res.Events = make([]Claimed, 0, capacity)
+			res.Events = make([]Claimed, 0, max(capacity, 1))
 		}
 		res.Events = append(res.Events, c)
 	}

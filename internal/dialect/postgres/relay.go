@@ -171,7 +171,7 @@ func (r *relay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.Claim
 		return nil, err
 	}
 	var xmin, xid, maxSeq, nextKeyed, nextUnordered, heads *int64
-	res, err := dialect.ScanClaimed(rs, len(r.t.Extra), r.cfg.BatchSize, &xmin, &xid, &maxSeq, &nextKeyed, &nextUnordered, &heads)
+	res, err := dialect.ScanClaimed(rs, len(r.t.Extra), p.SizeHint, &xmin, &xid, &maxSeq, &nextKeyed, &nextUnordered, &heads)
 	if err != nil {
 		return nil, err
 	}

@@ -136,7 +136,7 @@ func (r *relay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.Claim
 		if err != nil {
 			return err
 		}
-		leased, err := dialect.ScanClaimed(rs, len(r.t.Extra), r.cfg.BatchSize)
+		leased, err := dialect.ScanClaimed(rs, len(r.t.Extra), len(seqs))
 		if err != nil {
 			return err
 		}

@@ -9,9 +9,10 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// Time scans a time column of any dialect into UTC: a time.Time (PostgreSQL, MySQL with
-// parseTime), INTEGER microseconds since the Unix epoch (SQLite), or DATETIME text (MySQL
-// without parseTime, "2006-01-02 15:04:05.999999", UTC). NULL leaves the zero time.
+// Time scans a time column of any dialect: a time.Time as the driver decodes it (PostgreSQL,
+// MySQL with parseTime: the instant, in the driver's location), INTEGER microseconds since the
+// Unix epoch (SQLite, into UTC), or DATETIME text (MySQL without parseTime,
+// "2006-01-02 15:04:05.999999", read as UTC). NULL leaves the zero time.
 type Time time.Time
 
 // ScanTimestamptz implements pgtype.TimestamptzScanner: pgx then decodes a timestamptz into it
@@ -89,6 +90,8 @@ func ScanClaimed(rs Rows, nExtra, capacity int, trailer ...any) (*ClaimResult, e
 	dest = append(dest, &cursor, &scanned, &walked)
 	dest = append(dest, trailer...)
 	for rs.Next() {
+		// Each event keeps its payload: pgx and database/sql scan a []byte into a new slice,
+		// and a nil one leaves no buffer for any driver to reuse.
 		payload = nil
 		if err := rs.Scan(dest...); err != nil {
 			return nil, fmt.Errorf("scan: %w", err)

@@ -18,16 +18,28 @@ func deadWhere(f dialect.DeadFilter, args *[]any) string {
 		func() string { return `"dead_lettered_at" < ` + param(args, micros(time.Now().Add(-f.OlderThan))) })
 }
 
+// execInTurn runs the write q within the process's turn to write through ex (see gate.go), like
+// the relay's and the Publishers' own writes. Outside the turn an operation met those writers in
+// the busy handler, where a writer taking the lock right after each turn ends can starve it:
+// a cleanup beside a busy relay failed with SQLITE_BUSY after the whole busy timeout.
+func execInTurn(ctx context.Context, ex dialect.Executor, q string, args ...any) (n int64, err error) {
+	err = inTurn(ctx, ex, func() error {
+		n, err = ex.Exec(ctx, q, args...)
+		return err
+	})
+	return n, err
+}
+
 // RetryDead implements dialect.Dialect.
 func (Dialect) RetryDead(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.DeadFilter) (int64, error) {
 	var args []any
-	return ex.Exec(ctx, `UPDATE `+quote(t)+` SET "dead_lettered_at" = NULL, "attempts" = 0, "next_attempt_at" = NULL, "lease_until" = NULL, "leased_by" = NULL WHERE `+deadWhere(f, &args), args...)
+	return execInTurn(ctx, ex, `UPDATE `+quote(t)+` SET "dead_lettered_at" = NULL, "attempts" = 0, "next_attempt_at" = NULL, "lease_until" = NULL, "leased_by" = NULL WHERE `+deadWhere(f, &args), args...)
 }
 
 // PurgeDead implements dialect.Dialect.
 func (Dialect) PurgeDead(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.DeadFilter) (int64, error) {
 	var args []any
-	return ex.Exec(ctx, `DELETE FROM `+quote(t)+` WHERE `+deadWhere(f, &args), args...)
+	return execInTurn(ctx, ex, `DELETE FROM `+quote(t)+` WHERE `+deadWhere(f, &args), args...)
 }
 
 // ListDead implements dialect.Dialect.
@@ -46,7 +58,7 @@ FROM %s WHERE %s ORDER BY "dead_lettered_at", "sequence" LIMIT %d`, quote(t), de
 func (Dialect) Cleanup(ctx context.Context, ex dialect.Executor, t *dialect.Table, column string, olderThan time.Duration, batch int) (int64, error) {
 	q := fmt.Sprintf(`DELETE FROM %[1]s WHERE "sequence" IN (SELECT "sequence" FROM %[1]s WHERE %[2]s < $1 ORDER BY %[2]s LIMIT %[3]d)`,
 		quote(t), dialect.DoubleQuote(column), batch)
-	return ex.Exec(ctx, q, micros(time.Now().Add(-olderThan)))
+	return execInTurn(ctx, ex, q, micros(time.Now().Add(-olderThan)))
 }
 
 // Backlog implements dialect.Dialect.

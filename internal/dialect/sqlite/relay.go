@@ -266,5 +266,5 @@ func (Dialect) TakeBack(ctx context.Context, ex dialect.Executor, t *dialect.Tab
 WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "lease_until" > $3
 AND substr("leased_by", 1, length($1)) = $1 AND substr("leased_by", 1, length($2)) <> $2
 AND substr("leased_by", length($1) + 1) GLOB '%s#[0-9]*'`, quote(t), hex)
-	return ex.Exec(ctx, q, name, tokenPrefix, micros(time.Now()))
+	return execInTurn(ctx, ex, q, name, tokenPrefix, micros(time.Now()))
 }

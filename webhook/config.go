@@ -118,7 +118,9 @@ type Config struct {
 	AllowedPrefixes []netip.Prefix
 
 	// LookupIP resolves host names before dialing; every address it returns is checked by the
-	// built-in guard at connect time (net.Dialer.Control), and tried in order. Nil means
+	// built-in guard at connect time (net.Dialer.Control), and tried in order, each with its
+	// share of the attempt's Timeout (at least 2s, as net.Dialer shares a deadline among a
+	// name's addresses), so a dead first address does not use up the attempt. Nil means
 	// net.DefaultResolver.LookupNetIP(ctx, "ip", host). Tests set it to map a name to a
 	// loopback address without DNS. Must be safe for concurrent use.
 	LookupIP func(ctx context.Context, host string) ([]netip.Addr, error)

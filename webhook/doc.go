@@ -9,7 +9,8 @@
 // Only a 2xx answer counts as delivered; redirects are never followed; each attempt has a
 // timeout (default 10s). A failure is returned as a *DeliveryError, which the relay turns into
 // a Nack, classed for the outbox: a receiver that cannot be reached (refused, DNS, connect
-// timeout) or answers 429, 502, 503 or 504 is unavailable (*outbox.UnavailableError, with the
+// timeout, TLS handshake: any failure before a connection was made) or answers 429, 502, 503
+// or 504 is unavailable (*outbox.UnavailableError, with the
 // answer's Retry-After): the relay counts no attempt and pauses; a message that cannot be sent
 // as it is, or an answer whose status Config.PermanentStatuses lists, is permanent
 // (*outbox.PermanentError): dead-lettered at once; anything else is retried with backoff and

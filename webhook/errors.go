@@ -153,7 +153,9 @@ type DeliveryError struct {
 	// at once. Transport errors are never permanent.
 	Permanent bool
 	// Unavailable is true when the receiver could not be reached at all (connection refused,
-	// DNS failure, host unreachable, connect timeout — not a refusal by the address guard) or
+	// DNS failure, host unreachable, connect timeout, TLS handshake failure: the attempt ended
+	// before a connection was made, so nothing was sent; not a refusal by the address guard,
+	// nor a cancellation by Close or the caller's context) or
 	// answered 429, 502, 503 or 504. Publish then returns the error inside an
 	// *outbox.UnavailableError (Destination "webhook <host>", RetryAfter below): the relay
 	// counts no attempt and pauses the destination's topics instead. Any other transport

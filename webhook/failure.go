@@ -24,7 +24,9 @@ func unavailableStatus(code int) bool {
 }
 
 // unreachable reports whether a transport error says that no connection could be made to the
-// receiver (refused, DNS, host unreachable, connect timeout). A refusal by the address guard
+// receiver (refused, DNS, host unreachable, connect timeout). Publisher.attempt also counts any
+// failure before a connection was made (a dial ended by the attempt's deadline, which net/http
+// reports as the bare context error, or a TLS handshake). A refusal by the address guard
 // (ErrURLDenied) is not: it is the configuration's answer, not an outage.
 func unreachable(err error) bool {
 	return !errors.Is(err, ErrURLDenied) && netfail.Unreachable(err)

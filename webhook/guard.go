@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // deniedRange is one refused address range and the reason reported for it.
@@ -284,8 +285,16 @@ func (d *guardedDialer) DialContext(ctx context.Context, network, addr string) (
 		}
 	}
 	var errs dialErrors
-	for _, ip := range ips {
-		conn, err := d.dialer.DialContext(ctx, network, netip.AddrPortFrom(ip, uint16(port)).String())
+	// net/http dials with a context detached from the request's deadline, so the budget is
+	// the dialer's Timeout (and a deadline of ctx, if any), shared among the addresses.
+	deadline := time.Now().Add(d.dialer.Timeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	for i, ip := range ips {
+		dctx, cancel := partialDeadline(ctx, deadline, len(ips)-i)
+		conn, err := d.dialer.DialContext(dctx, network, netip.AddrPortFrom(ip, uint16(port)).String())
+		cancel()
 		if err == nil {
 			return conn, nil
 		}
@@ -309,3 +318,15 @@ func (e dialErrors) Error() string {
 }
 
 func (e dialErrors) Unwrap() []error { return e }
+
+// partialDeadline gives one of left remaining addresses its share of ctx's deadline, at least
+// 2s (or what remains), as net.Dialer does (dialSerial), so a dead first address cannot use
+// up the whole attempt.
+func partialDeadline(ctx context.Context, deadline time.Time, left int) (context.Context, context.CancelFunc) {
+	remaining := time.Until(deadline)
+	share := remaining / time.Duration(left)
+	if sane := 2 * time.Second; share < sane {
+		share = min(sane, remaining)
+	}
+	return context.WithTimeout(ctx, share)
+}

@@ -4,17 +4,20 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/netip"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -165,6 +168,9 @@ func (p *Publisher) publishOne(topic string, index int, msg *message.Message) er
 	defer cancel()
 	stop := context.AfterFunc(p.closeCtx, cancel)
 	defer stop()
+	if p.closeCtx.Err() != nil {
+		cancel() // AfterFunc on a done context cancels later, in a goroutine
+	}
 
 	derr := p.attempt(ctx, topic, msg, &res)
 	res.Duration = time.Since(start)
@@ -240,6 +246,10 @@ func (p *Publisher) attempt(ctx context.Context, topic string, msg *message.Mess
 		return derr
 	}
 
+	// connected is set once the request has a connection (GotConn): before that nothing of it
+	// has been sent.
+	var connected atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { connected.Store(true) }})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
 	if err != nil {
 		return permanent(fmt.Errorf("webhook: build request: %w", err))
@@ -247,7 +257,12 @@ func (p *Publisher) attempt(ctx context.Context, topic string, msg *message.Mess
 	req.Header = h
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return &DeliveryError{Unavailable: unreachable(err), Err: err}
+		// No connection was obtained (lookup, dial or TLS handshake failed or timed out; net/http
+		// returns the bare context error when the deadline ends a dial): nothing of the request
+		// was sent, so the receiver could not be reached. A guard refusal or a cancellation
+		// (Close, the caller) is not the receiver's doing.
+		notConnected := !connected.Load() && !errors.Is(err, context.Canceled) && !errors.Is(err, ErrURLDenied)
+		return &DeliveryError{Unavailable: unreachable(err) || notConnected, Err: err}
 	}
 	defer resp.Body.Close()
 	res.StatusCode = resp.StatusCode

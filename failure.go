@@ -24,7 +24,9 @@ var ErrPermanent = errors.New("outbox: permanent failure")
 // (SubscriberConfig.Unavailable). Destination names the destination for that pause and for the
 // logs; events of topics whose errors name different destinations pause independently, and an
 // empty name is one destination of its own. RetryAfter, when positive, is the least time before
-// the first probe (an HTTP Retry-After, RFC 9110 §10.2.3).
+// the next probe (an HTTP Retry-After, RFC 9110 §10.2.3), up to
+// SubscriberConfig.UnavailableBackoffMax: a destination cannot pause its topics for longer
+// between probes.
 //
 // It matches ErrUnavailable with errors.Is and its cause through Unwrap.
 type UnavailableError struct {

@@ -167,7 +167,10 @@ func (sub *subscription) noteOutcomes(items []*item, probe *outage) {
 		if h := sub.s.cfg.Hooks.OnUnavailable; h != nil {
 			h(FailedInfo{EventID: it.ev.ID.String(), Topic: it.ev.Topic, Attempts: it.ev.Attempts, Err: &DeliveryError{EventID: it.ev.ID.String(), Topic: it.ev.Topic, Err: it.err}, At: now})
 		}
-		if next := now.Add(retryAfter); next.After(o.nextProbe) {
+		// A destination's RetryAfter (a receiver's HTTP Retry-After) delays the next probe, but
+		// by at most UnavailableBackoffMax: one answer of "Retry-After: 999999999" paused the
+		// topics for 32 years (TestRetryAfterDelaysProbesAtMostBackoffMax).
+		if next := now.Add(min(retryAfter, sub.s.cfg.UnavailableBackoffMax)); next.After(o.nextProbe) {
 			o.nextProbe = next
 		}
 		if sub.outageExpired(o, now) {

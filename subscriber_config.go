@@ -133,9 +133,11 @@ type SubscriberConfig struct {
 	// events that destination refused, and it delivers one event of them (a probe) after
 	// UnavailableBackoff, then every 1/32 of the outage's age, at least UnavailableBackoff and
 	// at most UnavailableBackoffMax, while the destination stays unavailable (or after the
-	// error's RetryAfter, when longer): a destination back after 30 s is probed within about
-	// 1 s, one down for hours every UnavailableBackoffMax. The first probe that
-	// gets any other answer ends the outage: those topics are claimed at full rate again.
+	// error's RetryAfter when that is longer, but never more than UnavailableBackoffMax, so a
+	// destination's hint cannot pause its topics for longer): a destination back after 30 s
+	// is probed within about 1 s, one down for hours every UnavailableBackoffMax. The first
+	// probe that gets any other answer ends the outage: those topics are claimed at full rate
+	// again.
 	// The outage is logged once at WARN when it starts and once at INFO when it ends.
 	// Defaults 200ms and 30s; UnavailableBackoffMax must not be below UnavailableBackoff.
 	UnavailableBackoff    time.Duration

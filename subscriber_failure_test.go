@@ -545,3 +545,48 @@ func TestNotAttemptedForeverIsPoison(t *testing.T) {
 		}
 	})
 }
+
+// TestRetryAfterDelaysProbesAtMostBackoffMax: a destination's RetryAfter longer than the
+// backoff delays the next probe, but by at most UnavailableBackoffMax: a RetryAfter of an hour
+// (a receiver's "Retry-After: 3600", or a hostile one's 999999999) paused the topic that long.
+func TestRetryAfterDelaysProbesAtMostBackoffMax(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t)
+		b.seed(t, schema, "t", 1, []string{""}) // one event: its second delivery is the probe
+		cfg := fastCfg(schema)
+		cfg.UnavailableBackoff, cfg.UnavailableBackoffMax = 20*time.Millisecond, 300*time.Millisecond
+		sub := b.newSub(t, cfg)
+		ch, err := sub.Subscribe(ctx, "t")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var (
+			mu       sync.Mutex
+			refused  time.Time
+			nextCall time.Time
+		)
+		(&recorder{}).consume(ch, func(*message.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if refused.IsZero() {
+				refused = time.Now()
+				return &outbox.UnavailableError{Destination: "d", RetryAfter: time.Hour, Err: errors.New("429 Too Many Requests")}
+			}
+			if nextCall.IsZero() {
+				nextCall = time.Now()
+			}
+			return nil
+		})
+		pgtest.Eventually(t, 10*time.Second, "the event delivered after the capped Retry-After", func() bool {
+			return b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NOT NULL`, schema.Table)) == 1
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		if gap := nextCall.Sub(refused); gap < 250*time.Millisecond {
+			t.Fatalf("the next delivery came %s after the refusal: the RetryAfter (capped at UnavailableBackoffMax, 300ms) was not honoured", gap)
+		}
+		if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE attempts > 0`, schema.Table)); n != 0 {
+			t.Fatalf("%d events charged an attempt for the refusal", n)
+		}
+	})
+}

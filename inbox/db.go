@@ -38,7 +38,11 @@ type DB[T any] struct {
 //
 // With a *pgxpool.Pool or *pgx.Conn, BEGIN and the inbox INSERT go to the server in one
 // pipelined round trip, and the handler's pgx.Tx is the package's own implementation on the
-// transaction's connection (Begin makes savepoints). Any other
+// transaction's connection (Begin makes savepoints; like pgx's own, it refuses every statement
+// with pgx.ErrTxClosed once it has ended, opts.CommitQuery included in its Commit). A
+// *pgx.Conn runs one transaction at a time, so messages take turns on it (concurrent handlers
+// wait for the one in progress; the connection must not be used by anything else meanwhile, or
+// a message fails with an error naming the connection's transaction status). Any other
 // PgxBeginner gets pgx's own transaction and one more round trip per message.
 func FromPgx(db PgxBeginner, opts pgx.TxOptions) DB[pgx.Tx] {
 	pg := outbox.DialectPostgreSQL
@@ -56,11 +60,18 @@ func FromPgx(db PgxBeginner, opts pgx.TxOptions) DB[pgx.Tx] {
 			if err != nil {
 				return nil, 0, err
 			}
-			return beginRecord(ctx, c.Conn(), c.Release, begin, insert, args)
+			return beginRecord(ctx, c.Conn(), c.Release, begin, opts.CommitQuery, insert, args)
 		}
 	case *pgx.Conn:
+		// A *pgx.Conn runs one transaction at a time: messages take turns on it.
+		turn := make(chan struct{}, 1)
 		d.start = func(ctx context.Context, insert string, args []any) (pgx.Tx, int64, error) {
-			return beginRecord(ctx, h, nil, begin, insert, args)
+			select {
+			case turn <- struct{}{}:
+			case <-ctx.Done():
+				return nil, 0, ctx.Err()
+			}
+			return beginRecord(ctx, h, func() { <-turn }, begin, opts.CommitQuery, insert, args)
 		}
 	default:
 		d.start = func(ctx context.Context, insert string, args []any) (pgx.Tx, int64, error) {

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -48,9 +50,10 @@ type Config struct {
 	// also the outbox table's: set Outbox.Schema.Dialect the same.
 	Schema SchemaConfig
 	// Consumer names the consuming service or handler: the first half of the inbox key, so
-	// several consumers of one message each process it once. 1..255 bytes; required.
+	// several consumers of one message each process it once. 1..255 bytes of valid UTF-8
+	// without NUL; required.
 	Consumer string
-	// Key returns a message's dedup key (1..255 bytes); nil means msg.UUID. KeyFromMetadata
+	// Key returns a message's dedup key (1..255 bytes of valid UTF-8 without NUL); nil means msg.UUID. KeyFromMetadata
 	// reads a metadata field; package inbox/kafkakey builds "topic/partition/offset" from
 	// watermill-kafka's context. It must be safe for concurrent use; an error or "" nacks the
 	// message (ErrNoKey).
@@ -60,7 +63,8 @@ type Config struct {
 	Outbox outbox.PublisherConfig
 	// PublishTopic is the outbox topic of the handler's returned messages; Topic, when set,
 	// chooses per message instead. With neither, a handler that returns messages fails with
-	// ErrNoTopic.
+	// ErrNoTopic. A topic the outbox would refuse (invalid UTF-8, a NUL, more than
+	// outbox.MaxTextLength characters) is a configuration error.
 	PublishTopic string
 	// Topic, when set, gives the outbox topic of each returned message (consecutive messages
 	// of one topic go in one INSERT). Returning "" fails with ErrNoTopic. It must be safe for
@@ -102,6 +106,12 @@ func (c Config) Validate() error {
 		return bad("Consumer", "required: name the consuming service or handler")
 	case len(c.Consumer) > MaxKeyLength:
 		return bad("Consumer", fmt.Sprintf("%d bytes: at most %d", len(c.Consumer), MaxKeyLength))
+	case textProblem(c.Consumer) != "":
+		return bad("Consumer", textProblem(c.Consumer))
+	case c.PublishTopic != "" && textProblem(c.PublishTopic) != "":
+		return bad("PublishTopic", textProblem(c.PublishTopic))
+	case utf8.RuneCountInString(c.PublishTopic) > outbox.MaxTextLength:
+		return bad("PublishTopic", fmt.Sprintf("%d characters: at most %d", utf8.RuneCountInString(c.PublishTopic), outbox.MaxTextLength))
 	case c.MaxRetries < 0:
 		return bad("MaxRetries", "must not be negative")
 	case c.RetryBase < 0:
@@ -232,6 +242,9 @@ func (in *Inbox[T]) process(msg *message.Message, h HandlerFunc[T]) (Result, err
 		return 0, err
 	}
 	base := msg.Context()
+	// Every return (a panic in the handler included) gives the message its own context back,
+	// without the ended transaction.
+	defer msg.SetContext(base)
 	var topic *string
 	if t := message.SubscribeTopicFromCtx(base); t != "" && len(t) <= MaxKeyLength {
 		topic = &t
@@ -239,7 +252,6 @@ func (in *Inbox[T]) process(msg *message.Message, h HandlerFunc[T]) (Result, err
 	for attempt := 0; ; attempt++ {
 		res, err := in.attempt(base, msg, key, topic, h)
 		if err == nil || !retryable(err) || attempt >= in.cfg.MaxRetries {
-			msg.SetContext(base)
 			return res, err
 		}
 		in.retries.Add(1)
@@ -247,7 +259,6 @@ func (in *Inbox[T]) process(msg *message.Message, h HandlerFunc[T]) (Result, err
 		in.logger.Debug("inbox transaction failed with a serialization failure or deadlock, running it again", watermill.LogFields{"message_id": key, "attempt": attempt + 1, "wait": wait, "err": err})
 		select {
 		case <-base.Done():
-			msg.SetContext(base)
 			return 0, errors.Join(err, base.Err())
 		case <-time.After(wait):
 		}
@@ -267,7 +278,13 @@ func (in *Inbox[T]) attempt(ctx context.Context, msg *message.Message, key strin
 	done := false
 	defer func() {
 		if !done {
-			if rbErr := in.db.abort(context.WithoutCancel(ctx), tx); rbErr != nil && !isTxDone(rbErr) {
+			// The commits set done first, so a transaction already ended here was ended by the
+			// handler itself (HandlerFunc must not commit or roll back tx): if it committed, the
+			// message is recorded and its redelivery will be skipped, so say so.
+			switch rbErr := in.db.abort(context.WithoutCancel(ctx), tx); {
+			case isTxDone(rbErr):
+				err = errors.Join(err, errors.New("outbox inbox: the handler ended the inbox transaction itself (a HandlerFunc must not commit or roll back tx): whether the message was recorded is unknown"))
+			case rbErr != nil:
 				err = errors.Join(err, fmt.Errorf("outbox inbox: rollback: %w", rbErr))
 			}
 		}
@@ -346,8 +363,23 @@ func (in *Inbox[T]) key(msg *message.Message) (string, error) {
 		return "", fmt.Errorf("%w (message %q)", ErrNoKey, msg.UUID)
 	case len(key) > MaxKeyLength:
 		return "", fmt.Errorf("%w: key of message %q is %d bytes, at most %d", ErrNoKey, msg.UUID, len(key), MaxKeyLength)
+	case textProblem(key) != "":
+		return "", fmt.Errorf("%w: key of message %q is %s", ErrNoKey, msg.UUID, textProblem(key))
 	}
 	return key, nil
+}
+
+// textProblem tells why s cannot be stored as text (PostgreSQL text holds valid UTF-8 without
+// NUL), or "" when it can: a consumer, key or topic that fails this would fail every message
+// at the database instead.
+func textProblem(s string) string {
+	switch {
+	case !utf8.ValidString(s):
+		return "not valid UTF-8"
+	case strings.IndexByte(s, 0) >= 0:
+		return "contains a NUL character"
+	}
+	return ""
 }
 
 // KeyFromMetadata returns a Config.Key that reads the dedup key from the metadata field name

@@ -21,7 +21,12 @@ type pgxConnTx struct {
 	parent    *pgxConnTx
 	children  int
 	closed    bool
+	commitSQL string // opts.CommitQuery, or "commit"
 }
+
+// ended reports whether tx, or the transaction it is a savepoint of, has ended: its
+// connection may be back in the pool.
+func (tx *pgxConnTx) ended() bool { return tx.closed || tx.parent != nil && tx.parent.closed }
 
 // beginSQL renders opts like pgx's own BeginTx does.
 func beginSQL(opts pgx.TxOptions) string {
@@ -45,7 +50,13 @@ func beginSQL(opts pgx.TxOptions) string {
 // beginRecord sends BEGIN and the inbox INSERT in one batch on conn and returns the
 // transaction and the INSERT's row count. On an error the transaction is rolled back (or the
 // connection closed) and release is called.
-func beginRecord(ctx context.Context, conn *pgx.Conn, release func(), begin, insert string, args []any) (*pgxConnTx, int64, error) {
+func beginRecord(ctx context.Context, conn *pgx.Conn, release func(), begin, commit, insert string, args []any) (*pgxConnTx, int64, error) {
+	if st := conn.PgConn().TxStatus(); st != 'I' {
+		if release != nil {
+			release()
+		}
+		return nil, 0, fmt.Errorf("outbox inbox: the connection is already in a transaction (status %q): is the *pgx.Conn used by several goroutines or Inboxes at once?", st)
+	}
 	b := &pgx.Batch{}
 	b.Queue(begin)
 	b.Queue(insert, args...)
@@ -53,7 +64,13 @@ func beginRecord(ctx context.Context, conn *pgx.Conn, release func(), begin, ins
 	_, beginErr := br.Exec()
 	tag, insErr := br.Exec()
 	closeErr := br.Close()
-	tx := &pgxConnTx{conn: conn, release: release}
+	if closeErr != nil && (errors.Is(closeErr, insErr) || errors.Is(closeErr, beginErr)) {
+		closeErr = nil // Close reports the statement's error again
+	}
+	if commit == "" {
+		commit = "commit"
+	}
+	tx := &pgxConnTx{conn: conn, release: release, commitSQL: commit}
 	if err := errors.Join(beginErr, insErr, closeErr); err != nil {
 		if beginErr == nil && conn.PgConn().TxStatus() != 'I' {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
@@ -65,8 +82,8 @@ func beginRecord(ctx context.Context, conn *pgx.Conn, release func(), begin, ins
 	return tx, tag.RowsAffected(), nil
 }
 
-func (tx *pgxConnTx) end(ctx context.Context, sql string) error {
-	if tx.closed {
+func (tx *pgxConnTx) end(ctx context.Context, sql string, commit bool) error {
+	if tx.ended() {
 		return pgx.ErrTxClosed
 	}
 	tx.closed = true
@@ -80,7 +97,7 @@ func (tx *pgxConnTx) end(ctx context.Context, sql string) error {
 	if tx.release != nil {
 		tx.release() // a pool drops a connection that is closed or still in a transaction
 	}
-	if err == nil && strings.EqualFold(sql, "commit") && tag.String() == "ROLLBACK" {
+	if err == nil && commit && tag.String() == "ROLLBACK" {
 		return pgx.ErrTxCommitRollback
 	}
 	return err
@@ -89,22 +106,22 @@ func (tx *pgxConnTx) end(ctx context.Context, sql string) error {
 // Commit commits the transaction, or releases the savepoint of a nested one.
 func (tx *pgxConnTx) Commit(ctx context.Context) error {
 	if tx.savepoint > 0 {
-		return tx.end(ctx, fmt.Sprintf("release savepoint sp_%d", tx.savepoint))
+		return tx.end(ctx, fmt.Sprintf("release savepoint sp_%d", tx.savepoint), false)
 	}
-	return tx.end(ctx, "commit")
+	return tx.end(ctx, tx.commitSQL, true)
 }
 
 // Rollback rolls the transaction back, or to the savepoint of a nested one.
 func (tx *pgxConnTx) Rollback(ctx context.Context) error {
 	if tx.savepoint > 0 {
-		return tx.end(ctx, fmt.Sprintf("rollback to savepoint sp_%d", tx.savepoint))
+		return tx.end(ctx, fmt.Sprintf("rollback to savepoint sp_%d", tx.savepoint), false)
 	}
-	return tx.end(ctx, "rollback")
+	return tx.end(ctx, "rollback", false)
 }
 
 // Begin starts a pseudo nested transaction (a savepoint).
 func (tx *pgxConnTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if tx.closed {
+	if tx.ended() {
 		return nil, pgx.ErrTxClosed
 	}
 	root := tx
@@ -119,19 +136,32 @@ func (tx *pgxConnTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	return &pgxConnTx{conn: tx.conn, savepoint: n, parent: root}, nil
 }
 
+// The statements below refuse to run once the transaction (or the one it is a savepoint of)
+// has ended, as pgx's own transaction does (pgx.ErrTxClosed): its connection may be back in the
+// pool, in autocommit or serving another message's transaction.
+
 func (tx *pgxConnTx) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
+	if tx.ended() {
+		return 0, pgx.ErrTxClosed
+	}
 	return tx.conn.CopyFrom(ctx, tableName, columnNames, rowSrc)
 }
 
 func (tx *pgxConnTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if tx.ended() {
+		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
+	}
 	return tx.conn.SendBatch(ctx, b)
 }
 
 // LargeObjects returns pgx's large-object API on the transaction's connection. pgx builds it
 // only from its own transaction type, so this takes one round trip (a pgx transaction handle
 // whose "begin" is a no-op SELECT on the connection already in the transaction); if that fails
-// it returns the zero value, whose methods panic.
+// it returns the zero value, whose methods panic (also once the transaction has ended).
 func (tx *pgxConnTx) LargeObjects() pgx.LargeObjects {
+	if tx.ended() {
+		return pgx.LargeObjects{}
+	}
 	h, err := tx.conn.BeginTx(context.Background(), pgx.TxOptions{BeginQuery: "select 1"})
 	if err != nil {
 		return pgx.LargeObjects{}
@@ -140,18 +170,30 @@ func (tx *pgxConnTx) LargeObjects() pgx.LargeObjects {
 }
 
 func (tx *pgxConnTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if tx.ended() {
+		return nil, pgx.ErrTxClosed
+	}
 	return tx.conn.Prepare(ctx, name, sql)
 }
 
 func (tx *pgxConnTx) Exec(ctx context.Context, sql string, arguments ...any) (pgconn.CommandTag, error) {
+	if tx.ended() {
+		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	}
 	return tx.conn.Exec(ctx, sql, arguments...)
 }
 
 func (tx *pgxConnTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if tx.ended() {
+		return nil, pgx.ErrTxClosed
+	}
 	return tx.conn.Query(ctx, sql, args...)
 }
 
 func (tx *pgxConnTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if tx.ended() {
+		return errRow{pgx.ErrTxClosed}
+	}
 	return tx.conn.QueryRow(ctx, sql, args...)
 }
 
@@ -159,3 +201,8 @@ func (tx *pgxConnTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.
 func (tx *pgxConnTx) Conn() *pgx.Conn { return tx.conn }
 
 var _ pgx.Tx = (*pgxConnTx)(nil)
+
+// errRow is the pgx.Row of a statement refused before it ran.
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }

@@ -21,8 +21,9 @@
 // MaxRetry 0, or keep the order in the task handlers.
 //
 // Failure classes (outbox.Unavailable, outbox.Permanent): a Redis that cannot be reached
-// (connection refused, reset, timed out dialling) is unavailable — no attempt is counted and
-// the relay pauses; an event whose topic lacks the prefix or names no task type is permanent
+// (connection refused, reset, timed out dialling) or refuses every write (READONLY, OOM,
+// LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, BUSY, NOREPLICAS replies, as in
+// forwarder/redisstream) is unavailable — no attempt is counted and the relay pauses; an event whose topic lacks the prefix or names no task type is permanent
 // (dead-lettered at once); anything else is an ordinary failure (backoff, MaxAttempts).
 package asynq
 
@@ -42,6 +43,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/internal/redisfail"
 )
 
 // Defaults of Config.
@@ -233,7 +235,10 @@ func (p *Publisher) enqueue(topic string, msg *message.Message) error {
 		p.conflicts.Add(1)
 		p.logger.Debug("outbox asynq: task enqueued already (a redelivered event), counted as delivered", watermill.LogFields{"task_id": msg.UUID, "task_type": typ})
 		return nil
-	case unreachable(err):
+	case unreachable(err), redisfail.UnavailableReply(err):
+		// Redis not reached, or refusing every write (READONLY after a failover, OOM at
+		// maxmemory with noeviction, LOADING …): the destination is unavailable, as for
+		// forwarder/redisstream.
 		return &outbox.UnavailableError{Destination: Destination, Err: fmt.Errorf("outbox asynq: enqueue: %w", err)}
 	}
 	return fmt.Errorf("outbox asynq: enqueue: %w", err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
 	"syscall"
 	"testing"
@@ -21,46 +20,8 @@ import (
 // again on the same port after a kill.
 func privateRedis(t *testing.T) (string, *exec.Cmd, func() *exec.Cmd) {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("redis-server not found and CI=true")
-		}
-		t.Skip("redis-server not found (in CI this fails)")
-	}
-	addr := brokertest.ClosedPort(t)
-	_, port, _ := cutLast(addr)
-	start := func() *exec.Cmd {
-		cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = cmd.Process.Signal(syscall.SIGCONT)
-			_ = cmd.Process.Kill()
-			_, _ = cmd.Process.Wait()
-		})
-		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
-		defer c.Close()
-		deadline := time.Now().Add(10 * time.Second)
-		for c.Ping(context.Background()).Err() != nil {
-			if time.Now().After(deadline) {
-				t.Fatal("private redis-server did not answer within 10s")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		return cmd
-	}
+	addr, start := brokertest.PrivateRedis(t)
 	return addr, start(), start
-}
-
-func cutLast(addr string) (string, string, bool) {
-	for i := len(addr) - 1; i >= 0; i-- {
-		if addr[i] == ':' {
-			return addr[:i], addr[i+1:], true
-		}
-	}
-	return addr, "", false
 }
 
 // TestOutageIsUnavailable: a private redis-server stopped (SIGSTOP: connections accepted, never

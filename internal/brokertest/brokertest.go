@@ -9,7 +9,9 @@ import (
 	"context"
 	"net"
 	"os"
+	"os/exec"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -118,4 +120,41 @@ func ClosedPort(tb testing.TB) string {
 		tb.Fatal(err)
 	}
 	return addr
+}
+
+// PrivateRedis prepares a redis-server of the test's own on a free loopback port (never the
+// shared one: tests stop, kill or misconfigure it), started with the extra args (such as
+// "--maxmemory", "1"), and returns its address and the function that starts it (again, on the
+// same port, after a kill); each start waits until it answers PING and is killed at the end
+// of the test. A missing redis-server skips the test, or fails it when CI is "true".
+func PrivateRedis(tb testing.TB, args ...string) (addr string, start func() *exec.Cmd) {
+	tb.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		unavailable(tb, "redis-server", "PATH", err)
+	}
+	addr = ClosedPort(tb)
+	_, port, _ := net.SplitHostPort(addr)
+	return addr, func() *exec.Cmd {
+		tb.Helper()
+		cmd := exec.Command(bin, append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tb.TempDir()}, args...)...)
+		if err := cmd.Start(); err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() {
+			_ = cmd.Process.Signal(syscall.SIGCONT)
+			_ = cmd.Process.Kill()
+			_, _ = cmd.Process.Wait()
+		})
+		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+		defer c.Close()
+		deadline := time.Now().Add(10 * time.Second)
+		for c.Ping(context.Background()).Err() != nil {
+			if time.Now().After(deadline) {
+				tb.Fatal("private redis-server did not answer within 10s")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		return cmd
+	}
 }

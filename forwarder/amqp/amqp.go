@@ -32,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
@@ -285,6 +286,11 @@ func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing
 		}
 		dc, err := cc.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, rk, true, false, pub)
 		if err != nil {
+			if cc.ch.IsClosed() {
+				// Closed under this batch: the broker's reason (404 missing exchange …) is
+				// this message's too, not a dropped connection.
+				err = cc.closeError()
+			}
 			errs[i] = fmt.Errorf("outbox amqp: publish: %w", err)
 			if key != "" {
 				held[key] = true
@@ -516,11 +522,13 @@ func (cc *confirmChannel) takeReturns() []amqp091.Return {
 func (cc *confirmChannel) closeError() error {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
-	if cc.closeErr == nil {
+	if cc.closeErr == nil && cc.ch.IsClosed() {
+		// amqp091 marks the channel closed before it hands the reason to NotifyClose (and
+		// closes that channel right after): wait for it.
 		select {
 		case e := <-cc.closes:
 			cc.closeErr = e
-		default:
+		case <-time.After(time.Second):
 		}
 	}
 	if cc.closeErr != nil {

@@ -57,6 +57,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
@@ -111,7 +112,10 @@ type Config struct {
 	// SaramaConfig is the producer configuration; nil means DefaultSaramaConfig(). It must keep
 	// the relay's guarantees: Producer.RequiredAcks = WaitForAll, Producer.Idempotent = true
 	// (which Sarama ties to Net.MaxOpenRequests = 1, Producer.Retry.Max ≥ 1 and Version ≥
-	// 0.11), Producer.Return.Successes = true; otherwise it is a configuration error. Set
+	// 0.11), Producer.Return.Successes and Return.Errors = true, and a Producer.Partitioner
+	// that maps a key to one partition (RequiresConsistency: Sarama's default hash
+	// partitioner does; a random or round-robin one would spread an ordering key over
+	// partitions); otherwise it is a configuration error. Set
 	// Producer.MaxMessageBytes at or below the broker's (topic's) max.message.bytes: it caps
 	// each record batch, and a message above it is refused before sending without affecting
 	// other ordering keys. Keep Producer.Timeout·(Retry.Max+1) below the outbox
@@ -119,8 +123,9 @@ type Config struct {
 	SaramaConfig *sarama.Config
 
 	// DisableTopicLimits turns off the per-topic size limit lookup. By default the Publisher
-	// asks the cluster once per topic for its max.message.bytes (DescribeConfigs; a failure
-	// just leaves Producer.MaxMessageBytes in force) and, where the topic's limit is below
+	// asks the cluster once per topic for its max.message.bytes (DescribeConfigs; a failure,
+	// such as an ACL that refuses it, leaves Producer.MaxMessageBytes in force and is not
+	// asked again for a minute) and, where the topic's limit is below
 	// Producer.MaxMessageBytes, refuses larger messages before sending and splits a batch
 	// into SendMessages calls that each fit the limit — otherwise the broker would refuse
 	// whole record batches, with the order of a key broken between a refused batch and a
@@ -178,6 +183,10 @@ func (c Config) Validate() error {
 		return bad("SaramaConfig.Producer.Idempotent", "must be true", nil)
 	case !sc.Producer.Return.Successes:
 		return bad("SaramaConfig.Producer.Return.Successes", "must be true", nil)
+	case !sc.Producer.Return.Errors:
+		return bad("SaramaConfig.Producer.Return.Errors", "must be true (a SyncProducer needs it)", nil)
+	case sc.Producer.Partitioner != nil && !sc.Producer.Partitioner("").RequiresConsistency():
+		return bad("SaramaConfig.Producer.Partitioner", "must map a key to one partition (RequiresConsistency); a random or round-robin partitioner spreads an ordering key over partitions", nil)
 	}
 	if err := sc.Validate(); err != nil {
 		return bad("SaramaConfig", "rejected by Sarama", err)
@@ -203,8 +212,12 @@ type Publisher struct {
 
 	limitMu sync.Mutex
 	admin   sarama.ClusterAdmin
-	limit   map[string]int // topic → effective max bytes
+	limit   map[string]int       // topic → effective max bytes
+	failed  map[string]time.Time // topic → when its lookup last failed
 }
+
+// limitRetry is how long a failed topic limit lookup is not repeated (see lookupFailed).
+const limitRetry = time.Minute
 
 // recordBatchOverhead is the size of a Kafka v2 record batch header, which counts against
 // max.message.bytes together with the records.
@@ -385,6 +398,17 @@ func (p *Publisher) rounds(batch []forwarder.Outgoing, keyOf func(int) string) (
 	return seq, round
 }
 
+// lookupFailed notes that topic's limit could not be looked up: for limitRetry its messages are
+// held to Producer.MaxMessageBytes without asking again (a cluster that refuses DescribeConfigs,
+// a common ACL, was asked once per message, every call waiting on limitMu). Call with limitMu
+// held.
+func (p *Publisher) lookupFailed(topic string) {
+	if p.failed == nil {
+		p.failed = map[string]time.Time{}
+	}
+	p.failed[topic] = time.Now()
+}
+
 // topicLimit returns the largest message (and record batch) topic takes: Producer.MaxMessageBytes,
 // or the topic's max.message.bytes when that is lower (looked up once per topic).
 func (p *Publisher) topicLimit(topic string) int {
@@ -396,10 +420,14 @@ func (p *Publisher) topicLimit(topic string) int {
 	if l, ok := p.limit[topic]; ok {
 		return l
 	}
+	if at, ok := p.failed[topic]; ok && time.Since(at) < limitRetry {
+		return p.maxBytes
+	}
 	if p.admin == nil {
 		admin, err := sarama.NewClusterAdminFromClient(nopCloseClient{p.client})
 		if err != nil {
 			p.logger.Debug("outbox kafka: no cluster admin for topic limits", watermill.LogFields{"error": err.Error()})
+			p.lookupFailed(topic)
 			return p.maxBytes
 		}
 		p.admin = admin
@@ -408,6 +436,7 @@ func (p *Publisher) topicLimit(topic string) int {
 	if err != nil {
 		// Not cached: the topic may not exist yet, or the lookup is not allowed.
 		p.logger.Debug("outbox kafka: topic limit lookup failed", watermill.LogFields{"topic": topic, "error": err.Error()})
+		p.lookupFailed(topic)
 		return p.maxBytes
 	}
 	l := p.maxBytes

@@ -26,6 +26,11 @@ func TestConfigValidate(t *testing.T) {
 		{"acks one", Config{Brokers: []string{"b"}, SaramaConfig: mod(func(c *sarama.Config) { c.Producer.RequiredAcks = sarama.WaitForLocal })}, "kafka.Config.SaramaConfig.Producer.RequiredAcks"},
 		{"not idempotent", Config{Brokers: []string{"b"}, SaramaConfig: mod(func(c *sarama.Config) { c.Producer.Idempotent = false })}, "kafka.Config.SaramaConfig.Producer.Idempotent"},
 		{"no successes", Config{Brokers: []string{"b"}, SaramaConfig: mod(func(c *sarama.Config) { c.Producer.Return.Successes = false })}, "kafka.Config.SaramaConfig.Producer.Return.Successes"},
+		{"no errors", Config{Brokers: []string{"b"}, SaramaConfig: mod(func(c *sarama.Config) { c.Producer.Return.Errors = false })}, "kafka.Config.SaramaConfig.Producer.Return.Errors"},
+		// A partitioner that ignores the key spreads one ordering key over the partitions.
+		{"round-robin partitioner", Config{Brokers: []string{"b"}, SaramaConfig: mod(func(c *sarama.Config) { c.Producer.Partitioner = sarama.NewRoundRobinPartitioner })}, "kafka.Config.SaramaConfig.Producer.Partitioner"},
+		{"random partitioner", Config{Brokers: []string{"b"}, SaramaConfig: mod(func(c *sarama.Config) { c.Producer.Partitioner = sarama.NewRandomPartitioner })}, "kafka.Config.SaramaConfig.Producer.Partitioner"},
+		{"hash partitioner", Config{Brokers: []string{"b"}, SaramaConfig: mod(func(c *sarama.Config) { c.Producer.Partitioner = sarama.NewHashPartitioner })}, ""},
 		{"sarama refuses", Config{Brokers: []string{"b"}, SaramaConfig: mod(func(c *sarama.Config) { c.Net.MaxOpenRequests = 5 })}, "kafka.Config.SaramaConfig"},
 	}
 	for _, c := range cases {

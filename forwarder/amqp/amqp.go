@@ -17,8 +17,10 @@
 //
 // Failure classes (outbox.ErrUnavailable, outbox.ErrPermanent): a broker that cannot be
 // connected to, that closes the connection with 320 CONNECTION_FORCED (shutting down), or
-// whose connection drops while a new one cannot be opened, is unavailable (the relay pauses
-// and probes instead of counting attempts); a connection or channel that drops with messages
+// whose connection drops while a new one cannot be opened, or that blocks the connection
+// during a memory or disk alarm (connection.blocked: ErrBlocked; a batch then fails at once,
+// and the messages it left unconfirmed when the alarm began fail so at its context's end), is
+// unavailable (the relay pauses and probes instead of counting attempts); a connection or channel that drops with messages
 // unconfirmed (no ack, nack or return for them) while a new connection can be opened leaves
 // them not attempted (outbox.ErrNotAttempted: released with no attempt, sent again on the new
 // connection; duplicates at most the unconfirmed messages); a message that AMQP or the connection cannot carry
@@ -32,6 +34,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -159,6 +162,59 @@ type Publisher struct {
 	own    bool
 	closed bool
 	inUse  map[*confirmChannel]bool
+
+	// block is the broker's connection.blocked of the current connection (nil: not blocked),
+	// see watchBlocked.
+	block atomic.Pointer[blockState]
+}
+
+// blockState is a connection the broker blocked, with the reason it gave.
+type blockState struct {
+	conn   *amqp091.Connection
+	reason string
+}
+
+// ErrBlocked is the cause of the messages refused while the broker blocks the connection
+// (connection.blocked: RabbitMQ stops reading from publishing connections during a memory or
+// disk alarm, https://www.rabbitmq.com/docs/connection-blocked): inside an
+// *outbox.UnavailableError, so no attempt is counted and the relay pauses and probes until
+// the broker unblocks it.
+var ErrBlocked = errors.New("outbox amqp: the broker blocked the connection (a resource alarm)")
+
+// watchBlocked follows the broker's connection.blocked and connection.unblocked notifications
+// for conn (amqp091 delivers them when the client announces the capability, which it does).
+// While blocked, a publish would never be confirmed (the broker does not read it), so
+// PublishBatch refuses at once as unavailable instead of waiting for its context to end and
+// counting an attempt per event, which over a long alarm dead-lettered them.
+func (p *Publisher) watchBlocked(conn *amqp091.Connection) {
+	notes := conn.NotifyBlocked(make(chan amqp091.Blocking, 4))
+	go func() {
+		var mine *blockState
+		for b := range notes { // closed when the connection closes
+			switch {
+			case b.Active && mine == nil:
+				mine = &blockState{conn: conn, reason: b.Reason}
+				p.block.Store(mine)
+				p.logger.Info("outbox amqp: the broker blocked the connection; publishes are refused as unavailable until it unblocks", watermill.LogFields{"reason": b.Reason})
+			case !b.Active && mine != nil:
+				p.block.CompareAndSwap(mine, nil)
+				mine = nil
+				p.logger.Info("outbox amqp: the broker unblocked the connection", nil)
+			}
+		}
+		if mine != nil {
+			p.block.CompareAndSwap(mine, nil) // a new connection starts unblocked
+		}
+	}()
+}
+
+// blockedErr is the error of a message refused because the broker blocks the connection, or
+// nil when it does not.
+func (p *Publisher) blockedErr() error {
+	if b := p.block.Load(); b != nil {
+		return &outbox.UnavailableError{Destination: p.name, Err: fmt.Errorf("%w: %s", ErrBlocked, b.reason)}
+	}
+	return nil
 }
 
 // NewPublisher returns a Publisher; with Config.URL it dials the broker first. A nil logger
@@ -184,6 +240,7 @@ func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error
 		}
 		p.conn = conn
 	}
+	p.watchBlocked(p.conn)
 	return p, nil
 }
 
@@ -245,6 +302,9 @@ func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing
 		}
 		return errs
 	}
+	if err := p.blockedErr(); err != nil {
+		return fail(err)
+	}
 	cc, err := p.acquire(ctx)
 	if err != nil {
 		return fail(p.classify(err, p.downCheck(ctx)))
@@ -284,6 +344,14 @@ func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing
 			}
 			continue
 		}
+		if err := p.blockedErr(); err != nil {
+			// Blocked under this batch: what is not on the wire yet stays off it.
+			errs[i] = err
+			if key != "" {
+				held[key] = true
+			}
+			continue
+		}
 		dc, err := cc.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, rk, true, false, pub)
 		if err != nil {
 			if cc.ch.IsClosed() {
@@ -305,6 +373,10 @@ func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing
 		}
 		ack, err := dc.WaitContext(ctx)
 		switch {
+		case err != nil && p.block.Load() != nil:
+			// Unanswered because the broker blocked the connection: not the event's failure.
+			errs[i] = errors.Join(p.blockedErr(), err)
+			discard = true
 		case err != nil:
 			errs[i] = err
 			discard = true
@@ -443,6 +515,7 @@ func (p *Publisher) open() (*confirmChannel, error) {
 		}
 		p.logger.Info("outbox amqp: reconnected", nil)
 		p.conn = conn
+		p.watchBlocked(conn)
 	}
 	ch, err := p.conn.Channel()
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/watermill-outbox/outbox"
@@ -26,7 +27,7 @@ const (
 	// the statement's Unix time in milliseconds as 12 hex digits, then version 7) followed by
 	// the last 74 bits of a random (version 4) UUID, whose variant bits are already 10.
 	// Cheaper than bytea arithmetic (measured: half the time of overlay/set_bit/encode).
-	pgUUIDv7     = `(uuid_prefix || substr(gen_random_uuid()::text, 16))::uuid`
+	pgUUIDv7     = `(outbox_capture_fn.uuid_prefix || substr(gen_random_uuid()::text, 16))::uuid`
 	pgMillis     = `lpad(to_hex(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0')`
 	pgUUIDPrefix = `substr(ms, 1, 8) || '-' || substr(ms, 9, 4) || '-7'`
 )
@@ -38,7 +39,11 @@ func pgFunction(schema, table string) string {
 	if len(name) > 63 {
 		h := fnv.New32a()
 		h.Write([]byte(table))
-		name = fmt.Sprintf("%s_%08x_outbox_capture", table[:30], h.Sum32())
+		cut := 30
+		for cut > 0 && !utf8.RuneStart(table[cut]) {
+			cut-- // never split a character
+		}
+		name = fmt.Sprintf("%s_%08x_outbox_capture", table[:cut], h.Sum32())
 	}
 	return pgx.Identifier{schema, name}.Sanitize()
 }
@@ -129,9 +134,11 @@ func (p *pgTypes) rule(oid int64) (pgRule, error) {
 	case "numeric", "uuid", "inet", "cidr", "macaddr", "macaddr8", "bpchar", "citext":
 		return asText, nil
 	case "timestamptz":
-		return pgRule{json: func(x string) string { return "to_jsonb(" + fmt.Sprintf(pgTimeFmt, x) + ")" }}, nil
+		return pgRule{json: func(x string) string {
+			return "to_jsonb(CASE WHEN isfinite(" + x + ") THEN " + fmt.Sprintf(pgTimeFmt, x) + " ELSE (" + x + ")::text END)"
+		}}, nil
 	case "interval":
-		return pgRule{json: func(x string) string { return "to_jsonb(trim_scale(extract(epoch FROM " + x + ")))" }}, nil
+		return pgRule{json: func(x string) string { return "to_jsonb(trim_scale(extract(epoch FROM " + x + ")::numeric))" }}, nil
 	case "bytea":
 		return pgRule{json: func(x string) string { return "to_jsonb(translate(encode(" + x + ", 'base64'), E'\\n', ''))" }}, nil
 	case "json":
@@ -216,6 +223,17 @@ func pgOutboxExists(ctx context.Context, c conn, tg *target) (bool, error) {
 	}
 	schema, table, _ := strings.Cut(got[0], ".")
 	tg.written = pgx.Identifier{schema, table}.Sanitize()
+	// The payload column's type as the table has it (the CLI's SchemaConfig cannot know a
+	// BYTEA outbox; a config that says otherwise would make every captured write fail).
+	typ, err := queryStrings(ctx, c, `SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attname = 'payload' AND NOT a.attisdropped`, tg.table)
+	if err != nil {
+		return false, err
+	}
+	if len(typ) == 1 && typ[0] == "bytea" {
+		tg.cfg.PayloadType = outbox.PayloadBytea
+	} else if len(typ) == 1 && tg.cfg.PayloadType == outbox.PayloadBytea {
+		tg.cfg.PayloadType = outbox.PayloadJSON
+	}
 	return true, nil
 }
 
@@ -232,18 +250,25 @@ func jsonbObject(pairs []string) string {
 	return strings.Join(chunks, " || ")
 }
 
+// wholeRow reports whether the images of the carried columns come from one to_jsonb call
+// over the LATERAL projection <alias>_img of exactly those columns (see pgBranch).
+func (r *resolved) wholeRow() bool { return len(r.carried) > 2 }
+
+// pgImgFrom returns the LATERAL projection of the carried columns of alias.
+func (r *resolved) pgImgFrom(alias string) string {
+	refs := make([]string, len(r.carried))
+	for i, c := range r.carried {
+		refs[i] = rowRef(alias)(c.name)
+	}
+	return fmt.Sprintf(" CROSS JOIN LATERAL (SELECT %s) %s_img", strings.Join(refs, ", "), alias)
+}
+
 func (r *resolved) pgImage(alias string, cols []catColumn) string {
-	if len(cols) == len(r.carried) && len(cols) > 2 {
+	if r.wholeRow() && slices.EqualFunc(cols, r.carried, func(a, b catColumn) bool { return a.name == b.name }) {
 		// The whole row in one to_jsonb call (half the cost of a pair per column in a
-		// 10,000-row UPDATE), minus the columns not carried and the pairing number, plus the
-		// columns whose rule is not to_jsonb's.
-		img := "(to_jsonb(" + alias + ".*) - " + quoteLiteral(pgRowNum)
-		for _, c := range r.cat.cols {
-			if !slices.ContainsFunc(cols, func(k catColumn) bool { return k.name == c.name }) {
-				img += " - " + quoteLiteral(c.name)
-			}
-		}
-		img += ")"
+		// 10,000-row UPDATE) over a projection of the carried columns only (a column added or
+		// renamed after Install is not carried), plus the columns whose rule is not to_jsonb's.
+		img := "to_jsonb(" + alias + "_img.*)"
 		var other []catColumn
 		for _, c := range cols {
 			if !c.plain {
@@ -286,6 +311,14 @@ func (r *resolved) pgBranch(op Operation, tg *target) string {
 	case Updated:
 		from = fmt.Sprintf("(SELECT row_number() OVER () AS %[1]s, t.* FROM %[2]s t) o JOIN (SELECT row_number() OVER () AS %[1]s, t.* FROM %[3]s t) n USING (%[1]s)", pgRowNum, pgOldRows, pgNewRows)
 	}
+	if r.wholeRow() {
+		if op != Deleted {
+			from += r.pgImgFrom("n")
+		}
+		if op != Inserted {
+			from += r.pgImgFrom("o")
+		}
+	}
 	if op == Updated {
 		whens := make([]string, len(r.carried))
 		for i, c := range r.carried {
@@ -295,11 +328,14 @@ func (r *resolved) pgBranch(op Operation, tg *target) string {
 		changed = "to_jsonb(c.ch)"
 		if !r.EmitUnchanged {
 			where = " WHERE cardinality(c.ch) > 0"
+			if len(r.key) > 0 {
+				where += " OR " + r.keyChanged("o", "n")
+			}
 		}
 	} else {
 		changed = fmt.Sprintf("to_jsonb(ARRAY[%s]::text[])", strings.Join(names, ", "))
 	}
-	env := r.envelope(op, r.pk(alias, "'null'::jsonb", r.pgImage), changed, "occurred_at", "o", "n", "NULL::jsonb", r.pgImage)
+	env := r.envelope(op, r.pk(alias, "'null'::jsonb", r.pgImage), changed, "outbox_capture_fn.occurred_at", "o", "n", "NULL::jsonb", r.pgImage)
 	envSQL := jsonbObject(env)
 	if op == Updated && r.Payload != PayloadBeforeAndAfter && len(r.key) > 0 {
 		// A key change: the event goes under the new key, the old key is in "before".
@@ -314,8 +350,8 @@ func (r *resolved) pgBranch(op Operation, tg *target) string {
 		hdrs = append(hdrs, quoteLiteral(k)+", "+expandRow(r.Extend.Headers[k], alias)+"::text")
 	}
 	sel := []string{
-		fmt.Sprintf("coalesce(ext->'payload', '{}'::jsonb) || %s || %s AS env", jsonbObject(extra), envSQL),
-		fmt.Sprintf("jsonb_strip_nulls(%s) || coalesce(ext->'headers', '{}'::jsonb) AS hdr", jsonbObject(hdrs)),
+		fmt.Sprintf("coalesce(outbox_capture_fn.ext->'payload', '{}'::jsonb) || %s || %s AS env", jsonbObject(extra), envSQL),
+		fmt.Sprintf("jsonb_strip_nulls(%s) || coalesce(outbox_capture_fn.ext->'headers', '{}'::jsonb) AS hdr", jsonbObject(hdrs)),
 		fmt.Sprintf("nullif(%s, '') AS k", r.orderingKey(alias, func(p []string) string { return "(" + strings.Join(p, " || ") + ")" })),
 	}
 	for _, c := range sortedKeys(r.Extend.Columns) {
@@ -352,7 +388,7 @@ func (r *resolved) pgInsert(cte, topic, lock string, rowCols bool, tg *target) s
 			case ok && rowCols: // a truncate has no row to evaluate Extend.Columns on
 				cols, vals = append(cols, quoteIdent(c)), append(vals, "ev."+quoteIdent("x_"+c))
 			case fromExt:
-				cols, vals = append(cols, quoteIdent(c)), append(vals, fmt.Sprintf("(jsonb_populate_record(NULL::%s, ext->'columns')).%s", tg.written, quoteIdent(c)))
+				cols, vals = append(cols, quoteIdent(c)), append(vals, fmt.Sprintf("(jsonb_populate_record(NULL::%s, outbox_capture_fn.ext->'columns')).%s", tg.written, quoteIdent(c)))
 			}
 		}
 		return fmt.Sprintf("%s INSERT INTO %s (%s) SELECT %s FROM ev%s;", cte, tg.written, strings.Join(cols, ", "), strings.Join(vals, ", "), lock)
@@ -360,7 +396,7 @@ func (r *resolved) pgInsert(cte, topic, lock string, rowCols bool, tg *target) s
 	if len(tg.extras) == 0 {
 		return "    " + insert(false) + "\n"
 	}
-	return fmt.Sprintf("    IF ext ? 'columns' THEN\n      %s\n    ELSE\n      %s\n    END IF;\n", insert(true), insert(false))
+	return fmt.Sprintf("    IF outbox_capture_fn.ext ? 'columns' THEN\n      %s\n    ELSE\n      %s\n    END IF;\n", insert(true), insert(false))
 }
 
 // pgStatements returns the DDL installing r's triggers, one statement per element: one
@@ -369,9 +405,8 @@ func (r *resolved) pgInsert(cte, topic, lock string, rowCols bool, tg *target) s
 func (r *resolved) pgStatements(tg *target) []string {
 	fn := pgFunction(r.cat.schema, r.cat.table)
 	var b strings.Builder
-	fmt.Fprintf(&b, "CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS $outbox_capture$\n", fn)
-	fmt.Fprintf(&b, "-- Generated by watermill-outbox capture.Install for %s (%s); re-run Install after ALTER TABLE.\n", r.display, r.Payload)
-	b.WriteString("DECLARE\n  ext jsonb := nullif(current_setting('" + pgExtSetting + "', true), '')::jsonb;\n  occurred_at jsonb := to_jsonb(" + fmt.Sprintf(pgTimeFmt, "now()") + ");\n  ms text := " + pgMillis + ";\n  uuid_prefix text := " + pgUUIDPrefix + ";\nBEGIN\n")
+	fmt.Fprintf(&b, "-- Generated by watermill-outbox capture.Install for %s (%s); re-run Install after ALTER TABLE.\n", strings.NewReplacer("\n", " ", "\r", " ").Replace(r.display), r.Payload)
+	b.WriteString("<<outbox_capture_fn>>\nDECLARE\n  ext jsonb := nullif(current_setting('" + pgExtSetting + "', true), '')::jsonb;\n  occurred_at jsonb := to_jsonb(" + fmt.Sprintf(pgTimeFmt, "now()") + ");\n  ms text := " + pgMillis + ";\n  uuid_prefix text := " + pgUUIDPrefix + ";\nBEGIN\n")
 	first := true
 	kw := func() string {
 		k := map[bool]string{true: "IF", false: "ELSIF"}[first]
@@ -387,14 +422,19 @@ func (r *resolved) pgStatements(tg *target) []string {
 	case TruncateRefuse:
 		fmt.Fprintf(&b, "  %s TG_OP = 'TRUNCATE' THEN\n    RAISE EXCEPTION 'outbox capture: TRUNCATE of %%.%% is refused (its rows would vanish without events): delete them with DELETE, or set capture.Table.Truncate', TG_TABLE_SCHEMA, TG_TABLE_NAME USING ERRCODE = 'feature_not_supported';\n", kw())
 	case TruncateCapture:
-		cte := fmt.Sprintf("WITH ev AS (SELECT coalesce(ext->'payload', '{}'::jsonb) || jsonb_build_object('table', %s, 'operation', 'truncated', 'occurred_at', occurred_at) AS env, coalesce(ext->'headers', '{}'::jsonb) AS hdr, NULL::text AS k)", quoteLiteral(r.display))
+		cte := fmt.Sprintf("WITH ev AS (SELECT coalesce(outbox_capture_fn.ext->'payload', '{}'::jsonb) || jsonb_build_object('table', %s, 'operation', 'truncated', 'occurred_at', outbox_capture_fn.occurred_at) AS env, coalesce(outbox_capture_fn.ext->'headers', '{}'::jsonb) AS hdr, NULL::text AS k)", quoteLiteral(r.display))
 		fmt.Fprintf(&b, "  %s TG_OP = 'TRUNCATE' THEN\n%s", kw(), r.pgInsert(cte, r.topicFor(Truncated), "", false, tg))
 	}
 	if !first {
 		b.WriteString("  END IF;\n")
 	}
-	b.WriteString("  RETURN NULL;\nEND\n$outbox_capture$")
-	stmts := []string{b.String()}
+	b.WriteString("  RETURN NULL;\nEND\n")
+	body := b.String()
+	tag := "$outbox_capture$"
+	for i := 0; strings.Contains(body, tag); i++ {
+		tag = fmt.Sprintf("$outbox_capture_%d$", i)
+	}
+	stmts := []string{fmt.Sprintf("CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS %s\n%s%s", fn, tag, body, tag)}
 	stmts = append(stmts, pgDropTriggers(r.qtable)...)
 	for _, op := range r.ops {
 		ref := map[Operation]string{Inserted: "NEW TABLE AS " + pgNewRows, Updated: "OLD TABLE AS " + pgOldRows + " NEW TABLE AS " + pgNewRows, Deleted: "OLD TABLE AS " + pgOldRows}[op]

@@ -73,7 +73,11 @@ func sqliteRule(decl string) func(x string) string {
 	case has("INT"):
 		return func(x string) string { return x }
 	case has("CHAR", "CLOB", "TEXT", "UUID"):
-		return func(x string) string { return x }
+		// A TEXT column can hold a BLOB (database/sql writes a []byte as one), which
+		// json_object refuses: read it as the text it is.
+		return func(x string) string {
+			return fmt.Sprintf("CASE WHEN typeof(%[1]s) = 'blob' THEN CAST(%[1]s AS TEXT) ELSE %[1]s END", x)
+		}
 	case has("BLOB", "BYTEA"):
 		return func(x string) string { return SQLiteBase64 + "(" + x + ")" }
 	case has("REAL", "FLOA", "DOUB"):
@@ -108,7 +112,7 @@ func sqliteCatalog(ctx context.Context, c conn, name string, tg *target) (*catal
 		return nil, err
 	}
 	cat := &catalog{schema: "main", table: got[0], isOutbox: strings.EqualFold(got[0], tg.parts[len(tg.parts)-1])}
-	rs, err := c.query(ctx, `SELECT name, type, pk FROM pragma_table_info($1) ORDER BY cid`, table)
+	rs, err := c.query(ctx, `SELECT name, type, pk FROM pragma_table_xinfo($1) WHERE hidden IN (0, 2, 3) ORDER BY cid`, table)
 	if err != nil {
 		return nil, err
 	}
@@ -168,6 +172,9 @@ func (r *resolved) sqliteStatements(tg *target) []string {
 				changed = "json((SELECT json_group_array(c) FROM (" + strings.Join(changedSel, " UNION ALL ") + ")))"
 			}
 			if !r.EmitUnchanged {
+				if len(r.key) > 0 {
+					diffs = append(diffs, r.keyChanged("OLD", "NEW"))
+				}
 				when = " WHEN " + strings.Join(append(diffs, "0"), " OR ")
 			}
 		}

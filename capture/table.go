@@ -114,7 +114,12 @@ type Table struct {
 	Topic string
 	// OrderingKey is a template of {schema}, {table} and {pk} (the key columns' text joined by
 	// ':') giving the event's ordering key. Default DefaultOrderingKey ("{table}:{pk}"), so the
-	// events of one row are delivered in commit order. See OrderingKeySQL and Unordered.
+	// events of one row are delivered in commit order: the row's lock orders its writers, so no
+	// per-key lock is taken. That holds only while no two rows share a key: tables of one name in
+	// several schemas (a schema per tenant), or composite keys whose parts contain ':', do;
+	// give those "{schema}.{table}:{pk}" (a key that is distinct again) or LockOrderingKey,
+	// otherwise one key's events can commit out of sequence order and wait behind each other.
+	// See OrderingKeySQL and Unordered.
 	OrderingKey string
 	// OrderingKeySQL, when set, replaces OrderingKey by a SQL expression of text over {row}
 	// (for example "'account:' || {row}.account_id"). NULL or '' means unordered.

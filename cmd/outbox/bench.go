@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -92,12 +94,15 @@ comparable with each other. Run it on a database like production's, on a quiet m
 				return err
 			}
 			table := "outbox_bench_" + randomHex(4)
-			d, err := openDB(cmd.Context(), u, table, openOptions{create: true})
+			// Ctrl-C or SIGTERM ends the run; runBench still drops its tables.
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			d, err := openDB(ctx, u, table, openOptions{create: true})
 			if err != nil {
 				return err
 			}
 			defer d.Close()
-			return runBench(cmd.Context(), cmd.OutOrStdout(), d, f)
+			return runBench(ctx, cmd.OutOrStdout(), d, f)
 		},
 	}
 	fl := cmd.Flags()

@@ -78,7 +78,7 @@ func parseDBURL(s string) (dbURL, error) {
 		s = lower[:i] + s[i:] // pgx accepts the scheme in lower case only
 		shown := s
 		if u, err := url.Parse(s); err == nil {
-			shown = u.Redacted()
+			shown = redactURL(u)
 		} else {
 			return dbURL{}, &usageError{fmt.Errorf("database URL %q is not a valid URL (%s): use %s", redactDSN(s), urlErrText(err), dbForms)}
 		}
@@ -146,6 +146,19 @@ func redactDSN(s string) string {
 		return s
 	}
 	return s[:start+colon+1] + "xxxxx" + s[start+at:]
+}
+
+// redactURL is u as url.URL.Redacted shows it, with a password query parameter (pgx reads
+// ?password=) hidden too.
+func redactURL(u *url.URL) string {
+	q := u.Query()
+	if !q.Has("password") {
+		return u.Redacted()
+	}
+	q.Set("password", "xxxxx")
+	c := *u
+	c.RawQuery = q.Encode()
+	return c.Redacted()
 }
 
 // urlErrText is the cause of a url.Parse error without the URL, which can carry a password.

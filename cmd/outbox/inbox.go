@@ -26,6 +26,8 @@ type inboxFlags struct {
 func (f *inboxFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.db, "db", "", "database URL: postgres://user:password@host:5432/dbname, sqlite://PATH or a path ending in .db (required)")
 	cmd.Flags().StringVar(&f.table, "table", inbox.DefaultTable, "inbox table name, optionally schema-qualified on PostgreSQL")
+	// OUTBOX_TABLE names the outbox table of the other commands, never the inbox.
+	_ = cmd.Flags().SetAnnotation("table", envAnnotation, []string{envPrefix + "INBOX_TABLE"})
 }
 
 // open connects to --db and returns the database and the inbox schema.

@@ -248,14 +248,33 @@ func plural(n int64, one, many string) string {
 }
 
 // envName returns the environment variable of flag name.
-func envName(name string) string {
-	return envPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+func envName(name string) string { return envNameP(envPrefix, name) }
+
+// envNameP returns the environment variable of flag name under prefix.
+func envNameP(prefix, name string) string {
+	return prefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
 }
+
+// selectAnnotation marks the flags that select what a command acts on (dead --topic, --id):
+// when the command line gives one of them, the environment sets none of them, so that
+// `dead purge --id X` never acts on more than X.
+const selectAnnotation = "outbox_select"
+
+// envAnnotation names a flag's environment variable when it is not envName's.
+const envAnnotation = "outbox_env"
 
 // withEnv makes every flag of cmd settable through its environment variable (envName) when it
 // is not given on the command line, and appends "(env NAME)" to each flag's usage. It wraps
 // cmd's PreRunE.
+// Hidden spellings (aliasFlag) have no variable: OUTBOX_TOPICS is relay --topics' alone. A flag
+// annotated with envAnnotation uses the variable it names.
 func withEnv(cmd *cobra.Command) *cobra.Command {
+	envName := func(name string) string {
+		if f := cmd.Flags().Lookup(name); f != nil && len(f.Annotations[envAnnotation]) == 1 {
+			return f.Annotations[envAnnotation][0]
+		}
+		return envNameP(envPrefix, name)
+	}
 	cmd.Flags().VisitAll(func(f *pflag.Flag) {
 		if f.Name == "help" {
 			return
@@ -268,13 +287,15 @@ func withEnv(cmd *cobra.Command) *cobra.Command {
 		// A flag and its hidden alias (aliasFlag) share one Value: the environment fills it only
 		// when neither was given, and only once.
 		set := map[pflag.Value]bool{}
+		selected := false
 		c.Flags().VisitAll(func(f *pflag.Flag) {
 			if f.Changed {
 				set[f.Value] = true
+				selected = selected || f.Annotations[selectAnnotation] != nil
 			}
 		})
 		c.Flags().VisitAll(func(f *pflag.Flag) {
-			if f.Changed || f.Name == "help" || set[f.Value] {
+			if f.Changed || f.Name == "help" || f.Hidden || set[f.Value] || selected && f.Annotations[selectAnnotation] != nil {
 				return
 			}
 			v, ok := os.LookupEnv(envName(f.Name))

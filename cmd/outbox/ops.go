@@ -238,6 +238,9 @@ func (f *deadFlags) register(cmd *cobra.Command) {
 	aliasFlag(cmd, "topic", "topics")
 	cmd.Flags().StringSliceVar(&f.ids, "id", nil, "select the dead letter with this event id (UUID); repeatable or comma-separated")
 	cmd.Flags().DurationVar(&f.olderThan, "older-than", 0, "only dead letters dead-lettered more than this long ago, a Go duration (\"24h\"); 0 = any age")
+	for _, name := range []string{"topic", "topics", "id"} {
+		_ = cmd.Flags().SetAnnotation(name, selectAnnotation, []string{"true"})
+	}
 }
 
 // filter builds the dead-letter filter; with all set and no --topic/--id it selects every topic.

@@ -217,7 +217,7 @@ to the file (it watches the write-ahead log) and also polls every --poll-interva
 PostgreSQL and MariaDB/MySQL it polls every --poll-interval (MariaDB/MySQL has no
 LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more empty claims).`,
 		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			dest, err := parseDestURL(to)
 			if err != nil {
 				return err
@@ -242,6 +242,12 @@ LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more emp
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			defer func() {
+				// Stopped by SIGINT/SIGTERM while starting: a stop, not a failure (exit 0).
+				if err != nil && ctx.Err() != nil && cmd.Context().Err() == nil {
+					err = nil
+				}
+			}()
 			var (
 				d      *database
 				tables []string // several tables (a --table list or pattern), else nil
@@ -269,7 +275,7 @@ LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more emp
 			defer stats.close()
 			cfg.Hooks = stats.hooks()
 			logger := newSlogLogger(cmd.ErrOrStderr(), debug || trace, trace)
-			pub, err := openPublisher(ctx, dest, destOptions{secret: secret, allow: prefixes, exchange: exchange, timeout: cfg.DeliveryTimeout, permanent: permanent}, logger)
+			pub, err := openPublisher(ctx, dest, destOptions{secret: secret, allow: prefixes, exchange: exchange, timeout: effectiveDeliveryTimeout(cfg), permanent: permanent}, logger)
 			if err != nil {
 				return err
 			}

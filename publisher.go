@@ -32,10 +32,12 @@ type PublisherConfig struct {
 	// IdempotencyKey, when set, gives the idempotency key of a message that has none in its
 	// metadata (SetIdempotencyKey). Returning "" means none.
 	IdempotencyKey func(topic string, msg *message.Message) string
-	// MaxOrderingKeysPerCall caps the distinct ordering keys of one Publish/Enqueue call. Each
-	// key holds one slot of PostgreSQL's shared lock table until COMMIT (about 7.8k slots with
-	// default settings), so a call over the cap is refused with a *ValidationError before any
-	// SQL. The cap is per call: a transaction that publishes many calls with fresh keys should
+	// MaxOrderingKeysPerCall caps the distinct ordering keys of one Publish/Enqueue call, and
+	// on PostgreSQL its distinct ordering keys and idempotency keys together (an idempotency
+	// key is locked too, so that concurrent transactions writing it wait for each other
+	// instead of failing). Each key holds one slot of PostgreSQL's shared lock table until
+	// COMMIT (about 7.8k slots with default settings), so a call over the cap is refused with a
+	// *ValidationError before any SQL. The cap is per call: a transaction that publishes many calls with fresh keys should
 	// stay well below the lock table's size. Zero means DefaultMaxOrderingKeysPerCall (1000);
 	// negative is a configuration error.
 	MaxOrderingKeysPerCall int
@@ -465,9 +467,13 @@ func (p *Publisher) insert(ctx context.Context, rows []row, events bool) ([]Even
 	// One event (the common Publish) has no duplicate id and at most one key (the cap is at
 	// least 1): no maps.
 	var seenID map[uuid.UUID]int
-	var distinctKeys map[string]struct{}
+	var distinctKeys, distinctIdem map[string]struct{}
+	// On PostgreSQL every distinct idempotency key takes a lock too (the insert locks them in
+	// one sorted pass with the ordering keys, so concurrent calls wait instead of failing on
+	// the unique index), counted against the same cap.
+	lockIdem := p.cfg.Schema.Dialect == DialectPostgreSQL
 	if n > 1 {
-		seenID, distinctKeys = make(map[uuid.UUID]int, n), map[string]struct{}{}
+		seenID, distinctKeys, distinctIdem = make(map[uuid.UUID]int, n), map[string]struct{}{}, map[string]struct{}{}
 	}
 	idem := false
 	for i, r := range rows {
@@ -480,8 +486,14 @@ func (p *Publisher) insert(ctx context.Context, rows []row, events bool) ([]Even
 		}
 		if r.okey != nil && n > 1 {
 			distinctKeys[*r.okey] = struct{}{}
-			if len(distinctKeys) > p.cfg.MaxOrderingKeysPerCall {
-				return nil, &ValidationError{Index: i, Field: "ordering_key", Reason: fmt.Sprintf("more than %d distinct ordering keys in one call (PublisherConfig.MaxOrderingKeysPerCall)", p.cfg.MaxOrderingKeysPerCall)}
+			if len(distinctKeys)+len(distinctIdem) > p.cfg.MaxOrderingKeysPerCall {
+				return nil, &ValidationError{Index: i, Field: "ordering_key", Reason: fmt.Sprintf("more than %d distinct ordering and idempotency keys in one call (PublisherConfig.MaxOrderingKeysPerCall)", p.cfg.MaxOrderingKeysPerCall)}
+			}
+		}
+		if r.ikey != nil && n > 1 && lockIdem {
+			distinctIdem[*r.ikey] = struct{}{}
+			if len(distinctKeys)+len(distinctIdem) > p.cfg.MaxOrderingKeysPerCall {
+				return nil, &ValidationError{Index: i, Field: "idempotency_key", Reason: fmt.Sprintf("more than %d distinct ordering and idempotency keys in one call (PublisherConfig.MaxOrderingKeysPerCall)", p.cfg.MaxOrderingKeysPerCall)}
 			}
 		}
 		idem = idem || r.ikey != nil

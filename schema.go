@@ -58,6 +58,10 @@ type Column struct {
 type SchemaConfig struct {
 	// Table is the table name, optionally schema-qualified ("billing.outbox"). Each part is
 	// quoted as an identifier, so any characters but '.' and NUL are safe. Default DefaultTable.
+	// Every writer of one table must spell it the same way ("outbox" everywhere, or
+	// "public.outbox" everywhere, capture triggers included): the per-ordering-key lock that
+	// keeps a key's events in commit order is derived from the name as written, so two
+	// spellings take different locks and their events of one key can commit out of order.
 	Table string
 	// PayloadType chooses JSON (default), JSONB or BYTEA for the payload column. It applies
 	// to a table Migrate creates; an existing table keeps its column type.

@@ -62,6 +62,10 @@ func (sh insertShape) build() string {
 			// See below: one key, one lock, in the one-row materialized CTE the INSERT reads.
 			lock = fmt.Sprintf(", pg_advisory_xact_lock(hashtextextended($5::text, %d)) AS n", sh.seed)
 		}
+		if sh.idem {
+			// The idempotency key's lock (see below).
+			lock += fmt.Sprintf(", pg_advisory_xact_lock(hashtextextended($6::text, %d)) AS m", idemSeed(sh.seed))
+		}
 		ctes = append(ctes, "tx AS MATERIALIZED (SELECT pg_current_xact_id() AS xid"+lock+")")
 		from = " FROM tx WHERE tx.xid IS NOT NULL"
 	} else {
@@ -70,11 +74,20 @@ func (sh insertShape) build() string {
 		cols = [6]string{"i.id", "i.topic", "i.payload" + payloadCast, "i.headers::json", "i.ordering_key", "i.idempotency_key"}
 		from, order = " FROM input i", " WHERE i.xid IS NOT NULL ORDER BY i.ord"
 		idemKeys = "SELECT idempotency_key FROM input WHERE idempotency_key IS NOT NULL"
-		if sh.keys {
+		if sh.keys || sh.idem {
 			// The per-ordering-key lock (SPEC §3.5) sits in a materialized CTE that the INSERT
 			// reads and that yields exactly one row, so every lock is held before the INSERT
-			// draws its first identity value; keys are locked in hash order.
-			ctes = append(ctes, fmt.Sprintf("locks AS MATERIALIZED (SELECT count(pg_advisory_xact_lock(h)) AS n FROM (SELECT DISTINCT hashtextextended(ordering_key, %d) AS h FROM input WHERE ordering_key IS NOT NULL ORDER BY 1) k)", sh.seed))
+			// draws its first identity value; keys are locked in hash order. Idempotency keys
+			// are locked in the same sorted pass: two statements inserting the same keys in
+			// different orders would otherwise deadlock in the unique index.
+			var srcs []string
+			if sh.keys {
+				srcs = append(srcs, fmt.Sprintf("SELECT hashtextextended(ordering_key, %d) AS h FROM input WHERE ordering_key IS NOT NULL", sh.seed))
+			}
+			if sh.idem {
+				srcs = append(srcs, fmt.Sprintf("SELECT hashtextextended(idempotency_key, %d) AS h FROM input WHERE idempotency_key IS NOT NULL", idemSeed(sh.seed)))
+			}
+			ctes = append(ctes, "locks AS MATERIALIZED (SELECT count(pg_advisory_xact_lock(h)) AS n FROM (SELECT DISTINCT h FROM ("+strings.Join(srcs, " UNION ALL ")+") u ORDER BY 1) k)")
 			from = " FROM input i CROSS JOIN locks"
 		}
 	}
@@ -242,3 +255,7 @@ func (Dialect) ResolveScoped(ctx context.Context, ex dialect.Executor, t *dialec
 	}
 	return dialect.ScanResolved(rs)
 }
+
+// idemSeed is the seed of the idempotency-key locks: another lock space than the ordering
+// keys' (seed).
+func idemSeed(seed int64) int64 { return seed ^ 0x49646d4b }

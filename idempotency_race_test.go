@@ -1,0 +1,165 @@
+package outbox_test
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/internal/pgtest"
+)
+
+// TestIdempotencyConcurrentSameMessage: the same Watermill message (same UUID, same idempotency
+// key) published by two concurrent transactions (a redelivery racing the first handler): the
+// second waits and then sees the first's event (SPEC §3.4), never an error. Both passed
+// PostgreSQL's conflict pre-check, and the second then failed on the id index (23505, its
+// transaction aborted) in 6-7 of 400 rounds.
+func TestIdempotencyConcurrentSameMessage(t *testing.T) {
+	pool := pgtest.Require(t)
+	cfg := newTable(t)
+	pcfg := outbox.PublisherConfig{Schema: cfg}
+	fails := 0
+	var firstErr error
+	for i := range 400 {
+		id := outbox.NewMessage(nil).UUID
+		key := fmt.Sprintf("k%d", i)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		errs := make([]error, 2)
+		for w := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				tx, err := pool.Begin(ctx)
+				if err != nil {
+					errs[w] = err
+					return
+				}
+				defer tx.Rollback(ctx)
+				p := mustPublisher(t, tx, pcfg)
+				m := message.NewMessage(id, []byte(`1`))
+				outbox.SetIdempotencyKey(m, key)
+				<-start
+				if err := p.Publish("t", m); err != nil {
+					errs[w] = err
+					return
+				}
+				errs[w] = tx.Commit(ctx)
+			}()
+		}
+		close(start)
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				fails++
+				if firstErr == nil {
+					firstErr = err
+				}
+			}
+		}
+	}
+	if fails > 0 {
+		t.Fatalf("%d of 400 races failed; first: %v", fails, firstErr)
+	}
+}
+
+// Two transactions whose single calls carry the same idempotency keys in different orders:
+// SPEC §3.4 says the second waits for the first and then sees its event.
+// TestIdempotencyKeysInOppositeOrders: two transactions publishing the same idempotency keys in
+// different orders (a retried handler building its batch from a map) do not deadlock: the keys
+// are locked in one sorted pass like ordering keys. They deadlocked (40P01) in the unique index.
+func TestIdempotencyKeysInOppositeOrders(t *testing.T) {
+	pool := pgtest.Require(t)
+	cfg := newTable(t)
+	pcfg := outbox.PublisherConfig{Schema: cfg}
+	msgs := func(keys ...string) []*message.Message {
+		var out []*message.Message
+		for _, k := range keys {
+			m := outbox.NewMessage([]byte(`1`))
+			outbox.SetIdempotencyKey(m, k)
+			out = append(out, m)
+		}
+		return out
+	}
+	// A third transaction holds "z" so that both writers are inside their statements at once.
+	tx0, _ := pool.Begin(ctx)
+	defer tx0.Rollback(ctx)
+	if err := mustPublisher(t, tx0, pcfg).Publish("t", msgs("z")...); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 2)
+	for _, keys := range [][]string{{"a", "z", "b"}, {"b", "z", "a"}} {
+		go func() {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer tx.Rollback(ctx)
+			if err := mustPublisher(t, tx, pcfg).Publish("t", msgs(keys...)...); err != nil {
+				errs <- fmt.Errorf("keys %v: %w", keys, err)
+				return
+			}
+			errs <- tx.Commit(ctx)
+		}()
+	}
+	pgtest.Eventually(t, 10*time.Second, "both writers wait for z", func() bool {
+		return count(t, fmt.Sprintf(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database() AND query LIKE '%%%s%%'`, cfg.Table)) >= 2
+	})
+	_ = tx0.Rollback(ctx)
+	for range 2 {
+		if err := <-errs; err != nil {
+			var pgErr *pgconn.PgError
+			errors.As(err, &pgErr)
+			t.Errorf("writer failed (SQLSTATE %v): %v", pgErr.Code, err)
+		}
+	}
+	if n := count(t, fmt.Sprintf(`SELECT count(*) FROM %q`, cfg.Table)); n != 3 {
+		t.Fatalf("%d events stored, want 3 (a, b, z once each)", n)
+	}
+}
+
+// TestLockCapCountsIdempotencyKeys: on PostgreSQL MaxOrderingKeysPerCall caps the distinct
+// ordering and idempotency keys of a call together (each takes a lock): over it, a
+// *ValidationError before any SQL, and the transaction goes on.
+func TestLockCapCountsIdempotencyKeys(t *testing.T) {
+	pool := pgtest.Require(t)
+	cfg := newTable(t)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	p := mustPublisher(t, tx, outbox.PublisherConfig{Schema: cfg, MaxOrderingKeysPerCall: 2})
+	msg := func(okey, ikey string) *message.Message {
+		m := outbox.NewMessage([]byte(`1`))
+		if okey != "" {
+			outbox.SetOrderingKey(m, okey)
+		}
+		outbox.SetIdempotencyKey(m, ikey)
+		return m
+	}
+	for name, msgs := range map[string][]*message.Message{
+		"three idempotency keys":                 {msg("", "i1"), msg("", "i2"), msg("", "i3")},
+		"one ordering key, two idempotency keys": {msg("o1", "i1"), msg("o1", "i2")},
+	} {
+		var ve *outbox.ValidationError
+		if err := p.Publish("t", msgs...); !errors.As(err, &ve) || ve.Index != len(msgs)-1 {
+			t.Fatalf("%s with MaxOrderingKeysPerCall 2: %v, want a *ValidationError at #%d", name, err, len(msgs)-1)
+		}
+	}
+	if err := p.Publish("t", msg("", "i1"), msg("", "i2"), msg("", "i1")); err != nil {
+		t.Fatalf("two distinct idempotency keys (one repeated) in the same transaction after the refusals: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, fmt.Sprintf(`SELECT count(*) FROM %q`, cfg.Table)); n != 2 {
+		t.Fatalf("%d events stored, want 2", n)
+	}
+}

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	stdjson "encoding/json"
 	"fmt"
 	"math/big"
 	"net"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/go-json-experiment/json"
 	"github.com/go-json-experiment/json/jsontext"
+	jsonv1 "github.com/go-json-experiment/json/v1"
 )
 
 // encodeOptions are the explicit payload rules of SPEC §3.3 on top of JSON v2 semantics
@@ -22,7 +24,20 @@ var encodeOptions = json.JoinOptions(
 	json.Deterministic(true),
 	json.FormatNilSliceAsNull(true),
 	json.FormatNilMapAsNull(true),
+	// omitempty as encoding/json defines it (false, 0, "", nil, empty slices and maps), so
+	// struct tags written for encoding/json keep their meaning.
+	jsonv1.OmitEmptyWithLegacySemantics(true),
 	json.WithMarshalers(json.JoinMarshalers(
+		// encoding/json.Number is a number (its exact digits), as encoding/json writes it.
+		json.MarshalToFunc(func(enc *jsontext.Encoder, n stdjson.Number) error {
+			if n == "" {
+				return enc.WriteValue(jsontext.Value("0"))
+			}
+			if c := n[0]; c != '-' && (c < '0' || c > '9') {
+				return fmt.Errorf("json: invalid number literal %q", string(n))
+			}
+			return enc.WriteValue(jsontext.Value(n))
+		}),
 		json.MarshalToFunc(func(enc *jsontext.Encoder, d time.Duration) error {
 			return enc.WriteValue(jsontext.Value(durationSeconds(d)))
 		}),
@@ -76,8 +91,9 @@ func durationSeconds(d time.Duration) string {
 // as RFC 3339 strings; time.Duration as a number of seconds (exact); *net.IPNet, *big.Float and
 // *big.Rat as exact text; net.IP, netip.Addr, netip.Prefix and uuid.UUID as text (their
 // MarshalText); []byte as base64; big.Int as a number; types with MarshalJSON or MarshalText use
-// them; map keys sorted. A json.RawMessage or jsontext.Value is taken as it is (after the same
-// validation). NaN, ±Inf, invalid UTF-8, channels, functions, complex numbers and anything else
+// them; map keys sorted; an encoding/json Number as the number it holds; struct tags as
+// encoding/json reads them (omitempty omits false, 0, "", nil and empty slices and maps). A
+// json.RawMessage or jsontext.Value is taken as it is (after the same validation). NaN, ±Inf, invalid UTF-8, channels, functions, complex numbers and anything else
 // that has no JSON form are errors, never a silent fmt.Sprint. The result passes
 // ValidatePayload or an error is returned. Safe for concurrent use.
 func EncodePayload(v any) ([]byte, error) {

@@ -415,6 +415,22 @@ func (p *Publisher) finishRow(i int, r row, payload []byte, headers map[string]s
 		payload = []byte{}
 	}
 	r.payload = payload
+	for k := range headers {
+		if isReservedMetadata(k) {
+			// The relay sets the reserved keys from the columns; stored (EventInput.Headers,
+			// InjectHeaders) they were emitted as if the event had that ordering key, table …
+			// They are dropped, as Publish drops them from a message's metadata. The caller's
+			// map is not modified.
+			kept := make(map[string]string, len(headers))
+			for k, v := range headers {
+				if !isReservedMetadata(k) {
+					kept[k] = v
+				}
+			}
+			headers = kept
+			break
+		}
+	}
 	for k, v := range headers {
 		if k == "" {
 			return r, &ValidationError{Index: i, Field: "headers", Reason: "empty header name"}

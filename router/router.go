@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"reflect"
 	"sync"
+	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -254,10 +255,32 @@ func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing
 	var parts []*part
 	partRoute := map[*part]int{}
 	byRoute := map[int]*part{}
+	routes := make([]int, len(batch))
+	keyRoute := map[string]int{} // ordering key → its one route, or -2 when it spans routes
 	for i, o := range batch {
-		r := p.route(o.Topic)
+		routes[i] = p.route(o.Topic)
+		key := o.Message.Metadata.Get(outbox.MetadataOrderingKey)
+		if key == "" || routes[i] < 0 {
+			continue
+		}
+		if r, ok := keyRoute[key]; !ok {
+			keyRoute[key] = routes[i]
+		} else if r != routes[i] {
+			keyRoute[key] = -2
+		}
+	}
+	// The events of a key that spans routes go out one after another in batch order, each
+	// after the previous was accepted (a failure holds back the key's later events), beside
+	// the per-route parts, which hold no such key.
+	var spanning []int
+	for i, o := range batch {
+		r := routes[i]
 		if r < 0 {
 			errs[i] = &NoRouteError{Topic: o.Topic}
+			continue
+		}
+		if key := o.Message.Metadata.Get(outbox.MetadataOrderingKey); key != "" && keyRoute[key] == -2 {
+			spanning = append(spanning, i)
 			continue
 		}
 		pt := byRoute[r]
@@ -270,6 +293,24 @@ func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing
 		pt.idx = append(pt.idx, i)
 	}
 	var wg sync.WaitGroup
+	if len(spanning) > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			failed := map[string]bool{}
+			for _, i := range spanning {
+				key := batch[i].Message.Metadata.Get(outbox.MetadataOrderingKey)
+				if failed[key] {
+					errs[i] = forwarder.ErrHeldBack
+					continue
+				}
+				errs[i] = p.named(routes[i], publishPart(ctx, p.dest(routes[i]), batch[i:i+1])[0])
+				if errs[i] != nil {
+					failed[key] = true
+				}
+			}
+		}()
+	}
 	for _, pt := range parts {
 		wg.Add(1)
 		go func() {
@@ -288,6 +329,10 @@ func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing
 	return errs
 }
 
+// partConcurrency bounds the messages of one part that a per-message destination has in
+// flight at once (SubscriberConfig.Concurrency's default).
+const partConcurrency = 10
+
 func publishPart(ctx context.Context, pub message.Publisher, part []forwarder.Outgoing) []error {
 	if bp, ok := pub.(forwarder.BatchPublisher); ok {
 		res := bp.PublishBatch(ctx, part)
@@ -301,23 +346,58 @@ func publishPart(ctx context.Context, pub message.Publisher, part []forwarder.Ou
 		}
 		return out
 	}
+	// A per-message destination gets the part as the per-message path would: one lane per
+	// ordering key (each unordered message a lane of its own), lanes concurrently, a key's
+	// messages one after another with its later ones held back after a failure. Once the
+	// destination answers unavailable, the messages not sent yet get that answer without a
+	// call (a destination down as a whole: no attempt is counted, its topics are paused).
 	out := make([]error, len(part))
-	failed := map[string]bool{}
+	var lanes [][]int
+	laneOf := map[string]int{}
 	for j, o := range part {
 		key := o.Message.Metadata.Get(outbox.MetadataOrderingKey)
-		if key != "" && failed[key] {
-			out[j] = forwarder.ErrHeldBack
+		if key == "" {
+			lanes = append(lanes, []int{j})
 			continue
 		}
-		if err := ctx.Err(); err != nil {
-			out[j] = err
-		} else {
-			out[j] = pub.Publish(o.Topic, o.Message)
+		l, ok := laneOf[key]
+		if !ok {
+			l = len(lanes)
+			laneOf[key] = l
+			lanes = append(lanes, nil)
 		}
-		if out[j] != nil && key != "" {
-			failed[key] = true
-		}
+		lanes[l] = append(lanes[l], j)
 	}
+	var down atomic.Pointer[error]
+	sem := make(chan struct{}, partConcurrency)
+	var wg sync.WaitGroup
+	for _, lane := range lanes {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			failed := false
+			for _, j := range lane {
+				switch {
+				case failed:
+					out[j] = forwarder.ErrHeldBack
+				case ctx.Err() != nil:
+					out[j] = ctx.Err()
+				case down.Load() != nil:
+					out[j] = *down.Load()
+				default:
+					err := pub.Publish(part[j].Topic, part[j].Message)
+					if errors.Is(err, outbox.ErrUnavailable) {
+						down.CompareAndSwap(nil, &err)
+					}
+					out[j] = err
+				}
+				failed = failed || out[j] != nil
+			}
+		}()
+	}
+	wg.Wait()
 	return out
 }
 
@@ -344,7 +424,7 @@ func (p *Publisher) Close() error {
 		// A publisher of a comparable type is closed once however many routes it serves;
 		// others (a forwarder.Func) once per route.
 		var key any = i
-		if reflect.TypeOf(pub).Comparable() {
+		if reflect.ValueOf(pub).Comparable() {
 			key = pub
 		}
 		if seen[key] {

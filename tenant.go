@@ -69,11 +69,21 @@ func (s *schema) checkScope(i int, ikey *string, extra map[string]any) error {
 		return nil
 	}
 	for _, c := range s.cfg.IdempotencyScope {
-		if v, ok := extra[c]; !ok || v == nil {
+		if v, ok := extra[c]; !ok || encodesNull(v) {
 			return &ValidationError{Index: i, Field: "idempotency_scope", Reason: fmt.Sprintf("idempotency key %q set without a value for scope column %q (SchemaConfig.IdempotencyScope): set it in ExtraColumns", *ikey, c)}
 		}
 	}
 	return nil
+}
+
+// encodesNull reports whether v is stored as NULL: nil, a nil pointer, map or slice, a JSON
+// null, anything EncodePayload writes as null.
+func encodesNull(v any) bool {
+	if v == nil {
+		return true
+	}
+	b, err := EncodePayload(v)
+	return err == nil && string(b) == "null"
 }
 
 // resolveByScope fills out[i] for every row: the event this call inserted (byID), or the

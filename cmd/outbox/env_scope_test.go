@@ -223,3 +223,27 @@ func TestRelayStopDuringStartExitsZero(t *testing.T) {
 		t.Fatalf("relay stopped with SIGTERM during start: exit %d, stderr %q", code, p.errb.String())
 	}
 }
+
+// TestRelayNameWithSeveralTopics: relay --relay-name with several --topics patterns runs one
+// Subscriber per pattern, each under a name of its own (name/0, name/1 …): with one name, the
+// second Subscriber's start took back the first's live leases ("took back the unexpired leases
+// of an earlier relay of this name"), and their events were delivered again.
+func TestRelayNameWithSeveralTopics(t *testing.T) {
+	b := sqliteBackend()
+	db, table := b.fresh(t)
+	mustRun(t, nil, "migrate", "--db", db, "--table", table)
+	var evs []testEvent
+	for i := range 50 {
+		evs = append(evs, testEvent{"a.x", "k", i}, testEvent{"b.x", "k", i})
+	}
+	ids := b.publish(t, db, table, evs)
+	rcv := newReceiver(t, http.StatusNoContent)
+	p := start(t, nil, "relay", "--db", db, "--table", table, "--to", rcv.URL, "--secret", rcv.secret, "--allow-prefix", "127.0.0.1",
+		"--relay-name", "r", "--topics", "a.*", "--topics", "b.*", "--debug")
+	waitFor(t, 30*time.Second, "every event delivered", func() bool { return len(rcv.received()) == len(ids) })
+	p.stop(t)
+	logs := p.errb.String()
+	if strings.Contains(logs, "took back the unexpired leases") || !strings.Contains(logs, "relay=r/0") || !strings.Contains(logs, "relay=r/1") {
+		t.Fatalf("relay --relay-name r with two --topics: want subscriptions r/0 and r/1 and no lease taken back; logs:\n%s", logs)
+	}
+}

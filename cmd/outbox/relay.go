@@ -332,8 +332,14 @@ func runRelay(ctx context.Context, d *database, cfg outbox.SubscriberConfig, tab
 			_ = fw.Close()
 		}
 	}
-	for _, t := range topics {
-		sub, err := newRelaySubscriber(d, cfg, tables, logger)
+	for i, t := range topics {
+		scfg := cfg
+		if scfg.RelayName != "" && len(topics) > 1 {
+			// One Subscriber per pattern: each needs a name of its own, or the next one's
+			// start takes back the live leases of the ones before it (SubscriberConfig.RelayName).
+			scfg.RelayName = fmt.Sprintf("%s/%d", cfg.RelayName, i)
+		}
+		sub, err := newRelaySubscriber(d, scfg, tables, logger)
 		if err != nil {
 			closeAll()
 			return err

@@ -394,22 +394,32 @@ func (w *Wakeup) send(ctx context.Context, topics []string) error {
 	if slices.Contains(payloads, "") {
 		payloads = []string{""}
 	}
-	if w.notifier == nil || w.notifier.IsClosed() {
-		conn, err := pgx.ConnectConfig(ctx, w.notifyCC)
-		if err != nil {
-			return fmt.Errorf("pgnotify: connect notifier: %w", err)
+	// A connection that sat idle may have been closed by the server meanwhile
+	// (idle_session_timeout, a failover, a firewall): that is found only by using it, so a
+	// failure on a reused connection is tried once more on a new one (a notification sent
+	// twice costs one extra poll; one lost waits for the relays' next poll).
+	for attempt := 0; ; attempt++ {
+		fresh := false
+		if w.notifier == nil || w.notifier.IsClosed() {
+			conn, err := pgx.ConnectConfig(ctx, w.notifyCC)
+			if err != nil {
+				return fmt.Errorf("pgnotify: connect notifier: %w", err)
+			}
+			w.notifier, fresh = conn, true
 		}
-		w.notifier = conn
-	}
-	// A notification is not data: the statement's own commit need not wait for the WAL flush.
-	// The setting is local to that transaction (not a session setting nor a startup
-	// parameter, which a transaction-mode pooler would refuse or leak).
-	if _, err := w.notifier.Exec(ctx, "SELECT set_config('synchronous_commit', 'off', true), count(pg_notify($1, t)) FROM unnest($2::text[]) t", w.cfg.Channel, payloads); err != nil {
+		// A notification is not data: the statement's own commit need not wait for the WAL
+		// flush. The setting is local to that transaction (not a session setting nor a
+		// startup parameter, which a transaction-mode pooler would refuse or leak).
+		_, err := w.notifier.Exec(ctx, "SELECT set_config('synchronous_commit', 'off', true), count(pg_notify($1, t)) FROM unnest($2::text[]) t", w.cfg.Channel, payloads)
+		if err == nil {
+			return nil
+		}
 		_ = w.notifier.Close(context.WithoutCancel(ctx))
 		w.notifier = nil
-		return fmt.Errorf("pgnotify: notify: %w", err)
+		if fresh || attempt > 0 || ctx.Err() != nil {
+			return fmt.Errorf("pgnotify: notify: %w", err)
+		}
 	}
-	return nil
 }
 
 func (w *Wakeup) closeNotifier() error {

@@ -3,11 +3,13 @@ package outbox_test
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/watermill-outbox/outbox"
@@ -161,5 +163,87 @@ func TestLockCapCountsIdempotencyKeys(t *testing.T) {
 	}
 	if n := count(t, fmt.Sprintf(`SELECT count(*) FROM %q`, cfg.Table)); n != 2 {
 		t.Fatalf("%d events stored, want 2", n)
+	}
+}
+
+// TestSingleAndBatchLockInOneOrder: a one-message Publish with an ordering key and an
+// idempotency key takes their two locks in hash order, as a batch does. It took them in column
+// order, and against a batch holding the same keys one was aborted with 40P01 (found by a review
+// of this session's own diff).
+func TestSingleAndBatchLockInOneOrder(t *testing.T) {
+	pool := pgtest.Require(t)
+	cfg := newTable(t)
+	pcfg := outbox.PublisherConfig{Schema: cfg}
+	h := fnv.New64a()
+	h.Write([]byte(pgx.Identifier{cfg.Table}.Sanitize()))
+	seed := int64(h.Sum64())
+	iseed := seed ^ 0x49646d4b
+	hash := func(s string, sd int64) int64 {
+		var v int64
+		if err := pool.QueryRow(ctx, "SELECT hashtextextended($1, $2)", s, sd).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	// pick I with a low idem hash, K with a high ordering hash, X (ordering) in between
+	var K, I, X string
+	var hK, hI, hX int64
+	for n := 0; K == "" || I == "" || X == ""; n++ {
+		s := fmt.Sprintf("s%d", n)
+		if v := hash(s, iseed); I == "" && v < -(1<<62) {
+			I, hI = s, v
+		}
+		if v := hash(s, seed); K == "" && v > 1<<62 {
+			K, hK = s, v
+		} else if X == "" && v > -(1<<60) && v < 1<<60 {
+			X, hX = s, v
+		}
+	}
+	_, _, _ = hI, hX, hK
+	// H holds X
+	txH, _ := pool.Begin(ctx)
+	defer txH.Rollback(ctx)
+	if _, err := txH.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", hX); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 2)
+	run := func(msgs ...*message.Message) {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			errs <- err
+			return
+		}
+		defer tx.Rollback(ctx)
+		if err := mustPublisher(t, tx, pcfg).Publish("t", msgs...); err != nil {
+			errs <- err
+			return
+		}
+		errs <- tx.Commit(ctx)
+	}
+	waiting := func(n int) func() bool {
+		return func() bool {
+			return count(t, fmt.Sprintf(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database() AND query LIKE '%%%s%%'`, cfg.Table)) >= n
+		}
+	}
+	// B: batch {okey K}, {idem I}, {okey X}: sorted I, X, K → holds I, waits on X.
+	b1 := outbox.NewMessage([]byte(`1`))
+	outbox.SetOrderingKey(b1, K)
+	b2 := outbox.NewMessage([]byte(`2`))
+	outbox.SetIdempotencyKey(b2, I)
+	b3 := outbox.NewMessage([]byte(`3`))
+	outbox.SetOrderingKey(b3, X)
+	go run(b1, b2, b3)
+	pgtest.Eventually(t, 10*time.Second, "B waits", waiting(1))
+	// A: single {okey K, idem I}: takes K, waits on I (held by B).
+	a := outbox.NewMessage([]byte(`4`))
+	outbox.SetOrderingKey(a, K)
+	outbox.SetIdempotencyKey(a, I)
+	go run(a)
+	pgtest.Eventually(t, 10*time.Second, "A waits", waiting(2))
+	_ = txH.Rollback(ctx) // B takes X, then wants K (held by A)
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Errorf("writer failed: %v", err)
+		}
 	}
 }

@@ -242,9 +242,12 @@ LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more emp
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			running := false
 			defer func() {
-				// Stopped by SIGINT/SIGTERM while starting: a stop, not a failure (exit 0).
-				if err != nil && ctx.Err() != nil && cmd.Context().Err() == nil {
+				// Stopped by SIGINT/SIGTERM while starting (connecting to the database or the
+				// destination): a stop, not a failure (exit 0). Once running, runRelay's own
+				// result stands.
+				if err != nil && !running && ctx.Err() != nil && cmd.Context().Err() == nil {
 					err = nil
 				}
 			}()
@@ -294,6 +297,7 @@ LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more emp
 			fields["traces"] = tracesSetting(tracer)
 			logger.Info("outbox relay starting", fields)
 			// Tracing outside the timing: the destination call's duration is the destination's.
+			running = true
 			return runRelay(ctx, d, cfg, tables, tracer.wrap(stats.wrap(pub, dest.kind)), fcfg, topics, logger, stats)
 		},
 	}

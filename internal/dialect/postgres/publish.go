@@ -58,13 +58,18 @@ func (sh insertShape) build() string {
 		cols = [6]string{"$1::uuid", "$2::text", "$3::" + payloadType + payloadCast, "$4::text::json", "$5::text", "$6::text"}
 		idemKeys = "$6::text"
 		lock := ""
-		if sh.keys {
+		okey := fmt.Sprintf("hashtextextended($5::text, %d)", sh.seed)
+		ikey := fmt.Sprintf("hashtextextended($6::text, %d)", idemSeed(sh.seed))
+		switch {
+		case sh.keys && sh.idem:
+			// Both locks in hash order, as the batch statement takes them: another order
+			// deadlocks against a batch holding the same two keys.
+			lock = fmt.Sprintf(", pg_advisory_xact_lock(LEAST(%[1]s, %[2]s)) AS n, pg_advisory_xact_lock(GREATEST(%[1]s, %[2]s)) AS m", okey, ikey)
+		case sh.keys:
 			// See below: one key, one lock, in the one-row materialized CTE the INSERT reads.
-			lock = fmt.Sprintf(", pg_advisory_xact_lock(hashtextextended($5::text, %d)) AS n", sh.seed)
-		}
-		if sh.idem {
-			// The idempotency key's lock (see below).
-			lock += fmt.Sprintf(", pg_advisory_xact_lock(hashtextextended($6::text, %d)) AS m", idemSeed(sh.seed))
+			lock = ", pg_advisory_xact_lock(" + okey + ") AS n"
+		case sh.idem:
+			lock = ", pg_advisory_xact_lock(" + ikey + ") AS m"
 		}
 		ctes = append(ctes, "tx AS MATERIALIZED (SELECT pg_current_xact_id() AS xid"+lock+")")
 		from = " FROM tx WHERE tx.xid IS NOT NULL"

@@ -400,7 +400,16 @@ func (sub *subscription) run() {
 	s := sub.s
 	defer sub.waitMarks()
 	defer sub.releaseNext()
-	defer func() { sub.outages = nil; sub.publishOutages() }()
+	defer func() {
+		// The subscription stops treating its destinations as unavailable: say so
+		// (Hooks.OnOutage with Ended), or an observer's gauge stays up for good.
+		now := time.Now()
+		for _, o := range sub.outages {
+			sub.outageHook(o, now)
+		}
+		sub.outages = nil
+		sub.publishOutages()
+	}()
 	var wake <-chan struct{}
 	if s.cfg.Wakeup != nil {
 		wake = s.cfg.Wakeup.Listen(sub.ctx, sub.sel.match)

@@ -82,7 +82,7 @@ func New(mp metric.MeterProvider) (*Recorder, error) {
 	hist(&r.delay, "outbox.delivery.delay", "Time from the event's commit (created_at) to its mark as published, database clock.", delayBounds)
 	hist(&r.claimDur, "outbox.claim.duration", "Duration of claim statements.", durationBounds)
 	hist(&r.markDur, "outbox.mark.duration", "Duration of mark statements.", durationBounds)
-	hist(&r.destCall, "outbox.destination.call.duration", "Duration of calls to the destination (one message, or one batch); attribute outcome ok or error.", durationBounds)
+	hist(&r.destCall, "outbox.destination.call.duration", "Duration of calls to the destination (one message, or one batch); attribute outcome ok or error.", callBounds)
 	if err == nil {
 		r.claimSize, err = m.Int64Histogram("outbox.claim.events", metric.WithDescription("Events leased per claim statement."), ev,
 			metric.WithExplicitBucketBoundaries(0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000))
@@ -124,6 +124,7 @@ func New(mp metric.MeterProvider) (*Recorder, error) {
 var (
 	delayBounds    = exp(0.005, 3, 13)
 	durationBounds = exp(0.0005, 2.5, 11)
+	callBounds     = append(durationBounds[:len(durationBounds):len(durationBounds)], 10, 30, 60)
 )
 
 func exp(start, factor float64, n int) []float64 {

@@ -16,8 +16,13 @@ import (
 // DelayBuckets are the buckets (seconds) of outbox_delivery_delay_seconds: 5ms to about 1h.
 var DelayBuckets = prometheus.ExponentialBuckets(0.005, 3, 13)
 
-// DurationBuckets are the buckets (seconds) of the claim and mark durations: 0.5ms to about 8s.
+// DurationBuckets are the buckets (seconds) of the claim and mark durations: 0.5ms to about 4.8s.
 var DurationBuckets = prometheus.ExponentialBuckets(0.0005, 2.5, 11)
+
+// CallBuckets are the buckets (seconds) of outbox_destination_call_duration_seconds:
+// DurationBuckets plus 10s, 30s and 60s, so that calls up to webhook.DefaultTimeout and the
+// Subscriber's DeliveryTimeout (30s) are measured, not folded into +Inf.
+var CallBuckets = append(DurationBuckets[:len(DurationBuckets):len(DurationBuckets)], 10, 30, 60)
 
 // SizeBuckets are the buckets (events) of outbox_claim_events.
 var SizeBuckets = []float64{0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000}
@@ -82,7 +87,7 @@ func New(reg prometheus.Registerer) (*Recorder, error) {
 		held:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_held_events", Help: "Pending events waiting behind a dead-lettered or failed (attempts > 0) head of their ordering key (last Backlog sample)."}),
 		destDown:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_destination_unavailable", Help: "1 while a subscription of this relay treats the destination as unavailable, else 0."}, []string{"destination"}),
 		destCall: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "outbox_destination_call_duration_seconds",
-			Help: "Duration of calls to the destination (one message, or one batch for batching destinations); outcome ok or error.", Buckets: DurationBuckets}, []string{"destination", "outcome"}),
+			Help: "Duration of calls to the destination (one message, or one batch for batching destinations); outcome ok or error.", Buckets: CallBuckets}, []string{"destination", "outcome"}),
 		relayUp:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_up", Help: "1 while every subscription of the relay is running, else 0."}),
 		subsRunning: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_subscriptions_running", Help: "Subscriptions of the relay that are running."}),
 		written:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_written_events_total", Help: "Events written to the outbox table by Publishers (inside a transaction: before its COMMIT)."}, topic),
@@ -92,12 +97,17 @@ func New(reg prometheus.Registerer) (*Recorder, error) {
 		writeDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "outbox_write_duration_seconds",
 			Help: "Duration of Publisher calls (Publish, Enqueue …); outcome ok, invalid or error.", Buckets: DurationBuckets}, []string{"outcome"}),
 	}
+	var registered []prometheus.Collector
 	for _, c := range []prometheus.Collector{r.relayUp, r.subsRunning, r.written, r.writeDup, r.writeInvalid, r.writeDur,
 		r.delivered, r.failed, r.dead, r.unavailable, r.leaseLost, r.markFailures, r.backlogErr,
 		r.delay, r.claimDur, r.claimSize, r.markDur, r.pending, r.deadGauge, r.oldest, r.unavail, r.held, r.destDown, r.destCall} {
 		if err := reg.Register(c); err != nil {
+			for _, done := range registered { // all or nothing: no orphan series
+				reg.Unregister(done)
+			}
 			return nil, err
 		}
+		registered = append(registered, c)
 	}
 	return r, nil
 }

@@ -31,8 +31,8 @@ func BacklogSQL(table, now, least string) string {
 	%[3]s(COALESCE(u.c, k.c), COALESCE(k.c, u.c)),
 	(SELECT count(*) FROM %[1]s WHERE "dead_lettered_at" IS NOT NULL),
 	%[2]s,
-	(SELECT count(*) FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NULL AND "last_error" LIKE 'unavailable: %%')
-	+ (SELECT count(*) FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NOT NULL AND "last_error" LIKE 'unavailable: %%'),
+	(SELECT count(*) FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NULL AND substr("last_error", 1, 13) = 'unavailable: ')
+	+ (SELECT count(*) FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NOT NULL AND substr("last_error", 1, 13) = 'unavailable: '),
 	(SELECT COALESCE(sum(x.n), 0) FROM (SELECT
 		(SELECT count(*) FROM %[1]s r WHERE r."published_at" IS NULL AND r."ordering_key" = h."ordering_key" AND r."sequence" > h."sequence" AND r."dead_lettered_at" IS NULL) AS n
 		FROM %[1]s h
@@ -61,7 +61,7 @@ SELECT o."topic",
 	min(o."created_at") FILTER (WHERE o."dead_lettered_at" IS NULL),
 	count(*) FILTER (WHERE o."dead_lettered_at" IS NOT NULL),
 	%[2]s,
-	count(*) FILTER (WHERE o."dead_lettered_at" IS NULL AND o."last_error" LIKE 'unavailable: %%'),
+	count(*) FILTER (WHERE o."dead_lettered_at" IS NULL AND substr(o."last_error", 1, 13) = 'unavailable: '),
 	count(*) FILTER (WHERE o."dead_lettered_at" IS NULL AND o."sequence" > f.s)
 FROM %[1]s o LEFT JOIN failed f ON f.k = o."ordering_key"
 WHERE o."published_at" IS NULL AND (o."ordering_key" IS NOT NULL

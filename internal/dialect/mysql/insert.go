@@ -346,7 +346,11 @@ func isDuplicateID(err error, t *dialect.Table) bool {
 func probeOf(i int, r dialect.InsertRow, t *dialect.Table) (dialect.Probe, error) {
 	pr := dialect.Probe{Index: i, Key: *r.IdempotencyKey}
 	if r.Extra != nil && len(t.Extra) > 0 {
-		if err := json.Unmarshal([]byte(*r.Extra), &pr.Extra); err != nil {
+		// UseNumber: the probe compares in the column's type with the exact digits that
+		// extraValues inserted (a float64 turned 12345678901234567 into 1.2345678901234568e+16).
+		dec := json.NewDecoder(strings.NewReader(*r.Extra))
+		dec.UseNumber()
+		if err := dec.Decode(&pr.Extra); err != nil {
 			return pr, fmt.Errorf("row %d: extra columns: %w", i, err)
 		}
 	}

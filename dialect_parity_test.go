@@ -1,0 +1,139 @@
+package outbox_test
+
+import (
+	"fmt"
+	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/internal/mariadbtest"
+	"testing"
+)
+
+// TestBacklogUnavailableIsCaseSensitive: Backlog.Unavailable counts events released with
+// last_error "unavailable: …" (SPEC/README: the same rule book on every database). A failed
+// delivery whose handler error merely begins with "Unavailable: " (errText stores the error
+// verbatim) is a failure, not an outage: PostgreSQL and MariaDB (binary collation) do not
+// count it; SQLite's LIKE is ASCII case-insensitive and did.
+func TestBacklogUnavailableIsCaseSensitive(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t)
+		b.seed(t, schema, "t", 2, []string{"", "k"})
+		b.exec(t, fmt.Sprintf(`UPDATE %q SET attempts = 1, last_error = 'Unavailable: payment gateway said 503'`, schema.Table))
+		sub := b.newSub(t, fastCfg(schema))
+		bl, err := sub.Backlog(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tb, err := sub.BacklogByTopic(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bl.Unavailable != 0 || len(tb) != 1 || tb[0].Unavailable != 0 {
+			t.Fatalf("Backlog.Unavailable = %d, BacklogByTopic %+v: two failed events (last_error %q) counted as unavailable, want 0 as on PostgreSQL",
+				bl.Unavailable, tb, "Unavailable: payment gateway said 503")
+		}
+	})
+}
+
+// TestMariaDBRepeatableReadIdempotency: a caller's REPEATABLE READ transaction (MariaDB's
+// default) whose snapshot predates a concurrent commit of the same idempotency key gets the
+// stored event back (Duplicate), and the key is stored once.
+func TestMariaDBRepeatableReadIdempotency(t *testing.T) {
+	db := mariadbtest.Require(t)
+	cfg := mariaDBTable(t, db)
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback() //nolint:errcheck
+	var n int
+	if err := tx.QueryRow(fmt.Sprintf("SELECT count(*) FROM `%s`", cfg.Table)).Scan(&n); err != nil { // snapshot
+		t.Fatal(err)
+	}
+	first, err := mustPublisher(t, db, outbox.PublisherConfig{Schema: cfg}).Enqueue(ctx, outbox.EventInput{Topic: "t", Payload: 1, IdempotencyKey: "K"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := mustPublisher(t, tx, outbox.PublisherConfig{Schema: cfg}).Enqueue(ctx, outbox.EventInput{Topic: "t", Payload: 2, IdempotencyKey: "K"})
+	if err != nil {
+		t.Fatalf("second enqueue in an older snapshot: %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.QueryRow(fmt.Sprintf("SELECT count(*) FROM `%s`", cfg.Table)).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || !second.Duplicate || second.Sequence != first.Sequence {
+		t.Fatalf("rows %d, first %+v, second %+v", n, first, second)
+	}
+}
+
+// TestBigintScopeKeepsTenantsApart: with IdempotencyScope on a BIGINT tenant column
+// (snowflake-style ids above 2^53), two tenants publishing the same idempotency key store two
+// events (README: the key is unique per scope). On MariaDB the read-back compares the column
+// with a string (as doubles): tenant …568 was answered with tenant …567's event (Duplicate) and
+// its own event was never stored.
+func TestBigintScopeKeepsTenantsApart(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t, func(c *outbox.SchemaConfig) {
+			c.ExtraColumns = []outbox.Column{{Name: "tenant", Type: "BIGINT NULL"}}
+			c.IdempotencyScope = []string{"tenant"}
+		})
+		pub := b.publisher(t, outbox.PublisherConfig{Schema: schema})
+		var evs []outbox.Event
+		for _, tenant := range []int64{12345678901234567, 12345678901234568} {
+			ev, err := pub.Enqueue(ctx, outbox.EventInput{Topic: "invoices", Payload: 1, IdempotencyKey: "invoice-1", ExtraColumns: map[string]any{"tenant": tenant}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs = append(evs, ev)
+		}
+		n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q`, schema.Table))
+		if n != 2 || evs[1].Duplicate || evs[1].Sequence == evs[0].Sequence {
+			t.Fatalf("%d events stored; tenant 12345678901234568's enqueue returned %+v (tenant 12345678901234567's was seq %d): another tenant's event, its own lost",
+				n, evs[1], evs[0].Sequence)
+		}
+	})
+}
+
+// TestBigintScopeRetryIsDuplicate: with IdempotencyScope on a BIGINT tenant column, the
+// retry of an enqueue (same tenant, same idempotency key) returns the stored event as a
+// Duplicate (README, idempotency keys), also for a tenant id above 2^53.
+func TestBigintScopeRetryIsDuplicate(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t, func(c *outbox.SchemaConfig) {
+			c.ExtraColumns = []outbox.Column{{Name: "tenant", Type: "BIGINT NULL"}}
+			c.IdempotencyScope = []string{"tenant"}
+		})
+		pub := b.publisher(t, outbox.PublisherConfig{Schema: schema})
+		var evs []outbox.Event
+		for range 2 {
+			ev, err := pub.Enqueue(ctx, outbox.EventInput{Topic: "invoices", Payload: 1, IdempotencyKey: "invoice-1", ExtraColumns: map[string]any{"tenant": int64(12345678901234567)}})
+			if err != nil {
+				t.Fatalf("enqueue %d: %v", len(evs)+1, err)
+			}
+			evs = append(evs, ev)
+		}
+		n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q`, schema.Table))
+		if n != 1 || !evs[1].Duplicate || evs[1].Sequence != evs[0].Sequence {
+			t.Fatalf("%d events stored, retry returned %+v, first seq %d", n, evs[1], evs[0].Sequence)
+		}
+	})
+}
+
+// TestBigintExtraRetryIsSame: on an unscoped table, retrying an enqueue with the same
+// idempotency key and the same BIGINT extra column value returns the stored event (Duplicate),
+// not an *IdempotencyConflictError.
+func TestBigintExtraRetryIsSame(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		schema := b.table(t, func(c *outbox.SchemaConfig) {
+			c.ExtraColumns = []outbox.Column{{Name: "tenant", Type: "BIGINT NULL"}}
+		})
+		pub := b.publisher(t, outbox.PublisherConfig{Schema: schema})
+		for i := range 2 {
+			ev, err := pub.Enqueue(ctx, outbox.EventInput{Topic: "invoices", Payload: 1, IdempotencyKey: "invoice-1", ExtraColumns: map[string]any{"tenant": int64(12345678901234567)}})
+			if err != nil || ev.Duplicate != (i == 1) {
+				t.Fatalf("enqueue %d: %+v, %v", i+1, ev, err)
+			}
+		}
+	})
+}

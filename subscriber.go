@@ -273,16 +273,9 @@ type subscription struct {
 	// outages are the destinations found unavailable, by UnavailableError.Destination (see
 	// outage.go); their topics are left out of claims but for one probe event at a time.
 	outages map[string]*outage
-	// retryDues are the times (relay clock, UnixNano, ascending, at most maxRetryDues) at which
-	// events this relay failed are due again, so the relay polls then instead of after
-	// PollInterval; the run loop drops those that passed. Guarded by retryMu (marks run
-	// beside the run loop).
-	retryMu   sync.Mutex
-	retryDues []int64
-	// lostReported holds the tokens of batches whose lease loss the renewal reported
-	// (Hooks.OnLeaseLost, log): their flushes and mark do not report the same events again.
-	// The batch's mark, its last statement, removes its token.
-	lostReported sync.Map
+	// retryDue is the earliest time (relay clock, UnixNano; 0 = none) at which an event this
+	// relay failed is due again, so the relay polls then instead of after PollInterval.
+	retryDue atomic.Int64
 
 	// emit delivers a claimed batch: it emits messages while ctx lasts; the messages'
 	// contexts derive from mctx, which outlives ctx by CloseTimeout at a stop (see deliver).
@@ -436,7 +429,6 @@ func (sub *subscription) run() {
 		failedFrom time.Time
 	)
 	for sub.ctx.Err() == nil {
-		polled := time.Now()
 		again, err := sub.poll()
 		if err != nil {
 			if sub.ctx.Err() != nil {
@@ -462,7 +454,7 @@ func (sub *subscription) run() {
 			wait = pollRetryWait(failures, s.cfg.PollInterval)
 		}
 		now := time.Now()
-		if due := sub.nextRetryDue(polled); due != 0 {
+		if due := sub.retryDue.Load(); due != 0 {
 			if d := time.Unix(0, due).Sub(now); d < wait {
 				wait = max(d, 0)
 			}
@@ -479,6 +471,9 @@ func (sub *subscription) run() {
 			sub.woken = true
 		}
 		timer.Stop()
+		if due := sub.retryDue.Load(); due != 0 && time.Now().UnixNano() >= due {
+			sub.retryDue.CompareAndSwap(due, 0)
+		}
 	}
 }
 
@@ -888,35 +883,13 @@ func (sub *subscription) dropPaused(deliver []*item) []*item {
 // noteRetry records that an event this relay failed is due again at next (now and next
 // from the mark's clock), so that run polls then. Safe for concurrent use.
 func (sub *subscription) noteRetry(now, next time.Time) {
-	// Rounded up to the millisecond: a poll a little early would find the event not yet due
-	// and drop its due time.
-	due := time.Now().Add(next.Sub(now)).Truncate(time.Millisecond).Add(time.Millisecond).UnixNano()
-	sub.retryMu.Lock()
-	defer sub.retryMu.Unlock()
-	i, found := slices.BinarySearch(sub.retryDues, due)
-	if found || (i == maxRetryDues) {
-		return
+	due := time.Now().Add(next.Sub(now)).UnixNano()
+	for {
+		cur := sub.retryDue.Load()
+		if (cur != 0 && cur <= due) || sub.retryDue.CompareAndSwap(cur, due) {
+			return
+		}
 	}
-	sub.retryDues = slices.Insert(sub.retryDues, i, due)
-	if len(sub.retryDues) > maxRetryDues {
-		sub.retryDues = sub.retryDues[:maxRetryDues]
-	}
-}
-
-// maxRetryDues bounds subscription.retryDues; later dues are left to PollInterval.
-const maxRetryDues = 1024
-
-// nextRetryDue drops the retry dues up to polled (the start of the last poll, which claimed
-// what was due by then) and returns the next one (0: none).
-func (sub *subscription) nextRetryDue(polled time.Time) int64 {
-	sub.retryMu.Lock()
-	defer sub.retryMu.Unlock()
-	i, _ := slices.BinarySearch(sub.retryDues, polled.UnixNano()+1)
-	sub.retryDues = sub.retryDues[i:]
-	if len(sub.retryDues) == 0 {
-		return 0
-	}
-	return sub.retryDues[0]
 }
 
 // confirm releases, instead of marking published, b's acked continuation events (see
@@ -1605,7 +1578,6 @@ func (sub *subscription) renewWhileOut(token string, items []*item, lost func(),
 				case err != nil:
 					s.logger.Error("outbox: lease renewal failed", err, watermill.LogFields{"token": token})
 				case n < want:
-					sub.lostReported.Store(token, true)
 					lost()
 					s.logger.Error("outbox: lease lost; the rest of the batch is left to the relay that took it over", nil,
 						watermill.LogFields{"token": token, "held": n, "claimed": len(seqs)})
@@ -1643,7 +1615,6 @@ func errText(err error) string {
 // already written by the flusher (see flushAcks) are skipped. It runs even while the
 // subscriber is closing. unconfirmed holds the ordering keys of acks that were not written.
 func (sub *subscription) mark(token string, items []*item) (unconfirmed map[string]bool, err error) {
-	defer sub.lostReported.Delete(token) // the batch's last report
 	var (
 		m     markSets
 		byseq = map[int64]*item{}
@@ -1744,7 +1715,7 @@ func (sub *subscription) writeMarks(token string, m markSets) (results []markRes
 // leaseLost reports, once per batch, events whose marks the fencing refused: their lease had
 // passed to another relay (it expired while they were out), which delivers them again.
 func (sub *subscription) leaseLost(token string, n int) {
-	if _, reported := sub.lostReported.Load(token); n == 0 || reported {
+	if n == 0 {
 		return
 	}
 	sub.s.logWarn(fmt.Sprintf("outbox: lease lost: %d events were taken over by another relay; their outcome here was not recorded", n), ErrLeaseLost,

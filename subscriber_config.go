@@ -6,9 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
-	"strings"
 	"time"
-	"unicode/utf8"
 )
 
 // Seed defaults of SubscriberConfig (SPEC §4.3).
@@ -33,9 +31,6 @@ const (
 	DefaultMarkInterval = 100 * time.Millisecond
 	// DefaultMaxDeliveryStarts is MaxDeliveryStarts' default.
 	DefaultMaxDeliveryStarts = 5
-	// maxRelayName bounds RelayName so that a fencing token (name#nonce#claim) fits
-	// MariaDB/MySQL's leased_by VARCHAR(1024).
-	maxRelayName = 512
 	// MaxBatchSize is the largest BatchSize.
 	MaxBatchSize = 10000
 )
@@ -363,10 +358,6 @@ func (c SubscriberConfig) Validate() error {
 		return bad("MarkInterval", "must be at least 1ms")
 	case c.MaxDeliveryStarts < 1:
 		return bad("MaxDeliveryStarts", "must be at least 1")
-	case !utf8.ValidString(c.RelayName) || strings.ContainsRune(c.RelayName, 0):
-		return bad("RelayName", "must be valid UTF-8 without NUL (leased_by is text)")
-	case len(c.RelayName) > maxRelayName:
-		return bad("RelayName", fmt.Sprintf("longer than %d bytes", maxRelayName))
 	}
 	for i, p := range c.ExcludeTopics {
 		if _, err := parseTopicPattern(fmt.Sprintf("SubscriberConfig.ExcludeTopics[%d]", i), p); err != nil {

@@ -184,7 +184,11 @@ func TestBenchStopDropsTables(t *testing.T) {
 		}
 		return false
 	})
-	time.Sleep(3 * time.Second)
+	waitFor(t, 30*time.Second, "bench's tables created", func() bool {
+		var n int
+		_ = pool.QueryRow(t.Context(), "SELECT count(*) FROM pg_tables WHERE tablename LIKE $1", base+"%").Scan(&n)
+		return n > 0
+	})
 	p.stop(t)
 	var left []string
 	rows, err := pool.Query(t.Context(), "SELECT tablename FROM pg_tables WHERE tablename LIKE $1", base+"%")

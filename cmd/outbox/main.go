@@ -248,11 +248,8 @@ func plural(n int64, one, many string) string {
 }
 
 // envName returns the environment variable of flag name.
-func envName(name string) string { return envNameP(envPrefix, name) }
-
-// envNameP returns the environment variable of flag name under prefix.
-func envNameP(prefix, name string) string {
-	return prefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+func envName(name string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
 }
 
 // selectAnnotation marks the flags that select what a command acts on (dead --topic, --id):
@@ -269,17 +266,18 @@ const envAnnotation = "outbox_env"
 // Hidden spellings (aliasFlag) have no variable: OUTBOX_TOPICS is relay --topics' alone. A flag
 // annotated with envAnnotation uses the variable it names.
 func withEnv(cmd *cobra.Command) *cobra.Command {
-	envName := func(name string) string {
-		if f := cmd.Flags().Lookup(name); f != nil && len(f.Annotations[envAnnotation]) == 1 {
+	// flagEnv is envName, or the variable a flag's envAnnotation names.
+	flagEnv := func(f *pflag.Flag) string {
+		if len(f.Annotations[envAnnotation]) == 1 {
 			return f.Annotations[envAnnotation][0]
 		}
-		return envNameP(envPrefix, name)
+		return envName(f.Name)
 	}
 	cmd.Flags().VisitAll(func(f *pflag.Flag) {
 		if f.Name == "help" {
 			return
 		}
-		f.Usage += " (env " + envName(f.Name) + ")"
+		f.Usage += " (env " + flagEnv(f) + ")"
 	})
 	prev := cmd.PreRunE
 	cmd.PreRunE = func(c *cobra.Command, args []string) error {
@@ -298,13 +296,13 @@ func withEnv(cmd *cobra.Command) *cobra.Command {
 			if f.Changed || f.Name == "help" || f.Hidden || set[f.Value] || selected && f.Annotations[selectAnnotation] != nil {
 				return
 			}
-			v, ok := os.LookupEnv(envName(f.Name))
+			v, ok := os.LookupEnv(flagEnv(f))
 			if !ok {
 				return
 			}
 			if err := f.Value.Set(v); err != nil {
 				errs = append(errs, fmt.Errorf("environment variable %s=%q is not %s (it sets --%s): give e.g. %s=%s",
-					envName(f.Name), v, valueForm(f), f.Name, envName(f.Name), exampleValue(f)))
+					flagEnv(f), v, valueForm(f), f.Name, flagEnv(f), exampleValue(f)))
 				return
 			}
 			f.Changed = true

@@ -20,6 +20,13 @@
 // enqueueing only; for per-key execution order run one worker on the queue (Concurrency 1) and
 // MaxRetry 0, or keep the order in the task handlers.
 //
+// asynq.Unique (in Config.Options) makes asynq refuse a task whose queue, type and payload equal
+// those of a task it still holds (asynq.ErrDuplicateTask). The Publisher then reads which task
+// holds that uniqueness lock: when it is the event's own task (a redelivered event) the answer
+// counts as delivered, as for a task id conflict; when it is another event's task, the event is a
+// permanent failure (dead-lettered at once, its last error naming the task that holds the lock).
+// Unique needs Config.Redis, the connection the Publisher reads the lock with.
+//
 // Failure classes (outbox.Unavailable, outbox.Permanent): a Redis that cannot be reached
 // (connection refused, reset, timed out dialling) or refuses every write (READONLY, OOM,
 // LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, BUSY, NOREPLICAS replies, as in
@@ -29,6 +36,8 @@ package asynq
 
 import (
 	"context"
+	"crypto/md5"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -41,6 +50,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/internal/redisfail"
@@ -60,6 +70,11 @@ const (
 
 // ErrClosed is returned for a publish after Close.
 var ErrClosed = errors.New("outbox asynq: publisher closed")
+
+// ErrUniqueHeld is the cause (wrapped in an *outbox.PermanentError) for an event whose task
+// asynq refused under asynq.Unique because another event's task of the same type and payload
+// holds the uniqueness lock.
+var ErrUniqueHeld = errors.New("outbox asynq: a task of the same type and payload is enqueued already (asynq.Unique)")
 
 // ErrNotATask is the cause (wrapped in an *outbox.PermanentError) for an event whose topic does
 // not start with Config.TopicPrefix or has nothing after it.
@@ -89,9 +104,12 @@ type Config struct {
 	// default (25); negative is a configuration error; for no retries add asynq.MaxRetry(0)
 	// to Options.
 	MaxRetry int
-	// Options are further asynq options for every task (asynq.Timeout, asynq.Deadline,
-	// asynq.ProcessIn, asynq.MaxRetry(0) …), applied after the package's. asynq.TaskID is
-	// refused (the task id is the event id) with a configuration error.
+	// Options are further asynq options for every task, applied after the package's. Accepted:
+	// asynq.MaxRetry, asynq.Timeout, asynq.Deadline, asynq.ProcessAt, asynq.ProcessIn,
+	// asynq.Retention and asynq.Unique (which needs Config.Redis; see the package doc).
+	// Refused with a configuration error: asynq.TaskID (the task id is the event id),
+	// asynq.Queue (use Config.Queue) and asynq.Group (an aggregated group replaces its tasks'
+	// ids, so a redelivered event would no longer be recognised and would run twice).
 	Options []asynq.Option
 }
 
@@ -131,6 +149,12 @@ func (c Config) Validate() error {
 			return bad(fmt.Sprintf("Options[%d]", i), "nil option")
 		case o.Type() == asynq.TaskIDOpt:
 			return bad(fmt.Sprintf("Options[%d]", i), "asynq.TaskID: the task id is the event id")
+		case o.Type() == asynq.QueueOpt:
+			return bad(fmt.Sprintf("Options[%d]", i), "asynq.Queue: set Config.Queue instead")
+		case o.Type() == asynq.GroupOpt:
+			return bad(fmt.Sprintf("Options[%d]", i), "asynq.Group: aggregation replaces the task ids, so a redelivered event would run twice")
+		case o.Type() == asynq.UniqueOpt && c.Redis == nil:
+			return bad(fmt.Sprintf("Options[%d]", i), "asynq.Unique needs Config.Redis (the Publisher reads which task holds the uniqueness lock), not Config.Client")
 		}
 	}
 	return nil
@@ -140,8 +164,8 @@ func (c Config) Validate() error {
 type Stats struct {
 	// Enqueued counts tasks enqueued.
 	Enqueued uint64
-	// Conflicts counts events whose task id was enqueued already (a redelivered event),
-	// counted as delivered.
+	// Conflicts counts events whose task was enqueued already (a redelivered event: its task
+	// id exists, or under asynq.Unique its own task holds the lock), counted as delivered.
 	Conflicts uint64
 }
 
@@ -155,6 +179,13 @@ type Publisher struct {
 	logger watermill.LoggerAdapter
 
 	enqueued, conflicts atomic.Uint64
+
+	// unique is set when Options hold asynq.Unique; locks reads uniqueness locks, built on the
+	// first duplicate answer by whichever publishing goroutine gets it (under locksOnce).
+	unique    bool
+	locksOnce sync.Once
+	locks     redis.UniversalClient
+	locksErr  error
 
 	mu     sync.RWMutex
 	closed bool
@@ -176,6 +207,9 @@ func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error
 		p.opts = append(p.opts, asynq.MaxRetry(cfg.MaxRetry))
 	}
 	p.opts = append(p.opts, cfg.Options...)
+	for _, o := range cfg.Options {
+		p.unique = p.unique || o.Type() == asynq.UniqueOpt
+	}
 	if cfg.Client != nil {
 		p.client = cfg.Client
 	} else {
@@ -235,6 +269,8 @@ func (p *Publisher) enqueue(topic string, msg *message.Message) error {
 		p.conflicts.Add(1)
 		p.logger.Debug("outbox asynq: task enqueued already (a redelivered event), counted as delivered", watermill.LogFields{"task_id": msg.UUID, "task_type": typ})
 		return nil
+	case errors.Is(err, asynq.ErrDuplicateTask) && p.unique:
+		return p.duplicate(ctx, typ, msg)
 	case unreachable(err), redisfail.UnavailableReply(err):
 		// Redis not reached, or refusing every write (READONLY after a failover, OOM at
 		// maxmemory with noeviction, LOADING …): the destination is unavailable, as for
@@ -242,6 +278,47 @@ func (p *Publisher) enqueue(topic string, msg *message.Message) error {
 		return &outbox.UnavailableError{Destination: Destination, Err: fmt.Errorf("outbox asynq: enqueue: %w", err)}
 	}
 	return fmt.Errorf("outbox asynq: enqueue: %w", err)
+}
+
+// duplicate classifies asynq's answer that a task of msg's type and payload holds the
+// uniqueness lock: the event's own task (a redelivery) is delivered; another task's is
+// permanent. A lock that expired between the two answers is an ordinary failure (retried).
+func (p *Publisher) duplicate(ctx context.Context, typ string, msg *message.Message) error {
+	p.locksOnce.Do(func() {
+		c, ok := p.cfg.Redis.MakeRedisClient().(redis.UniversalClient)
+		if !ok {
+			p.locksErr = fmt.Errorf("outbox asynq: %T makes no go-redis client", p.cfg.Redis)
+		}
+		p.locks = c
+	})
+	if p.locksErr != nil {
+		return p.locksErr
+	}
+	holder, err := p.locks.Get(ctx, uniqueKey(p.cfg.Queue, typ, msg.Payload)).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return fmt.Errorf("outbox asynq: enqueue: %w (the uniqueness lock expired before it was read; tried again later)", asynq.ErrDuplicateTask)
+	case err != nil && (unreachable(err) || redisfail.UnavailableReply(err)):
+		return &outbox.UnavailableError{Destination: Destination, Err: fmt.Errorf("outbox asynq: read uniqueness lock: %w", err)}
+	case err != nil:
+		return fmt.Errorf("outbox asynq: read uniqueness lock: %w", err)
+	case holder == msg.UUID:
+		p.conflicts.Add(1)
+		p.logger.Debug("outbox asynq: task enqueued already (a redelivered event), counted as delivered", watermill.LogFields{"task_id": msg.UUID, "task_type": typ})
+		return nil
+	}
+	return outbox.Permanent(fmt.Errorf("%w: task %s of type %q holds the lock", ErrUniqueHeld, holder, typ))
+}
+
+// uniqueKey is the Redis key of asynq's uniqueness lock for a task of queue, type and payload
+// (asynq's internal/base.UniqueKey); its value is the id of the task that holds it.
+func uniqueKey(queue, typ string, payload []byte) string {
+	k := "asynq:{" + queue + "}:unique:" + typ + ":"
+	if payload == nil {
+		return k
+	}
+	sum := md5.Sum(payload)
+	return k + hex.EncodeToString(sum[:])
 }
 
 // unreachable reports whether err says Redis could not be reached or dropped the connection.
@@ -259,6 +336,9 @@ func (p *Publisher) Close() error {
 		return nil
 	}
 	p.closed = true
+	if p.locks != nil {
+		_ = p.locks.Close()
+	}
 	if p.own {
 		if err := p.client.Close(); err != nil {
 			return fmt.Errorf("outbox asynq: close client: %w", err)

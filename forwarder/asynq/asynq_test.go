@@ -37,6 +37,10 @@ func TestConfigValidate(t *testing.T) {
 		{"task id option", outboxasynq.Config{Redis: r, Options: []asynq.Option{asynq.TaskID("x")}}, "asynq.Config.Options[0]"},
 		{"nil option", outboxasynq.Config{Redis: r, Options: []asynq.Option{nil}}, "asynq.Config.Options[0]"},
 		{"timeout option", outboxasynq.Config{Redis: r, Options: []asynq.Option{asynq.Timeout(time.Minute)}}, ""},
+		{"queue option", outboxasynq.Config{Redis: r, Options: []asynq.Option{asynq.Timeout(time.Minute), asynq.Queue("q")}}, "asynq.Config.Options[1]"},
+		{"group option", outboxasynq.Config{Redis: r, Options: []asynq.Option{asynq.Group("g")}}, "asynq.Config.Options[0]"},
+		{"unique with client", outboxasynq.Config{Client: asynq.NewClient(r), Options: []asynq.Option{asynq.Unique(time.Hour)}}, "asynq.Config.Options[0]"},
+		{"unique with redis", outboxasynq.Config{Redis: r, Options: []asynq.Option{asynq.Unique(time.Hour)}}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.cfg.Validate()

@@ -250,3 +250,53 @@ func TestSampledFlagShapes(t *testing.T) {
 		}
 	}
 }
+
+// TestRootSpansIgnoreTheRelaysContext: under Config.RootSpans an event without a (readable)
+// trace context starts a new trace even when the message's context carries a span of the
+// relay's own (its Run context, a middleware's span): each such event has its own trace. They
+// became children of that span, so unrelated events shared one trace — on the per-message and
+// the batch path alike.
+func TestRootSpansIgnoreTheRelaysContext(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
+			sr := tracetest.NewSpanRecorder()
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
+			relayCtx, relaySpan := tp.Tracer("relay").Start(context.Background(), "relay run")
+			defer relaySpan.End()
+			dest, _ := recordingDest()
+			var pub message.Publisher = tracing.Publisher(dest, tracing.Config{TracerProvider: tp, RootSpans: true})
+			if batch {
+				pub = tracing.Publisher(&batchDest{got: map[string]string{}}, tracing.Config{TracerProvider: tp, RootSpans: true})
+			}
+			msgs := []*message.Message{eventMessage("a", nil), eventMessage("b", nil), eventMessage("c", map[string]string{"traceparent": "00-zz-not-a-context"})}
+			for _, m := range msgs {
+				m.SetContext(relayCtx)
+			}
+			if batch {
+				bp := pub.(forwarder.BatchPublisher)
+				out := make([]forwarder.Outgoing, len(msgs))
+				for i, m := range msgs {
+					out[i] = forwarder.Outgoing{Topic: "dest", Message: m}
+				}
+				if errs := bp.PublishBatch(relayCtx, out); errors.Join(errs...) != nil {
+					t.Fatal(errs)
+				}
+			} else if err := pub.Publish("dest", msgs...); err != nil {
+				t.Fatal(err)
+			}
+			seen := map[trace.TraceID]bool{}
+			for _, s := range sr.Ended() {
+				if s.Name() == "relay run" {
+					continue
+				}
+				if s.Parent().IsValid() || s.SpanContext().TraceID() == relaySpan.SpanContext().TraceID() || seen[s.SpanContext().TraceID()] {
+					t.Errorf("span %q: parent %v, trace %s (relay's %s): want a root of a trace of its own", s.Name(), s.Parent().SpanID(), s.SpanContext().TraceID(), relaySpan.SpanContext().TraceID())
+				}
+				seen[s.SpanContext().TraceID()] = true
+			}
+			if len(seen) != len(msgs) {
+				t.Fatalf("%d delivery traces, want %d", len(seen), len(msgs))
+			}
+		})
+	}
+}

@@ -92,7 +92,8 @@ type Config struct {
 	UnsampledSpans bool
 	// RootSpans starts a delivery span, a new trace, for an event that carries no trace
 	// context (written without PublisherConfig.InjectHeaders, or outside any span), subject
-	// to the TracerProvider's sampler. Default false: such an event gets no span and no trace
+	// to the TracerProvider's sampler. The span is a root even when the message's context
+	// carries a span of the relay's own: each such event has a trace of its own. Default false: such an event gets no span and no trace
 	// headers. A recorded span costs the relay 6-10 µs of CPU, a quarter or more of its own
 	// work per event (README, "What tracing and metrics cost"): turn this on with a sampler
 	// that records a fraction (sdktrace.TraceIDRatioBased).
@@ -192,8 +193,9 @@ func (p *tracedPublisher) parent(ctx context.Context, md message.Metadata) (cont
 		return ctx, false
 	}
 	if !p.hasContext(md) {
-		return ctx, true // a root span (Config.RootSpans)
+		return rootOf(ctx), true // a root span (Config.RootSpans)
 	}
+	ctx = rootOf(ctx) // unreadable headers must not leave the relay's span as the parent
 	pctx := p.prop.Extract(ctx, propagation.MapCarrier(md))
 	sc := trace.SpanContextFromContext(pctx)
 	switch {
@@ -203,6 +205,16 @@ func (p *tracedPublisher) parent(ctx context.Context, md message.Metadata) (cont
 		return ctx, false
 	}
 	return pctx, true
+}
+
+// rootOf returns ctx without its span, so that a span started from it begins a new trace: a
+// root span (Config.RootSpans) must not become a child of whatever span the relay's own
+// context carries (its Run context, a middleware's span), or unrelated events share one trace.
+func rootOf(ctx context.Context) context.Context {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return ctx
+	}
+	return trace.ContextWithSpanContext(ctx, trace.SpanContext{})
 }
 
 // traceparentSampled reads the sampled flag of a W3C traceparent of version 00

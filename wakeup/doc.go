@@ -1,5 +1,5 @@
 // Package wakeup makes outbox relays poll right after events commit instead of waiting for
-// their next poll (SPEC §7). Polling stays the safety net: a lost signal only delays delivery
+// their next poll. Polling stays the safety net: a lost signal only delays delivery
 // until the relay's next PollInterval.
 //
 // One value serves both sides. The writer side signals the topics a transaction wrote, after

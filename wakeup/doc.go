@@ -8,7 +8,7 @@
 // each subscription polls on "signal or PollInterval, whichever comes first", and only for
 // signals of topics it serves.
 //
-//	w := wakeup.NewInProcess(nil) // or pgnotify.New, redispubsub.New, amqpfanout.New, kafkasignal.New
+//	w := wakeup.NewInProcess() // or pgnotify.New, redispubsub.New, amqpfanout.New, kafkasignal.New
 //	defer w.Close()
 //	sub, _ := outbox.NewSubscriber(pool, outbox.SubscriberConfig{Wakeup: w}, logger)
 //	err := wakeup.RunInTx(ctx, pool, w, outbox.PublisherConfig{}, func(tx pgx.Tx, pub *outbox.Publisher) error {

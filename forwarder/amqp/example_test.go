@@ -19,10 +19,13 @@ import (
 // Relay the outbox to RabbitMQ with publisher confirms: with the default exchange ("") each
 // event goes to the queue named after its topic (Config.Exchange and Config.RoutingKey change
 // that). Messages are persistent and mandatory: an event no queue takes is retried, not lost.
-// RabbitMQ at 127.0.0.1:5672.
+// RabbitMQ at 127.0.0.1:5672 (or OUTBOX_TEST_AMQP_URL).
 func ExampleNewPublisher() {
 	ctx := context.Background()
-	const url = "amqp://guest:guest@127.0.0.1:5672/"
+	url := os.Getenv("OUTBOX_TEST_AMQP_URL")
+	if url == "" {
+		url = "amqp://guest:guest@127.0.0.1:5672/"
+	}
 	conn, err := amqp091.Dial(url)
 	if err != nil {
 		panic(err)

@@ -18,10 +18,14 @@ import (
 
 // Relay the outbox's task events to asynq: an event of topic "task.email:welcome" becomes a
 // task of type "email:welcome" whose id is the event id, so a redelivered event does not
-// enqueue the task twice. Redis at 127.0.0.1:6379.
+// enqueue the task twice. Redis at 127.0.0.1:6379 (or OUTBOX_TEST_REDIS_ADDR).
 func ExampleNewPublisher() {
 	ctx := context.Background()
-	redisOpt := asynq.RedisClientOpt{Addr: "127.0.0.1:6379"}
+	addr := os.Getenv("OUTBOX_TEST_REDIS_ADDR")
+	if addr == "" {
+		addr = "127.0.0.1:6379"
+	}
+	redisOpt := asynq.RedisClientOpt{Addr: addr}
 	queue := fmt.Sprintf("example-%d", time.Now().UnixNano()) // a queue of its own
 	inspector := asynq.NewInspector(redisOpt)
 	defer inspector.Close()

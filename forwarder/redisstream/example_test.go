@@ -18,11 +18,15 @@ import (
 
 // Relay the outbox to Redis Streams: each event is appended to the stream named after its
 // topic (Config.Stream sends everything to one stream), with the fields payload, metadata,
-// topic and, for ordered events, ordering_key. Redis at 127.0.0.1:6379.
+// topic and, for ordered events, ordering_key. Redis at 127.0.0.1:6379 (or OUTBOX_TEST_REDIS_ADDR).
 func ExampleNewPublisher() {
 	ctx := context.Background()
+	addr := os.Getenv("OUTBOX_TEST_REDIS_ADDR")
+	if addr == "" {
+		addr = "127.0.0.1:6379"
+	}
 	stream := fmt.Sprintf("orders.created.example-%d", time.Now().UnixNano()) // a topic of its own
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
 	defer rdb.Del(ctx, stream)
 
@@ -41,7 +45,7 @@ func ExampleNewPublisher() {
 		panic(err)
 	}
 
-	pub, err := redisstream.NewPublisher(redisstream.Config{Options: &redis.Options{Addr: "127.0.0.1:6379"}}, nil)
+	pub, err := redisstream.NewPublisher(redisstream.Config{Options: &redis.Options{Addr: addr}}, nil)
 	if err != nil {
 		panic(err)
 	}

@@ -6,9 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // docProgram is a ```go block of a Markdown file that is a whole program.
@@ -67,17 +69,7 @@ func docPrograms(t *testing.T, files []string) []docProgram {
 // cannot drift from the API. Each program is written into a temporary directory inside the
 // module tree (its name starts with '_', so ./... patterns never see it) and removed after.
 func TestDocsProgramsCompile(t *testing.T) {
-	files := []string{"README.md"}
-	err := filepath.WalkDir("docs", func(path string, d os.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && strings.HasSuffix(path, ".md") {
-			files = append(files, path)
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	progs := docPrograms(t, files)
+	progs := docPrograms(t, docFiles(t))
 	if len(progs) == 0 {
 		t.Fatal("no whole program found in README.md and docs/: the README quick start must be one")
 	}
@@ -125,4 +117,85 @@ func TestDocsProgramsCompile(t *testing.T) {
 		t.Fatalf("go vet of the documentation's programs: %v\n%s", err, msg)
 	}
 	t.Logf("%d programs compiled and vetted", len(progs))
+}
+
+// docFiles returns README.md and every Markdown file below docs/.
+func docFiles(t *testing.T) []string {
+	t.Helper()
+	files := []string{"README.md"}
+	err := filepath.WalkDir("docs", func(path string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(path, ".md") {
+			files = append(files, path)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+var (
+	mdFence   = regexp.MustCompile("(?s)```.*?```")
+	mdHeading = regexp.MustCompile(`(?m)^#+ (.*)$`)
+	mdLink    = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+)
+
+// headingAnchor is the anchor GitHub gives a Markdown heading: lower case, punctuation other
+// than '-' and '_' dropped, spaces as '-'.
+func headingAnchor(h string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(h)) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// TestDocsLinks checks every relative link of README.md and docs/**/*.md: the file it names
+// exists, and so does the heading its #anchor names.
+func TestDocsLinks(t *testing.T) {
+	files := docFiles(t)
+	anchors := map[string]map[string]bool{}
+	text := map[string]string{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text[f] = string(b)
+		anchors[f] = map[string]bool{}
+		for _, m := range mdHeading.FindAllStringSubmatch(mdFence.ReplaceAllString(string(b), ""), -1) {
+			anchors[f][headingAnchor(m[1])] = true
+		}
+	}
+	links := 0
+	for _, f := range files {
+		for _, m := range mdLink.FindAllStringSubmatch(mdFence.ReplaceAllString(text[f], ""), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			links++
+			path, anchor, _ := strings.Cut(target, "#")
+			file := f
+			if path != "" {
+				file = filepath.Clean(filepath.Join(filepath.Dir(f), path))
+				if _, err := os.Stat(file); err != nil {
+					t.Errorf("%s: link %q: %v", f, target, err)
+					continue
+				}
+			}
+			if anchor != "" && (anchors[file] == nil || !anchors[file][anchor]) {
+				t.Errorf("%s: link %q: no heading with anchor %q in %s", f, target, anchor, file)
+			}
+		}
+	}
+	if links == 0 {
+		t.Fatal("no relative links found: the README links the pages of docs/")
+	}
 }

@@ -36,8 +36,8 @@
 //
 // # Failure classes
 //
-// A destination says what kind of failure it met (outbox.ErrUnavailable, outbox.ErrPermanent,
-// SPEC §4.1a), and the outbox Subscriber acts on it: unavailable — the destination cannot be
+// A destination says what kind of failure it met (outbox.ErrUnavailable, outbox.ErrPermanent),
+// and the outbox Subscriber acts on it: unavailable — the destination cannot be
 // reached or refuses service as a whole — counts no attempt and pauses the destination;
 // permanent — this event can never be delivered as it is — dead-letters the event at once;
 // anything else is retried with backoff up to MaxAttempts. The destinations of this module map

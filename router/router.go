@@ -1,5 +1,5 @@
 // Package router is a Watermill message.Publisher that sends each message to the publisher of
-// its topic (SPEC §6): an exact topic route first, otherwise the first matching pattern route in
+// its topic: an exact topic route first, otherwise the first matching pattern route in
 // declared order, otherwise the default. A topic that no route takes is an error (ErrNoRoute),
 // so an outbox event with such a topic is retried and dead-lettered, never marked delivered.
 //

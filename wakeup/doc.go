@@ -1,5 +1,5 @@
 // Package wakeup makes outbox relays poll right after events commit instead of waiting for
-// their next poll (SPEC §7). Polling stays the safety net: a lost signal only delays delivery
+// their next poll. Polling stays the safety net: a lost signal only delays delivery
 // until the relay's next PollInterval.
 //
 // One value serves both sides. The writer side signals the topics a transaction wrote, after
@@ -8,7 +8,7 @@
 // each subscription polls on "signal or PollInterval, whichever comes first", and only for
 // signals of topics it serves.
 //
-//	w := wakeup.NewInProcess(nil) // or pgnotify.New, redispubsub.New, amqpfanout.New, kafkasignal.New
+//	w := wakeup.NewInProcess() // or pgnotify.New, redispubsub.New, amqpfanout.New, kafkasignal.New
 //	defer w.Close()
 //	sub, _ := outbox.NewSubscriber(pool, outbox.SubscriberConfig{Wakeup: w}, logger)
 //	err := wakeup.RunInTx(ctx, pool, w, outbox.PublisherConfig{}, func(tx pgx.Tx, pub *outbox.Publisher) error {

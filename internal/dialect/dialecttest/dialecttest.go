@@ -1,0 +1,101 @@
+// Package dialecttest is the contract suite every dialect.Dialect passes unchanged, in the
+// manner of River's riverdrivertest: Run exercises each operation of the Dialect and Relay
+// interfaces on a real database through a Harness and asserts the exact rows and values the
+// interface documents. A dialect's own package runs it from its tests, once per way of
+// connecting (pgx, database/sql, a transaction-mode pooler …).
+//
+// Time-dependent checks never sleep: leases, due times and ages are moved into the past with
+// the harness's own SQL (Harness.At).
+package dialecttest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/watermill-outbox/outbox/internal/dialect"
+)
+
+// Harness is what the suite needs of one database and one way of connecting to it.
+type Harness struct {
+	// Dialect is the dialect under test.
+	Dialect dialect.Dialect
+	// Ex is the relay's own handle (a pool): claims, marks and operations run on it.
+	Ex dialect.Executor
+	// Raw runs the suite's own SQL: double-quoted identifiers and $1, $2 … placeholders.
+	// It may be Ex when the database takes that SQL.
+	Raw dialect.Executor
+	// Table returns a fresh table config for t (a unique name, not yet created; the table is
+	// dropped when t ends).
+	Table func(t *testing.T) *dialect.Table
+	// InTx runs fn in a transaction, committed when fn returns nil and rolled back otherwise
+	// (nil: dialect.WithTx on Ex).
+	InTx func(ctx context.Context, fn func(ex dialect.Executor) error) error
+	// At returns an SQL expression (no parameters) of the time columns' value d from now on
+	// the dialect's clock (negative d: in the past).
+	At func(d time.Duration) string
+	// TextType is the DDL type of a nullable text extra column ("text", "VARCHAR(64) NULL").
+	TextType string
+}
+
+// Pgx is the dialect.Executor of a pgx handle (pgx.Tx, *pgx.Conn, *pgxpool.Pool), for
+// harnesses: the outbox's own lives in the root package.
+type Pgx struct {
+	D interface {
+		Exec(ctx context.Context, sql string, arguments ...any) (pgconn.CommandTag, error)
+		Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	}
+	Tx bool
+}
+
+// Query implements dialect.Executor.
+func (e Pgx) Query(ctx context.Context, q string, args ...any) (dialect.Rows, error) {
+	r, err := e.D.Query(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Exec implements dialect.Executor.
+func (e Pgx) Exec(ctx context.Context, q string, args ...any) (int64, error) {
+	tag, err := e.D.Exec(ctx, q, args...)
+	return tag.RowsAffected(), err
+}
+
+// InTx implements dialect.Executor.
+func (e Pgx) InTx() bool { return e.Tx }
+
+// OneShot implements dialect.Executor: pgx's QueryExecModeExec before args.
+func (e Pgx) OneShot(args []any) []any { return append([]any{pgx.QueryExecModeExec}, args...) }
+
+// Handle implements dialect.Executor.
+func (e Pgx) Handle() any { return e.D }
+
+// Run runs the whole suite on h, one subtest per area.
+func Run(t *testing.T, h Harness) {
+	s := &suite{h: h}
+	t.Run("Schema", s.schema)
+	t.Run("ScopeMigration", s.scopeMigration)
+	t.Run("Insert", s.insertRows)
+	t.Run("InsertIdempotent", s.insertIdempotent)
+	t.Run("InsertExtra", s.insertExtra)
+	t.Run("InsertScoped", s.insertScoped)
+	t.Run("ClaimFilters", s.claimFilters)
+	t.Run("ClaimPausedAndProbe", s.claimPaused)
+	t.Run("ClaimKeyOrder", s.claimKeyOrder)
+	t.Run("ClaimRuns", s.claimRuns)
+	t.Run("ClaimBatch", s.claimBatch)
+	t.Run("LeaseExpiryAndFencing", s.leaseExpiry)
+	t.Run("Renew", s.renew)
+	t.Run("MarkFailures", s.markFailures)
+	t.Run("MarkUnavailableAbandoned", s.markUnavailable)
+	t.Run("TakeBack", s.takeBack)
+	t.Run("DeadLetters", s.deadLetters)
+	t.Run("PurgeDeadReleasesKey", s.purgeKeyed)
+	t.Run("Cleanup", s.cleanup)
+	t.Run("Backlog", s.backlog)
+}

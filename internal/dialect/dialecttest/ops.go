@@ -1,0 +1,240 @@
+package dialecttest
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/watermill-outbox/outbox/internal/dialect"
+)
+
+// deadLetter inserts rows and dead-letters them (a permanent failure, error "boom").
+func (s *suite) deadLetter(t *testing.T, tb *dialect.Table, rows ...dialect.InsertRow) []int64 {
+	t.Helper()
+	seq := s.insert(t, tb, rows...)
+	r := s.h.Dialect.NewRelay(tb, cfg(100, 100), all)
+	wantSeqs(t, "dead-letter setup", s.claimP(t, r, &dialect.ClaimParams{Token: "dl", Limit: 100, Oldest: 100}), seq...)
+	if res := s.mark(t, r, fail("dl", true, seq...)); len(res) != len(seq) {
+		t.Fatalf("dead-lettered %d of %d", len(res), len(seq))
+	}
+	return seq
+}
+
+// deadLetters: ListDead, RetryDead and PurgeDead by topic (exact, prefix), by id and by age; no
+// topic and no id selects nothing.
+func (s *suite) deadLetters(t *testing.T) {
+	ctx := context.Background()
+	d := s.h.Dialect
+	tb := s.table(t)
+	rows := []dialect.InsertRow{ev("d.a", "", "ik"), ev("d.a", "", ""), ev("d.b", "", ""), ev("e", "", "")}
+	seq := s.deadLetter(t, tb, rows...)
+	live := s.insert(t, tb, ev("d.a", "", ""))[0]
+	s.backdate(t, tb, "dead_lettered_at", 2*time.Hour, seq[3])
+	s.backdate(t, tb, "dead_lettered_at", time.Hour, seq[2])
+	exact := func(v string) dialect.Topic { return dialect.Topic{Value: v} }
+	prefix := func(v string) dialect.Topic { return dialect.Topic{Prefix: true, Value: v} }
+	list := func(f dialect.DeadFilter, limit int) []int64 {
+		t.Helper()
+		got, err := d.ListDead(ctx, s.h.Ex, tb, f, limit)
+		if err != nil {
+			t.Fatalf("ListDead(%+v): %v", f, err)
+		}
+		out := make([]int64, len(got))
+		for i, g := range got {
+			out[i] = g.Sequence
+		}
+		return out
+	}
+	cases := []struct {
+		name  string
+		f     dialect.DeadFilter
+		limit int
+		want  []int64 // in order: dead_lettered_at, then sequence
+	}{
+		{"nothing", dialect.DeadFilter{}, 10, nil},
+		{"exact", dialect.DeadFilter{Topics: []dialect.Topic{exact("d.a")}}, 10, seq[:2]},
+		{"prefix", dialect.DeadFilter{Topics: []dialect.Topic{prefix("d.")}}, 10, []int64{seq[2], seq[0], seq[1]}},
+		{"all", dialect.DeadFilter{Topics: []dialect.Topic{{All: true}}}, 10, []int64{seq[3], seq[2], seq[0], seq[1]}},
+		{"limit", dialect.DeadFilter{Topics: []dialect.Topic{{All: true}}}, 2, []int64{seq[3], seq[2]}},
+		{"ids", dialect.DeadFilter{IDs: []string{rows[1].ID, rows[3].ID, uuid.NewString()}}, 10, []int64{seq[3], seq[1]}},
+		{"topic or id", dialect.DeadFilter{Topics: []dialect.Topic{exact("d.b")}, IDs: []string{rows[0].ID}}, 10, []int64{seq[2], seq[0]}},
+		{"older than 90m", dialect.DeadFilter{Topics: []dialect.Topic{{All: true}}, OlderThan: 90 * time.Minute}, 10, []int64{seq[3]}},
+		{"older than 30m", dialect.DeadFilter{Topics: []dialect.Topic{{All: true}}, OlderThan: 30 * time.Minute}, 10, []int64{seq[3], seq[2]}},
+		{"older, by id", dialect.DeadFilter{IDs: []string{rows[0].ID, rows[3].ID}, OlderThan: 30 * time.Minute}, 10, []int64{seq[3]}},
+	}
+	for _, c := range cases {
+		if got := list(c.f, c.limit); !slices.Equal(got, c.want) {
+			t.Errorf("ListDead %s = %v, want %v", c.name, got, c.want)
+		}
+	}
+	full, err := d.ListDead(ctx, s.h.Ex, tb, dialect.DeadFilter{IDs: []string{rows[0].ID}}, 10)
+	if err != nil || len(full) != 1 {
+		t.Fatalf("ListDead by id: %v, %v", full, err)
+	}
+	if g := full[0]; g.ID != rows[0].ID || g.Topic != "d.a" || string(g.Payload) != `{"n":1}` || g.Headers != `{"h":"v"}` || g.OrderingKey != nil ||
+		strOf(g.IdempotencyKey) != "ik" || g.CreatedAt.IsZero() || g.Attempts != 1 || strOf(g.LastError) != "boom" || g.DeadLetteredAt.IsZero() ||
+		g.DeadLetteredAt.Before(g.CreatedAt) {
+		t.Fatalf("ListDead row %+v", g)
+	}
+
+	n, err := d.RetryDead(ctx, s.h.Ex, tb, dialect.DeadFilter{Topics: []dialect.Topic{exact("d.a")}, OlderThan: 30 * time.Minute})
+	if err != nil || n != 0 {
+		t.Fatalf("RetryDead of recent d.a = %d, %v; want 0", n, err)
+	}
+	if n, err = d.RetryDead(ctx, s.h.Ex, tb, dialect.DeadFilter{Topics: []dialect.Topic{exact("d.a")}}); err != nil || n != 2 {
+		t.Fatalf("RetryDead d.a = %d, %v; want 2", n, err)
+	}
+	for _, sq := range seq[:2] {
+		if g := s.get(t, tb, sq); g.Dead || g.Attempts != 0 || g.Leased || g.Published {
+			t.Fatalf("retried row %v, want pending with no attempts", g)
+		}
+	}
+	r := d.NewRelay(tb, cfg(10, 10), all)
+	wantSeqs(t, "retried events are due at once", s.claim(t, r, 10, "after-retry"), seq[0], seq[1], live)
+	if n, err = d.PurgeDead(ctx, s.h.Ex, tb, dialect.DeadFilter{Topics: []dialect.Topic{prefix("d.")}, OlderThan: 90 * time.Minute}); err != nil || n != 0 {
+		t.Fatalf("PurgeDead of recent d.* = %d, %v; want 0", n, err)
+	}
+	if n, err = d.PurgeDead(ctx, s.h.Ex, tb, dialect.DeadFilter{IDs: []string{rows[2].ID, rows[0].ID}}); err != nil || n != 1 {
+		t.Fatalf("PurgeDead by id = %d, %v; want 1 (the other is no longer dead)", n, err)
+	}
+	if n, err = d.PurgeDead(ctx, s.h.Ex, tb, dialect.DeadFilter{}); err != nil || n != 0 {
+		t.Fatalf("PurgeDead with no filter = %d, %v; want 0", n, err)
+	}
+	var left []int64
+	for _, g := range s.rows(t, tb) {
+		left = append(left, g.Seq)
+	}
+	if want := []int64{seq[0], seq[1], seq[3], live}; !slices.Equal(left, want) {
+		t.Fatalf("rows after purge %v, want %v", left, want)
+	}
+}
+
+// purgeKeyed: retrying or purging a key's dead-lettered head lets its successors be claimed
+// again, in order.
+func (s *suite) purgeKeyed(t *testing.T) {
+	ctx := context.Background()
+	d := s.h.Dialect
+	for _, op := range []string{"purge", "retry"} {
+		t.Run(op, func(t *testing.T) {
+			tb := s.table(t)
+			r := d.NewRelay(tb, cfg(10, 10), all)
+			seq := s.insert(t, tb, ev("a", "k", ""), ev("a", "k", ""), ev("a", "k", ""))
+			wantSeqs(t, "run", s.claim(t, r, 10, "p1"), seq...)
+			s.mark(t, r, &dialect.MarkParams{Token: "p1", Released: seq[1:]})
+			s.mark(t, r, fail("p1", true, seq[0]))
+			wantSeqs(t, "behind the dead letter", s.claim(t, r, 10, "p2"), nil...)
+			f := dialect.DeadFilter{Topics: []dialect.Topic{{Value: "a"}}}
+			var n int64
+			var err error
+			want := seq
+			if op == "purge" {
+				n, err = d.PurgeDead(ctx, s.h.Ex, tb, f)
+				want = seq[1:]
+			} else {
+				n, err = d.RetryDead(ctx, s.h.Ex, tb, f)
+			}
+			if err != nil || n != 1 {
+				t.Fatalf("%s = %d, %v; want 1", op, n, err)
+			}
+			wantSeqs(t, "after "+op, s.claim(t, r, 10, "p3"), want...)
+		})
+	}
+}
+
+// cleanup deletes published (or dead-lettered) events older than the age, batch by batch,
+// never pending ones.
+func (s *suite) cleanup(t *testing.T) {
+	ctx := context.Background()
+	d := s.h.Dialect
+	tb := s.table(t)
+	r := d.NewRelay(tb, cfg(10, 10), all)
+	pub := s.insert(t, tb, ev("a", "", ""), ev("a", "k", ""), ev("a", "", ""), ev("a", "", ""))
+	wantSeqs(t, "publish", s.claim(t, r, 10, "c1"), pub...)
+	s.mark(t, r, &dialect.MarkParams{Token: "c1", Acked: pub})
+	dead := s.deadLetter(t, tb, ev("a", "", ""), ev("a", "", ""), ev("a", "", ""))
+	pending := s.insert(t, tb, ev("a", "", ""))
+	s.backdate(t, tb, "published_at", 2*time.Hour, pub[:3]...)
+	s.backdate(t, tb, "dead_lettered_at", 2*time.Hour, dead[:2]...)
+	for _, step := range []struct {
+		column string
+		batch  int
+		want   int64
+	}{{"published_at", 2, 2}, {"published_at", 2, 1}, {"published_at", 2, 0}, {"dead_lettered_at", 1, 1}, {"dead_lettered_at", 5, 1}, {"dead_lettered_at", 5, 0}} {
+		n, err := d.Cleanup(ctx, s.h.Ex, tb, step.column, time.Hour, step.batch)
+		if err != nil || n != step.want {
+			t.Fatalf("Cleanup(%s, 1h, %d) = %d, %v; want %d", step.column, step.batch, n, err, step.want)
+		}
+	}
+	var left []int64
+	for _, g := range s.rows(t, tb) {
+		left = append(left, g.Seq)
+	}
+	if want := []int64{pub[3], dead[2], pending[0]}; !slices.Equal(left, want) {
+		t.Fatalf("rows after Cleanup %v, want %v", left, want)
+	}
+}
+
+// backlog: exact counts of pending, dead-lettered, unavailable and held events, the oldest
+// pending event's created_at, per topic and in all.
+func (s *suite) backlog(t *testing.T) {
+	ctx := context.Background()
+	d := s.h.Dialect
+	tb := s.table(t)
+	empty, err := d.Backlog(ctx, s.h.Ex, tb)
+	if err != nil || empty.Pending != 0 || empty.DeadLettered != 0 || !empty.Oldest.IsZero() || empty.Now.IsZero() {
+		t.Fatalf("empty Backlog = %+v, %v", empty, err)
+	}
+	dead := s.deadLetter(t, tb, ev("b", "", ""), ev("a", "dk", ""))
+	r := d.NewRelay(tb, cfg(10, 10), all)
+	seq := s.insert(t, tb,
+		ev("a", "", ""),   // 0 published
+		ev("a", "", ""),   // 1 unavailable
+		ev("a", "k", ""),  // 2 failed head of k
+		ev("b", "k", ""),  // 3 held behind it
+		ev("a", "k", ""),  // 4 held behind it
+		ev("b", "", ""),   // 5 pending
+		ev("a", "dk", ""), // 6 held behind the dead letter
+	)
+	wantSeqs(t, "setup", s.claim(t, r, 10, "b1"), seq[:6]...)
+	s.mark(t, r, &dialect.MarkParams{Token: "b1", Acked: seq[:1], Unavailable: seq[1:2], Notes: []string{"unavailable: down"}, Keep: []bool{false},
+		Released: []int64{seq[3], seq[4], seq[5]}})
+	s.mark(t, r, fail("b1", false, seq[2]))
+	var oldest []time.Time
+	rs, err := s.h.Raw.Query(ctx, `SELECT "created_at" FROM `+dialect.DoubleQuote(tb.Parts...)+` WHERE "sequence" = $1`, seq[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rs.Next() {
+		var v dialect.Time
+		if err := rs.Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		oldest = append(oldest, time.Time(v))
+	}
+	rs.Close()
+	b, err := d.Backlog(ctx, s.h.Ex, tb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Pending != 6 || b.DeadLettered != 2 || b.Unavailable != 1 || b.Held != 3 || len(oldest) != 1 || !b.Oldest.Equal(oldest[0]) || b.Now.IsZero() {
+		t.Fatalf("Backlog = %+v; want pending 6, dead 2, unavailable 1, held 3, oldest %v", b, oldest)
+	}
+	_ = dead
+	by, err := d.BacklogByTopic(ctx, s.h.Ex, tb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(by) != 2 || by[0].Topic != "a" || by[1].Topic != "b" {
+		t.Fatalf("BacklogByTopic = %+v, want a and b", by)
+	}
+	a, bb := by[0], by[1]
+	if a.Pending != 4 || a.DeadLettered != 1 || a.Unavailable != 1 || a.Held != 2 || !a.Oldest.Equal(oldest[0]) {
+		t.Errorf("topic a = %+v; want pending 4, dead 1, unavailable 1, held 2", a)
+	}
+	if bb.Pending != 2 || bb.DeadLettered != 1 || bb.Unavailable != 0 || bb.Held != 1 {
+		t.Errorf("topic b = %+v; want pending 2, dead 1, unavailable 0, held 1", bb)
+	}
+}

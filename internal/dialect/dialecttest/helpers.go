@@ -91,6 +91,16 @@ func (s *suite) insert(t *testing.T, tb *dialect.Table, rows ...dialect.InsertRo
 	return out
 }
 
+// insertN writes n unordered events of topic "a" and returns their sequences.
+func (s *suite) insertN(t *testing.T, tb *dialect.Table, n int) []int64 {
+	t.Helper()
+	rows := make([]dialect.InsertRow, n)
+	for i := range rows {
+		rows[i] = ev("a", "", "")
+	}
+	return s.insert(t, tb, rows...)
+}
+
 // row is one stored event's state as the suite reads it with its own SQL.
 type row struct {
 	Seq       int64
@@ -262,5 +272,20 @@ func text(v any) string {
 		return x
 	default:
 		return fmt.Sprint(x)
+	}
+}
+
+// expect fails t unless ok, except for a check the harness lists as a known deviation: that
+// one is logged while it fails and fails once it passes.
+func (s *suite) expect(t *testing.T, check string, ok bool, format string, args ...any) {
+	t.Helper()
+	why, known := s.h.Deviations[check]
+	switch {
+	case ok && known:
+		t.Errorf("check %s passes: remove it from Harness.Deviations (%s)", check, why)
+	case !ok && known:
+		t.Logf("known deviation %s (%s): "+format, append([]any{check, why}, args...)...)
+	case !ok:
+		t.Fatalf(format, args...)
 	}
 }

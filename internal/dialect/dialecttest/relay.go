@@ -304,7 +304,7 @@ func (s *suite) markUnavailable(t *testing.T) {
 // exact token shape.
 func (s *suite) takeBack(t *testing.T) {
 	tb := s.table(t)
-	seq := s.insertN(t, tb, 8)
+	seq := s.insertN(t, tb, 10)
 	set := func(seq int64, token string, d time.Duration) {
 		s.exec(t, tb, `UPDATE {t} SET "leased_by" = $1, "lease_until" = `+s.h.At(d)+` WHERE "sequence" = $2`, token, seq)
 	}
@@ -316,6 +316,9 @@ func (s *suite) takeBack(t *testing.T) {
 	set(seq[5], "relay#0123456789ab#2", -time.Hour) // expired
 	set(seq[6], "relay#0123456789abc#1", time.Hour) // 13 hex digits
 	set(seq[7], "relay#0123456789ab#12", time.Hour) // an earlier relay: taken back
+	set(seq[8], "relay#0123456789ab#4", time.Hour)  // an earlier relay's, but dead-lettered
+	s.exec(t, tb, `UPDATE {t} SET "dead_lettered_at" = `+s.h.At(0)+` WHERE "sequence" = $1`, seq[8])
+	set(seq[9], "relay#0123456789ab#3x", time.Hour) // not only digits after '#'
 	n, err := s.h.Dialect.TakeBack(context.Background(), s.h.Ex, tb, "relay#", "relay#bbbbbbbbbbbb#")
 	if err != nil || n != 2 {
 		t.Fatalf("TakeBack = %d, %v; want 2", n, err)

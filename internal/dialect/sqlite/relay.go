@@ -265,6 +265,6 @@ func (Dialect) TakeBack(ctx context.Context, ex dialect.Executor, t *dialect.Tab
 	q := fmt.Sprintf(`UPDATE %s SET "lease_until" = NULL, "leased_by" = NULL
 WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "lease_until" > $3
 AND substr("leased_by", 1, length($1)) = $1 AND substr("leased_by", 1, length($2)) <> $2
-AND substr("leased_by", length($1) + 1) GLOB '%s#[0-9]*'`, quote(t), hex)
+AND substr("leased_by", length($1) + 1) GLOB '%s#[0-9]*' AND substr("leased_by", length($1) + 15) NOT GLOB '*[^0-9]*'`, quote(t), hex)
 	return execInTurn(ctx, ex, q, name, tokenPrefix, micros(time.Now()))
 }

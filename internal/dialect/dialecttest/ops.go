@@ -112,12 +112,12 @@ func (s *suite) deadLetters(t *testing.T) {
 	}
 }
 
-// purgeKeyed: retrying or purging a key's dead-lettered head lets its successors be claimed
+// purgeKeyed: retrying, purging or cleaning up a key's dead-lettered head lets its successors be claimed
 // again, in order.
 func (s *suite) purgeKeyed(t *testing.T) {
 	ctx := context.Background()
 	d := s.h.Dialect
-	for _, op := range []string{"purge", "retry"} {
+	for _, op := range []string{"purge", "retry", "cleanup"} {
 		t.Run(op, func(t *testing.T) {
 			tb := s.table(t)
 			r := d.NewRelay(tb, cfg(10, 10), all)
@@ -130,11 +130,16 @@ func (s *suite) purgeKeyed(t *testing.T) {
 			var n int64
 			var err error
 			want := seq
-			if op == "purge" {
+			switch op {
+			case "purge":
 				n, err = d.PurgeDead(ctx, s.h.Ex, tb, f)
 				want = seq[1:]
-			} else {
+			case "retry":
 				n, err = d.RetryDead(ctx, s.h.Ex, tb, f)
+			default:
+				s.backdate(t, tb, "dead_lettered_at", 2*time.Hour, seq[0])
+				n, err = d.Cleanup(ctx, s.h.Ex, tb, "dead_lettered_at", time.Hour, 10)
+				want = seq[1:]
 			}
 			if err != nil || n != 1 {
 				t.Fatalf("%s = %d, %v; want 1", op, n, err)

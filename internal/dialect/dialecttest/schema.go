@@ -31,6 +31,22 @@ func (s *suite) schema(t *testing.T) {
 		t.Fatalf("after insert: %d rows, sequence %d", got, seq[0])
 	}
 
+	// Migrate adds an extra column an existing table lacks.
+	grown := *tb
+	grown.Extra = []dialect.Column{{Name: "tenant", Type: s.h.TextType}}
+	if err := d.Migrate(ctx, s.h.Ex, &grown); err != nil {
+		t.Fatalf("Migrate with a new extra column: %v", err)
+	}
+	x := ev("a", "", "")
+	x.Extra = ptr(`{"tenant":"t1"}`)
+	if _, err := s.insertRes(t, &dialect.InsertParams{Table: &grown, Rows: []dialect.InsertRow{x}, ExtraNames: []string{"tenant"}}); err != nil {
+		t.Fatalf("Insert into the added column: %v", err)
+	}
+	evs := s.claim(t, d.NewRelay(&grown, cfg(10, 10), all), 10, "grown")
+	if len(evs) != 2 || len(evs[0].Extra) != 1 {
+		t.Fatalf("claimed %+v from the grown table, want 2 events with the extra column", evs)
+	}
+
 	st := s.h.Table(t)
 	stmts := d.Statements(st)
 	if len(stmts) == 0 {
@@ -116,6 +132,18 @@ func (s *suite) insertRows(t *testing.T) {
 		}
 		if i > 0 && g.Sequence <= st[i-1].Sequence {
 			t.Errorf("sequences not ascending in input order: %d after %d", g.Sequence, st[i-1].Sequence)
+		}
+	}
+	evs := s.claim(t, s.h.Dialect.NewRelay(tb, cfg(10, 10), all), 10, "read")
+	if len(evs) != len(rows) {
+		t.Fatalf("claimed %d events, want %d", len(evs), len(rows))
+	}
+	slices.SortFunc(evs, func(x, y dialect.Claimed) int { return int(x.Sequence - y.Sequence) })
+	for i, e := range evs {
+		r, g := rows[i], st[i]
+		if e.Sequence != g.Sequence || e.ID != r.ID || e.Topic != r.Topic || string(e.Payload) != string(r.Payload) || e.Headers != r.Headers ||
+			strOf(e.OrderingKey) != strOf(r.OrderingKey) || !e.CreatedAt.Equal(g.CreatedAt) || e.Attempts != 0 || e.LastError != nil || e.DeliveryStarts != 1 {
+			t.Errorf("claimed %+v, want the inserted %+v stored as %+v", e, r, g)
 		}
 	}
 	nr, err := s.insertRes(t, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{ev("a", "", ""), ev("a", "k1", "")}, NoReturn: true})

@@ -39,6 +39,9 @@ type Harness struct {
 	At func(d time.Duration) string
 	// TextType is the DDL type of a nullable text extra column ("text", "VARCHAR(64) NULL").
 	TextType string
+	// Listen (Capabilities.Notify) listens on channel until t ends and delivers each
+	// notification's payload in order.
+	Listen func(t *testing.T, channel string) <-chan string
 	// Deviations are the suite's checks (by name) this dialect is known to fail, each with
 	// the reason: such a check logs its failure instead of failing, and fails once it passes
 	// (remove the entry then). Names: "ClaimLimit".
@@ -88,9 +91,11 @@ func Run(t *testing.T, h Harness) {
 	t.Run("InsertIdempotent", s.insertIdempotent)
 	t.Run("InsertExtra", s.insertExtra)
 	t.Run("InsertScoped", s.insertScoped)
+	t.Run("InsertNotify", s.insertNotify)
 	t.Run("ClaimFilters", s.claimFilters)
 	t.Run("ClaimPausedAndProbe", s.claimPaused)
 	t.Run("ClaimKeyOrder", s.claimKeyOrder)
+	t.Run("ClaimKeyOrderEager", (&suite{h: h, eager: true}).claimKeyOrder)
 	t.Run("ClaimRuns", s.claimRuns)
 	t.Run("ClaimBatch", s.claimBatch)
 	t.Run("ClaimKeyAcrossTopics", s.claimKeyAcrossTopics)

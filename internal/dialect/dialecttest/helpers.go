@@ -13,8 +13,12 @@ import (
 	"github.com/watermill-outbox/outbox/internal/dialect"
 )
 
-// suite is one Run: the harness and the helpers every area shares.
-type suite struct{ h Harness }
+// suite is one Run: the harness and the helpers every area shares. eager sets every claim's
+// Eager and ReadFirst (SQLite's locking variants; other dialects ignore them).
+type suite struct {
+	h     Harness
+	eager bool
+}
 
 // cfg is the relay configuration of the suite's relays: a long lease (expiry is simulated with
 // At), three attempts, retries 1 s · 2^attempts capped at 10 s.
@@ -199,6 +203,7 @@ func (s *suite) claim(t *testing.T, r dialect.Relay, batch int, token string) []
 
 func (s *suite) claimP(t *testing.T, r dialect.Relay, p *dialect.ClaimParams) []dialect.Claimed {
 	t.Helper()
+	p.Eager, p.ReadFirst = s.eager, s.eager
 	res, err := r.Claim(context.Background(), s.h.Ex, p)
 	if err != nil {
 		t.Fatalf("Claim %s: %v", p.Token, err)
@@ -229,6 +234,7 @@ func wantSeqs(t *testing.T, what string, got []dialect.Claimed, want ...int64) {
 // mark runs a Mark and returns its results by sequence.
 func (s *suite) mark(t *testing.T, r dialect.Relay, p *dialect.MarkParams) map[int64]dialect.MarkResult {
 	t.Helper()
+	p.Eager = s.eager
 	res, err := r.Mark(context.Background(), s.h.Ex, p)
 	if err != nil {
 		t.Fatalf("Mark %s: %v", p.Token, err)

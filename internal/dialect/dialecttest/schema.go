@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/watermill-outbox/outbox/internal/dialect"
 )
@@ -290,5 +291,49 @@ func (s *suite) insertScoped(t *testing.T) {
 	res, err := d.ResolveScoped(ctx, s.h.Ex, tb, []dialect.Probe{{Index: 0, Key: "k", Extra: map[string]any{"tenant": "b"}}, {Index: 1, Key: "k", Extra: map[string]any{"tenant": "c"}}})
 	if err != nil || len(res) != 1 || res[0].Index != 0 || res[0].ID != b.ID || !res[0].Same {
 		t.Fatalf("ResolveScoped = %+v, %v; want b's event for probe 0 only", res, err)
+	}
+}
+
+// insertNotify (Capabilities.Notify): a committed Insert announces each distinct topic once,
+// topics longer than MaxNotifyTopicBytes as ""; a rolled-back one announces nothing.
+func (s *suite) insertNotify(t *testing.T) {
+	if !s.h.Dialect.Capabilities().Notify {
+		t.Skip("no Capabilities.Notify")
+	}
+	if s.h.Listen == nil {
+		t.Fatal("the dialect has Capabilities.Notify but the harness no Listen")
+	}
+	ctx := context.Background()
+	tb := s.table(t)
+	channel := tb.Name() + "_n"
+	got := s.h.Listen(t, channel)
+	rollback := errors.New("rollback")
+	err := s.inTx(ctx, func(ex dialect.Executor) error {
+		if _, err := s.h.Dialect.Insert(ctx, ex, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{ev("gone", "", "")}, Notify: channel, MaxNotifyTopicBytes: 5}); err != nil {
+			return err
+		}
+		return rollback
+	})
+	if !errors.Is(err, rollback) {
+		t.Fatal(err)
+	}
+	for _, rows := range [][]dialect.InsertRow{{ev("short", "", ""), ev("short", "k", ""), ev("toolong", "", "")}, {ev("end", "", "")}} {
+		if _, err := s.insertRes(t, &dialect.InsertParams{Table: tb, Rows: rows, Notify: channel, MaxNotifyTopicBytes: 5}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var notes []string
+	deadline := time.After(10 * time.Second)
+	for len(notes) == 0 || notes[len(notes)-1] != "end" {
+		select {
+		case n := <-got:
+			notes = append(notes, n)
+		case <-deadline:
+			t.Fatalf("notifications %q, no \"end\" within 10 s", notes)
+		}
+	}
+	slices.Sort(notes[:len(notes)-1])
+	if want := []string{"", "short", "end"}; !slices.Equal(notes, want) {
+		t.Fatalf("notifications %q, want %q", notes, want)
 	}
 }

@@ -26,10 +26,42 @@ func pgTable(t *testing.T) *dialect.Table {
 	return &dialect.Table{Parts: []string{name}, IndexBase: name, FillFactor: 100, FillDefault: true, LockSeed: 7}
 }
 
+// pgListen listens on channel on a connection of its own, straight to the server (LISTEN
+// needs a session, which a transaction-mode pooler does not keep).
+func pgListen(t *testing.T, channel string) <-chan string {
+	ctx, cancel := context.WithCancel(context.Background())
+	conn, err := pgx.Connect(ctx, pgtest.DSN())
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	out, done := make(chan string, 64), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			n, err := conn.WaitForNotification(ctx)
+			if err != nil {
+				return
+			}
+			out <- n.Payload
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		_ = conn.Close(context.Background())
+	})
+	return out
+}
+
 // pgxHarness runs the suite over a pgx pool.
 func pgxHarness(pool *pgxpool.Pool) dialecttest.Harness {
 	ex := dialecttest.Pgx{D: pool}
-	return dialecttest.Harness{Dialect: Dialect{}, Ex: ex, Raw: ex, Table: pgTable, At: pgAt, TextType: "text",
+	return dialecttest.Harness{Dialect: Dialect{}, Ex: ex, Raw: ex, Table: pgTable, At: pgAt, TextType: "text", Listen: pgListen,
 		InTx: func(ctx context.Context, fn func(dialect.Executor) error) error {
 			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return fn(dialecttest.Pgx{D: tx, Tx: true}) })
 		}}
@@ -38,7 +70,7 @@ func pgxHarness(pool *pgxpool.Pool) dialecttest.Harness {
 // stdHarness runs the suite over database/sql with the pgx stdlib driver.
 func stdHarness(db *sql.DB) dialecttest.Harness {
 	ex := dialect.StdSQL{D: db, Pgx: true}
-	return dialecttest.Harness{Dialect: Dialect{}, Ex: ex, Raw: ex, Table: pgTable, At: pgAt, TextType: "text"}
+	return dialecttest.Harness{Dialect: Dialect{}, Ex: ex, Raw: ex, Table: pgTable, At: pgAt, TextType: "text", Listen: pgListen}
 }
 
 // TestDialectSuitePgx runs the shared dialect suite on PostgreSQL through a pgx pool.

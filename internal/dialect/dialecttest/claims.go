@@ -42,6 +42,16 @@ func (s *suite) claimSkipScan(t *testing.T) {
 	s.mark(t, r, &dialect.MarkParams{Token: "s1", Released: append(append([]int64(nil), seq[1:4]...), seq[5:8]...)})
 	s.mark(t, r, fail("s1", false, seq[0], seq[4]))
 	z := s.insert(t, tb, ev("t", "z", ""))[0]
+	if s.h.Dialect.Capabilities().Floors {
+		res, err := r.Claim(context.Background(), s.h.Ex, &dialect.ClaimParams{Token: "s0", Limit: 10, Oldest: 2, NoKeyScan: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantSeqs(t, "NoKeyScan", res.Events, nil...)
+		if res.Scanned != nil && *res.Scanned != 0 {
+			t.Fatalf("NoKeyScan claim scanned %d keys", *res.Scanned)
+		}
+	}
 	res, err := r.Claim(context.Background(), s.h.Ex, &dialect.ClaimParams{Token: "s3", Limit: 10, Oldest: 2})
 	if err != nil {
 		t.Fatal(err)

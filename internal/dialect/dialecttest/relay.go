@@ -56,11 +56,12 @@ func (s *suite) claimFilters(t *testing.T) {
 // claimPaused: Paused topics are left out; Probe claims one event of the probed topics only.
 func (s *suite) claimPaused(t *testing.T) {
 	tb := s.table(t)
-	seq := s.insert(t, tb, ev("down", "", ""), ev("up", "", ""), ev("down", "", ""), ev("up", "k", ""))
+	seq := s.insert(t, tb, ev("down", "", ""), ev("up", "", ""), ev("down", "", ""), ev("up", "k", ""), ev("down", "j", ""), ev("up", "j", ""))
 	r := s.h.Dialect.NewRelay(tb, cfg(10, 10), all)
+	// j's event of "up" waits behind its head in the paused topic.
 	wantSeqs(t, "paused", s.claimP(t, r, &dialect.ClaimParams{Token: "p1", Limit: 10, Oldest: 10, Paused: []string{"down"}}), seq[1], seq[3])
 	wantSeqs(t, "probe", s.claimP(t, r, &dialect.ClaimParams{Token: "p2", Limit: 1, Oldest: 16, Probe: []string{"down"}}), seq[0])
-	wantSeqs(t, "rest", s.claim(t, r, 10, "p3"), seq[2])
+	wantSeqs(t, "rest", s.claim(t, r, 10, "p3"), seq[2], seq[4], seq[5])
 }
 
 // claimKeyOrder: a key's later event is never claimed while its head is leased, waiting for a
@@ -102,8 +103,15 @@ func (s *suite) claimRuns(t *testing.T) {
 	tb := s.table(t)
 	r := s.h.Dialect.NewRelay(tb, cfg(10, 2), all)
 	seq := s.insert(t, tb, ev("a", "k", ""), ev("a", "k", ""), ev("a", "k", ""), ev("a", "j", ""))
-	evs := s.claim(t, r, 10, "r1")
+	res, err := r.Claim(context.Background(), s.h.Ex, &dialect.ClaimParams{Token: "r1", Limit: 10, Oldest: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := res.Events
 	wantSeqs(t, "runs of 2", evs, seq[0], seq[1], seq[3])
+	if res.Walked != -1 && res.Walked != 2 {
+		t.Fatalf("the walk found %d keys, want 2 (or -1: not reported)", res.Walked)
+	}
 	ranks := map[int64]int64{}
 	for _, e := range evs {
 		ranks[e.Sequence] = e.Rank

@@ -108,6 +108,22 @@ func (s *suite) scopeMigration(t *testing.T) {
 	if got := len(s.rows(t, tb)); got != 2 {
 		t.Fatalf("one idempotency key in two scopes: %d rows, want 2", got)
 	}
+	// And back to the global index, once the key is stored once.
+	s.exec(t, tb, `DELETE FROM {t} WHERE "id" = $1`, b.ID)
+	if stmts, err = d.ScopeMigration(tb); err != nil || len(stmts) == 0 {
+		t.Fatalf("ScopeMigration to unscoped: %v, %d statements", err, len(stmts))
+	}
+	for _, q := range stmts {
+		if _, err := s.h.Ex.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if err := d.Migrate(ctx, s.h.Ex, tb); err != nil {
+		t.Fatalf("unscoped Migrate after ScopeMigration: %v", err)
+	}
+	if err := d.Migrate(ctx, s.h.Ex, &scoped); !errors.As(err, &sm) {
+		t.Fatalf("scoped Migrate over the global index again: %v, want a *dialect.ScopeMismatch", err)
+	}
 }
 
 // insert: one Stored per inserted row, in input order, sequences ascending; NoReturn may

@@ -42,6 +42,11 @@ type Harness struct {
 	// Listen (Capabilities.Notify) listens on channel until t ends and delivers each
 	// notification's payload in order.
 	Listen func(t *testing.T, channel string) <-chan string
+	// Session returns the id of the database session ex runs on (inside a transaction), and
+	// Waiting whether that session waits for a lock; nil for a database with one writer
+	// (SQLite), whose transactions commit in the order they began.
+	Session func(ctx context.Context, ex dialect.Executor) (int64, error)
+	Waiting func(ctx context.Context, session int64) (bool, error)
 	// Deviations are the suite's checks (by name) this dialect is known to fail, each with
 	// the reason: such a check logs its failure instead of failing, and fails once it passes
 	// (remove the entry then). Names: "ClaimLimit".
@@ -92,6 +97,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("InsertExtra", s.insertExtra)
 	t.Run("InsertScoped", s.insertScoped)
 	t.Run("InsertNotify", s.insertNotify)
+	t.Run("InsertKeyCommitOrder", s.insertKeyOrder)
 	t.Run("ClaimFilters", s.claimFilters)
 	t.Run("ClaimPausedAndProbe", s.claimPaused)
 	t.Run("ClaimKeyOrder", s.claimKeyOrder)

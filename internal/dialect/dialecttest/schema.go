@@ -353,3 +353,87 @@ func (s *suite) insertNotify(t *testing.T) {
 		t.Fatalf("notifications %q, want %q", notes, want)
 	}
 }
+
+// insertKeyOrder: a transaction writing an ordering key waits for an open transaction that
+// wrote the same key (per-key commit order), not for one that wrote another key, and commits
+// after it with a later sequence.
+func (s *suite) insertKeyOrder(t *testing.T) {
+	if s.h.Session == nil || s.h.Waiting == nil {
+		t.Skip("one writer: transactions commit in the order they began")
+	}
+	ctx := context.Background()
+	tb := s.table(t)
+	a, b, c := ev("a", "k", ""), ev("a", "k", ""), ev("a", "other", "")
+	inserted, release, aDone := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	go func() {
+		aDone <- s.inTx(ctx, func(ex dialect.Executor) error {
+			if _, err := s.h.Dialect.Insert(ctx, ex, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{a}}); err != nil {
+				close(inserted)
+				return err
+			}
+			close(inserted)
+			<-release
+			return nil
+		})
+	}()
+	<-inserted
+	session, bDone := make(chan int64, 1), make(chan error, 1)
+	go func() {
+		bDone <- s.inTx(ctx, func(ex dialect.Executor) error {
+			id, err := s.h.Session(ctx, ex)
+			if err != nil {
+				close(session)
+				return err
+			}
+			session <- id
+			_, err = s.h.Dialect.Insert(ctx, ex, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{b}})
+			return err
+		})
+	}()
+	id, ok := <-session
+	if !ok {
+		close(release)
+		t.Fatalf("B: %v", <-bDone)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		w, err := s.h.Waiting(ctx, id)
+		if err != nil {
+			close(release)
+			t.Fatal(err)
+		}
+		if w {
+			break
+		}
+		select {
+		case err := <-bDone:
+			close(release)
+			t.Fatalf("B wrote key k and ended (%v) while A's write of k was uncommitted", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			close(release)
+			t.Fatal("B's write of key k is not waiting for A's open transaction after 10 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := s.insertRes(t, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{c}}); err != nil {
+		close(release)
+		t.Fatalf("a write of another key beside A and B: %v", err)
+	}
+	close(release)
+	if err := <-aDone; err != nil {
+		t.Fatalf("A: %v", err)
+	}
+	if err := <-bDone; err != nil {
+		t.Fatalf("B: %v", err)
+	}
+	rows := s.rows(t, tb)
+	seqOf := map[string]int64{}
+	for _, r := range rows {
+		seqOf[r.ID] = r.Seq
+	}
+	if len(rows) != 3 || seqOf[a.ID] == 0 || seqOf[b.ID] <= seqOf[a.ID] || seqOf[c.ID] == 0 {
+		t.Fatalf("rows %v: want A's, B's after it, and C's", rows)
+	}
+}

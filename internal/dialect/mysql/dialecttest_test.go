@@ -1,6 +1,7 @@
 package mysql
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -16,6 +17,21 @@ func TestDialectSuite(t *testing.T) {
 		Table: func(t *testing.T) *dialect.Table { return newTableConfig(t) },
 		At: func(d time.Duration) string {
 			return fmt.Sprintf("(UTC_TIMESTAMP(6) + INTERVAL %d MICROSECOND)", d.Microseconds())
+		},
+		Session: func(ctx context.Context, ex dialect.Executor) (int64, error) {
+			rs, err := ex.Query(ctx, "SELECT CONNECTION_ID()")
+			if err != nil {
+				return 0, err
+			}
+			return dialect.ScanOne[int64](rs)
+		},
+		Waiting: func(ctx context.Context, id int64) (bool, error) {
+			rs, err := sqlEx(needDB(t)).Query(ctx, "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = ? AND trx_state = 'LOCK WAIT'", id)
+			if err != nil {
+				return false, err
+			}
+			n, err := dialect.ScanOne[int64](rs)
+			return n > 0, err
 		},
 	})
 }

@@ -58,10 +58,30 @@ func pgListen(t *testing.T, channel string) <-chan string {
 	return out
 }
 
+// pgSession and pgWaiting: the backend's pid, and whether it waits for a lock.
+func pgSession(ctx context.Context, ex dialect.Executor) (int64, error) {
+	rs, err := ex.Query(ctx, `SELECT pg_backend_pid()::bigint`)
+	if err != nil {
+		return 0, err
+	}
+	return dialect.ScanOne[int64](rs)
+}
+
+func pgWaiting(ex dialect.Executor) func(ctx context.Context, pid int64) (bool, error) {
+	return func(ctx context.Context, pid int64) (bool, error) {
+		rs, err := ex.Query(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted)`, pid)
+		if err != nil {
+			return false, err
+		}
+		return dialect.ScanOne[bool](rs)
+	}
+}
+
 // pgxHarness runs the suite over a pgx pool.
 func pgxHarness(pool *pgxpool.Pool) dialecttest.Harness {
 	ex := dialecttest.Pgx{D: pool}
 	return dialecttest.Harness{Dialect: Dialect{}, Ex: ex, Raw: ex, Table: pgTable, At: pgAt, TextType: "text", Listen: pgListen,
+		Session: pgSession, Waiting: pgWaiting(ex),
 		InTx: func(ctx context.Context, fn func(dialect.Executor) error) error {
 			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return fn(dialecttest.Pgx{D: tx, Tx: true}) })
 		}}
@@ -70,7 +90,8 @@ func pgxHarness(pool *pgxpool.Pool) dialecttest.Harness {
 // stdHarness runs the suite over database/sql with the pgx stdlib driver.
 func stdHarness(db *sql.DB) dialecttest.Harness {
 	ex := dialect.StdSQL{D: db, Pgx: true}
-	return dialecttest.Harness{Dialect: Dialect{}, Ex: ex, Raw: ex, Table: pgTable, At: pgAt, TextType: "text", Listen: pgListen}
+	return dialecttest.Harness{Dialect: Dialect{}, Ex: ex, Raw: ex, Table: pgTable, At: pgAt, TextType: "text", Listen: pgListen,
+		Session: pgSession, Waiting: pgWaiting(ex)}
 }
 
 // TestDialectSuitePgx runs the shared dialect suite on PostgreSQL through a pgx pool.

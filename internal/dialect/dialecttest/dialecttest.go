@@ -98,6 +98,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("InsertScoped", s.insertScoped)
 	t.Run("InsertNotify", s.insertNotify)
 	t.Run("InsertKeyCommitOrder", s.insertKeyOrder)
+	t.Run("InsertIdempotentRace", s.insertIdempotentRace)
 	t.Run("ClaimFilters", s.claimFilters)
 	t.Run("ClaimPausedAndProbe", s.claimPaused)
 	t.Run("ClaimKeyOrder", s.claimKeyOrder)

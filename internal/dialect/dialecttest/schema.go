@@ -173,6 +173,15 @@ func (s *suite) insertRows(t *testing.T) {
 	if got := len(s.rows(t, tb)); got != 6 {
 		t.Fatalf("%d rows after the NoReturn insert, want 6", got)
 	}
+	// An id already stored (no idempotency key) is an error.
+	again := ev("a", "", "")
+	again.ID = rows[2].ID
+	if _, err := s.insertRes(t, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{ev("a", "", ""), again}}); err == nil {
+		t.Fatal("Insert of a stored id: no error")
+	}
+	if got := len(s.rows(t, tb)); got != 6 {
+		t.Fatalf("%d rows after the refused insert, want 6", got)
+	}
 }
 
 // insertIdempotent: a repeated idempotency key stores nothing; the stored event is what
@@ -358,74 +367,13 @@ func (s *suite) insertNotify(t *testing.T) {
 // wrote the same key (per-key commit order), not for one that wrote another key, and commits
 // after it with a later sequence.
 func (s *suite) insertKeyOrder(t *testing.T) {
-	if s.h.Session == nil || s.h.Waiting == nil {
-		t.Skip("one writer: transactions commit in the order they began")
-	}
-	ctx := context.Background()
 	tb := s.table(t)
 	a, b, c := ev("a", "k", ""), ev("a", "k", ""), ev("a", "other", "")
-	inserted, release, aDone := make(chan struct{}), make(chan struct{}), make(chan error, 1)
-	go func() {
-		aDone <- s.inTx(ctx, func(ex dialect.Executor) error {
-			if _, err := s.h.Dialect.Insert(ctx, ex, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{a}}); err != nil {
-				close(inserted)
-				return err
-			}
-			close(inserted)
-			<-release
-			return nil
-		})
-	}()
-	<-inserted
-	session, bDone := make(chan int64, 1), make(chan error, 1)
-	go func() {
-		bDone <- s.inTx(ctx, func(ex dialect.Executor) error {
-			id, err := s.h.Session(ctx, ex)
-			if err != nil {
-				close(session)
-				return err
-			}
-			session <- id
-			_, err = s.h.Dialect.Insert(ctx, ex, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{b}})
-			return err
-		})
-	}()
-	id, ok := <-session
-	if !ok {
-		close(release)
-		t.Fatalf("B: %v", <-bDone)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		w, err := s.h.Waiting(ctx, id)
-		if err != nil {
-			close(release)
-			t.Fatal(err)
+	if _, err := s.waitingWrite(t, tb, a, b, true, func() {
+		if _, err := s.insertRes(t, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{c}}); err != nil {
+			t.Errorf("a write of another key beside A and B: %v", err)
 		}
-		if w {
-			break
-		}
-		select {
-		case err := <-bDone:
-			close(release)
-			t.Fatalf("B wrote key k and ended (%v) while A's write of k was uncommitted", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			close(release)
-			t.Fatal("B's write of key k is not waiting for A's open transaction after 10 s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if _, err := s.insertRes(t, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{c}}); err != nil {
-		close(release)
-		t.Fatalf("a write of another key beside A and B: %v", err)
-	}
-	close(release)
-	if err := <-aDone; err != nil {
-		t.Fatalf("A: %v", err)
-	}
-	if err := <-bDone; err != nil {
+	}); err != nil {
 		t.Fatalf("B: %v", err)
 	}
 	rows := s.rows(t, tb)
@@ -436,4 +384,118 @@ func (s *suite) insertKeyOrder(t *testing.T) {
 	if len(rows) != 3 || seqOf[a.ID] == 0 || seqOf[b.ID] <= seqOf[a.ID] || seqOf[c.ID] == 0 {
 		t.Fatalf("rows %v: want A's, B's after it, and C's", rows)
 	}
+}
+
+// insertIdempotentRace: a write of an idempotency key an open transaction wrote waits for it;
+// when that one commits, the write stores nothing and finds the stored event; when it rolls
+// back, the write stores its own.
+func (s *suite) insertIdempotentRace(t *testing.T) {
+	for _, commit := range []bool{true, false} {
+		t.Run(map[bool]string{true: "commit", false: "rollback"}[commit], func(t *testing.T) {
+			tb := s.table(t)
+			a, b := ev("a", "", "same"), ev("a", "", "same")
+			st, err := s.waitingWrite(t, tb, a, b, commit, nil)
+			if err != nil {
+				t.Fatalf("B: %v", err)
+			}
+			rows := s.rows(t, tb)
+			want := map[bool]string{true: a.ID, false: b.ID}[commit]
+			if len(rows) != 1 || rows[0].ID != want {
+				t.Fatalf("rows %v, want only %s", rows, want)
+			}
+			for _, g := range st {
+				if g.Duplicate != commit || g.ID != want {
+					t.Fatalf("B's Insert returned %+v; want %s (Duplicate %v)", st, want, commit)
+				}
+			}
+			if s.h.Dialect.Capabilities().ResolvesRows && len(st) != 1 {
+				t.Fatalf("B's Insert returned %d events, want 1", len(st))
+			}
+		})
+	}
+}
+
+// waitingWrite writes a in transaction A, then b in transaction B, which must wait for A (a
+// lock of the database, Harness.Waiting); beside runs while B waits; then A commits (or rolls
+// back) and B's result is returned.
+func (s *suite) waitingWrite(t *testing.T, tb *dialect.Table, a, b dialect.InsertRow, commit bool, beside func()) ([]dialect.Stored, error) {
+	t.Helper()
+	if s.h.Session == nil || s.h.Waiting == nil {
+		t.Skip("one writer: transactions commit in the order they began")
+	}
+	ctx := context.Background()
+	inserted, release, aDone := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	rollback := errors.New("rollback")
+	go func() {
+		aDone <- s.inTx(ctx, func(ex dialect.Executor) error {
+			_, err := s.h.Dialect.Insert(ctx, ex, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{a}})
+			close(inserted)
+			if err != nil {
+				return err
+			}
+			<-release
+			if !commit {
+				return rollback
+			}
+			return nil
+		})
+	}()
+	<-inserted
+	type result struct {
+		st  []dialect.Stored
+		err error
+	}
+	session, bDone := make(chan int64, 1), make(chan result, 1)
+	go func() {
+		var st []dialect.Stored
+		err := s.inTx(ctx, func(ex dialect.Executor) error {
+			id, err := s.h.Session(ctx, ex)
+			if err != nil {
+				close(session)
+				return err
+			}
+			session <- id
+			st, err = s.h.Dialect.Insert(ctx, ex, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{b}})
+			return err
+		})
+		bDone <- result{st, err}
+	}()
+	fail := func(format string, args ...any) {
+		t.Helper()
+		close(release)
+		<-aDone
+		t.Fatalf(format, args...)
+	}
+	id, ok := <-session
+	if !ok {
+		fail("B: %v", (<-bDone).err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		w, err := s.h.Waiting(ctx, id)
+		if err != nil {
+			fail("Waiting: %v", err)
+		}
+		if w {
+			break
+		}
+		select {
+		case r := <-bDone:
+			fail("B's write ended (%v) while A's write of the same key was uncommitted", r.err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			fail("B's write is not waiting for A's open transaction after 10 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if beside != nil {
+		beside()
+	}
+	close(release)
+	if err := <-aDone; err != nil && !errors.Is(err, rollback) {
+		t.Fatalf("A: %v", err)
+	}
+	r := <-bDone
+	return r.st, r.err
 }

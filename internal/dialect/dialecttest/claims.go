@@ -157,3 +157,68 @@ func (s *suite) payloadBytes(t *testing.T) {
 		t.Fatalf("claimed %+v, want payload %v", evs, r.Payload)
 	}
 }
+
+// payloadAsWritten: JSON payloads and headers come back byte for byte as written (spacing and
+// key order kept), from a claim and from ListDead.
+func (s *suite) payloadAsWritten(t *testing.T) {
+	tb := s.table(t)
+	r := ev("a", "", "")
+	r.Payload, r.Headers = []byte(`{"b": 1,  "a":[1, 2.50], "u":"\u00e9"}`), `{"z":"1",  "a": "x"}`
+	seq := s.deadLetter(t, tb, r)
+	dead, err := s.h.Dialect.ListDead(context.Background(), s.h.Ex, tb, dialect.DeadFilter{Topics: []dialect.Topic{{All: true}}}, 10)
+	if err != nil || len(dead) != 1 || dead[0].Sequence != seq[0] {
+		t.Fatalf("ListDead = %+v, %v", dead, err)
+	}
+	if string(dead[0].Payload) != string(r.Payload) || dead[0].Headers != r.Headers {
+		t.Fatalf("ListDead payload %s headers %s, want %s and %s as written", dead[0].Payload, dead[0].Headers, r.Payload, r.Headers)
+	}
+	if n, err := s.h.Dialect.RetryDead(context.Background(), s.h.Ex, tb, dialect.DeadFilter{IDs: []string{r.ID}}); err != nil || n != 1 {
+		t.Fatalf("RetryDead = %d, %v", n, err)
+	}
+	evs := s.claim(t, s.h.Dialect.NewRelay(tb, cfg(10, 10), all), 10, "w")
+	if len(evs) != 1 || string(evs[0].Payload) != string(r.Payload) || evs[0].Headers != r.Headers {
+		t.Fatalf("claimed %+v, want payload %s headers %s as written", evs, r.Payload, r.Headers)
+	}
+}
+
+// emptyCalls: no rows to insert, no keys to read, no sequences to renew or mark.
+func (s *suite) emptyCalls(t *testing.T) {
+	ctx := context.Background()
+	d := s.h.Dialect
+	tb := s.table(t)
+	if st, err := s.insertRes(t, &dialect.InsertParams{Table: tb}); err != nil || len(st) != 0 {
+		t.Fatalf("Insert of no rows = %+v, %v", st, err)
+	}
+	if st, err := d.ReadStored(ctx, s.h.Ex, tb, nil); err != nil || len(st) != 0 {
+		t.Fatalf("ReadStored of no keys = %+v, %v", st, err)
+	}
+	r := d.NewRelay(tb, cfg(10, 10), all)
+	if n, err := r.Renew(ctx, s.h.Ex, "tok", nil); err != nil || n != 0 {
+		t.Fatalf("Renew of nothing = %d, %v", n, err)
+	}
+	if res := s.mark(t, r, &dialect.MarkParams{Token: "tok"}); len(res) != 0 {
+		t.Fatalf("Mark of nothing = %+v", res)
+	}
+	wantSeqs(t, "empty table", s.claim(t, r, 10, "tok"), nil...)
+}
+
+// expiredLease: a relay whose lease expired but was not taken over still holds its events:
+// renew, ack and failure under its token apply.
+func (s *suite) expiredLease(t *testing.T) {
+	ctx := context.Background()
+	tb := s.table(t)
+	r := s.h.Dialect.NewRelay(tb, cfg(10, 10), all)
+	seq := s.insertN(t, tb, 2)
+	wantSeqs(t, "claim", s.claim(t, r, 10, "late"), seq...)
+	s.backdate(t, tb, "lease_until", time.Second, seq...)
+	if n, err := r.Renew(ctx, s.h.Ex, "late", seq[:1]); err != nil || n != 1 {
+		t.Fatalf("Renew after expiry = %d, %v; want 1", n, err)
+	}
+	if g := s.get(t, tb, seq[0]); !g.Leased {
+		t.Fatalf("renewed row %v, want a live lease", g)
+	}
+	res := s.mark(t, r, &dialect.MarkParams{Token: "late", Acked: seq[1:]})
+	if len(res) != 1 || !s.get(t, tb, seq[1]).Published {
+		t.Fatalf("ack after expiry = %+v, want the event published", res)
+	}
+}

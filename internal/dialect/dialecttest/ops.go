@@ -192,7 +192,13 @@ func (s *suite) backlog(t *testing.T) {
 	if err != nil || empty.Pending != 0 || empty.DeadLettered != 0 || !empty.Oldest.IsZero() || empty.Now.IsZero() {
 		t.Fatalf("empty Backlog = %+v, %v", empty, err)
 	}
-	dead := s.deadLetter(t, tb, ev("b", "", ""), ev("a", "dk", ""))
+	if by, err := d.BacklogByTopic(ctx, s.h.Ex, tb); err != nil || len(by) != 0 {
+		t.Fatalf("empty BacklogByTopic = %+v, %v", by, err)
+	}
+	s.deadLetter(t, tb, ev("b", "", ""), ev("a", "dk", ""))
+	if b, err := d.Backlog(ctx, s.h.Ex, tb); err != nil || b.Pending != 0 || b.DeadLettered != 2 || !b.Oldest.IsZero() || b.Held != 0 {
+		t.Fatalf("Backlog of dead letters only = %+v, %v; want 2 dead, nothing pending", b, err)
+	}
 	r := d.NewRelay(tb, cfg(10, 10), all)
 	seq := s.insert(t, tb,
 		ev("a", "", ""),   // 0 published
@@ -227,7 +233,6 @@ func (s *suite) backlog(t *testing.T) {
 	if b.Pending != 6 || b.DeadLettered != 2 || b.Unavailable != 1 || b.Held != 3 || len(oldest) != 1 || !b.Oldest.Equal(oldest[0]) || b.Now.IsZero() {
 		t.Fatalf("Backlog = %+v; want pending 6, dead 2, unavailable 1, held 3, oldest %v", b, oldest)
 	}
-	_ = dead
 	by, err := d.BacklogByTopic(ctx, s.h.Ex, tb)
 	if err != nil {
 		t.Fatal(err)

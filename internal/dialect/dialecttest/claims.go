@@ -51,6 +51,14 @@ func (s *suite) claimSkipScan(t *testing.T) {
 		if res.Scanned != nil && *res.Scanned != 0 {
 			t.Fatalf("NoKeyScan claim scanned %d keys", *res.Scanned)
 		}
+		// A key the relay knows (KeyLows) is found without the skip scan.
+		res, err = r.Claim(context.Background(), s.h.Ex, &dialect.ClaimParams{Token: "s0", Limit: 10, Oldest: 2, NoKeyScan: true,
+			KeyLows: []dialect.KeyLow{{Key: "z", Low: z}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantSeqs(t, "NoKeyScan, z known", res.Events, z)
+		s.mark(t, r, &dialect.MarkParams{Token: "s0", Released: []int64{z}})
 	}
 	res, err := r.Claim(context.Background(), s.h.Ex, &dialect.ClaimParams{Token: "s3", Limit: 10, Oldest: 2})
 	if err != nil {

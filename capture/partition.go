@@ -303,7 +303,7 @@ FROM (SELECT to_regclass($1) AS relid UNION SELECT p.relid FROM pg_partition_tre
 JOIN pg_class c ON c.oid = m.relid JOIN pg_namespace n ON n.oid = c.relnamespace
 CROSS JOIN unnest(string_to_array($2, ',')) WITH ORDINALITY w(name, o)
 LEFT JOIN pg_trigger g ON g.tgrelid = m.relid AND g.tgname = w.name
-ORDER BY c.oid <> to_regclass($1), 1, w.o`, root, strings.Join(m.Triggers, ","))
+ORDER BY c.oid <> to_regclass($1), n.nspname::text || '.' || c.relname::text COLLATE "C", w.o`, root, strings.Join(m.Triggers, ","))
 	if err != nil {
 		return nil, false, fmt.Errorf("capture: verify %s: %w", display, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"reflect"
+	"sort"
 	"sync/atomic"
 	"testing"
 
@@ -270,4 +271,115 @@ func TestVerify(t *testing.T) {
 	if !errors.Is(err, capture.ErrPartition) || !errors.Is(err, outbox.ErrConfig) {
 		t.Fatalf("Install of partition %s: %v, want ErrPartition", eu, err)
 	}
+}
+
+// TestPartitionedNeedsEventTrigger: a role that is not a superuser cannot create the event
+// trigger: its Install of a partitioned table is refused with ErrEventTrigger (installing
+// nothing) until a superuser has run Install once in the database; then the role's Install
+// works, and its partitions created later are captured.
+func TestPartitionedNeedsEventTrigger(t *testing.T) {
+	admin := pgtest.StdDB(t)
+	role := fmt.Sprintf("capture_role_%d_%d", os.Getpid(), privateDBs.Add(1))
+	if _, err := admin.ExecContext(ctx, `CREATE ROLE `+role+` LOGIN NOSUPERUSER`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.ExecContext(ctx, `DROP ROLE IF EXISTS `+role) }) // after the database is dropped
+	h, dsn := privateDatabase(t)
+	h.exec(`GRANT CREATE, USAGE ON SCHEMA public TO `+role, `GRANT INSERT, SELECT ON outbox_events TO `+role)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	owner, err := sql.Open("pgx", u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close()
+	tb := h.table()
+	for _, q := range []string{
+		fmt.Sprintf(`CREATE TABLE %s (id int NOT NULL, region text NOT NULL, note text, PRIMARY KEY (id, region)) PARTITION BY LIST (region)`, tb),
+		fmt.Sprintf(`CREATE TABLE %s_eu PARTITION OF %s FOR VALUES IN ('eu')`, tb, tb),
+	} {
+		if _, err := owner.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	err = capture.Install(ctx, owner, h.schema, capture.Table{Name: tb})
+	if !errors.Is(err, capture.ErrEventTrigger) || !errors.Is(err, outbox.ErrConfig) {
+		t.Fatalf("Install by a role that is not a superuser: %v, want ErrEventTrigger", err)
+	}
+	var n int
+	if err := h.db.QueryRowContext(ctx, `SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'outbox_capture%'`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d capture triggers after a refused Install (%v), want 0", n, err)
+	}
+	// A superuser installs once (another table), then the owner's Install works.
+	other := h.table()
+	h.exec(fmt.Sprintf(`CREATE TABLE %s (id int, k int, PRIMARY KEY (id, k)) PARTITION BY LIST (k)`, other))
+	h.install(capture.Table{Name: other})
+	if err := capture.Install(ctx, owner, h.schema, capture.Table{Name: tb}); err != nil {
+		t.Fatalf("Install by the owner after a superuser's: %v", err)
+	}
+	if _, err := owner.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE %s_us PARTITION OF %s FOR VALUES IN ('us')`, tb, tb)); err != nil {
+		t.Fatal(err)
+	}
+	since := h.lastSeq()
+	if _, err := owner.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s_us VALUES (1, 'us', 'later')`, tb)); err != nil {
+		t.Fatal(err)
+	}
+	h.check(since, []want{h.ev(tb, "inserted", 1, "us", "later")})
+}
+
+// TestPartitionTruncateCapture: with TruncateCapture, a TRUNCATE of a partition writes one
+// "truncated" event naming the partition; of the partitioned table, one per partition that
+// holds rows (a TRUNCATE of the table truncates each of them).
+func TestPartitionTruncateCapture(t *testing.T) {
+	h, _ := privateDatabase(t)
+	tb, eu, _, _, _, _ := h.partitioned()
+	h.install(capture.Table{Name: tb, Truncate: capture.TruncateCapture})
+	trunc := func(part string) want {
+		return want{topic: tb + ".truncated", env: fmt.Sprintf(`{"table":"public.%s","operation":"truncated","partition":"public.%s"}`, tb, part)}
+	}
+	h.expect([]want{trunc(tb + "_eu")}, `TRUNCATE `+eu)
+	since := h.lastSeq()
+	h.exec(`TRUNCATE ` + tb)
+	var parts []string
+	for _, e := range h.events(since) {
+		if e.Topic != tb+".truncated" || e.Key != "" || len(e.Envelope) != 3 || e.Envelope["table"] != "public."+tb || e.Envelope["operation"] != "truncated" {
+			t.Fatalf("TRUNCATE of the table: event %+v", e)
+		}
+		parts = append(parts, e.Envelope["partition"].(string))
+	}
+	sort.Strings(parts)
+	if want := []string{"public." + tb + ` "odd"; part`, "public." + tb + "_eu", "public." + tb + "_us_high", "public." + tb + "_us_low"}; !reflect.DeepEqual(parts, want) {
+		t.Fatalf("TRUNCATE of the table: events of partitions %q, want %q", parts, want)
+	}
+}
+
+// TestPartitionSQLScript: the script of SQL for a partitioned table, run as one multi-statement
+// string, installs what Install does: a write naming a partition, and one to a partition
+// created later, write their events; Verify passes.
+func TestPartitionSQLScript(t *testing.T) {
+	h, dsn := privateDatabase(t)
+	tb, eu, _, _, _, _ := h.partitioned()
+	script, err := capture.SQL(ctx, h.db, h.schema, capture.Table{Name: tb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for range 2 { // idempotent
+		if _, err := conn.Exec(ctx, script); err != nil {
+			t.Fatalf("script: %v\n%s", err, script)
+		}
+	}
+	if err := capture.Verify(ctx, h.db, h.schema, capture.Table{Name: tb}); err != nil {
+		t.Fatal(err)
+	}
+	h.expect([]want{h.ev(tb, "inserted", 1, "eu", "s")}, fmt.Sprintf(`INSERT INTO %s VALUES (1, 'eu', 's')`, eu))
+	h.exec(fmt.Sprintf(`CREATE TABLE %s_asia PARTITION OF %s FOR VALUES IN ('asia')`, tb, tb))
+	h.expect([]want{h.ev(tb, "inserted", 2, "asia", "s")}, fmt.Sprintf(`INSERT INTO %s_asia VALUES (2, 'asia', 's')`, tb))
 }

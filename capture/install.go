@@ -97,9 +97,10 @@ func SQL(ctx context.Context, db any, schema outbox.SchemaConfig, tables ...Tabl
 	return script, err
 }
 
-// Uninstall drops the capture triggers (and PostgreSQL trigger functions) of the named tables;
-// only Table.Name is read. A table without triggers, or that no longer exists, is skipped. One
-// transaction, locked as Install.
+// Uninstall drops the capture triggers (and PostgreSQL trigger functions) of the named tables,
+// and of their partitions; only Table.Name is read. A table without triggers, or that no
+// longer exists, is skipped. One transaction, locked as Install. PartitionsEventTrigger stays:
+// it does nothing for tables that are not captured.
 func Uninstall(ctx context.Context, db any, schema outbox.SchemaConfig, tables ...Table) error {
 	tg, err := newTarget(schema)
 	if err != nil {
@@ -121,7 +122,13 @@ func Uninstall(ctx context.Context, db any, schema outbox.SchemaConfig, tables .
 			}
 			if len(got) == 1 {
 				schemaName, table, _ := strings.Cut(got[0], ".")
-				stmts = append(stmts, pgUninstall(schemaName, table)...)
+				// The triggers calling the table's function elsewhere: its partitions.
+				others, err := queryStrings(ctx, c, `SELECT format('DROP TRIGGER %I ON %s', t.tgname, t.tgrelid::regclass) FROM pg_trigger t
+WHERE t.tgfoid = to_regprocedure($1) AND t.tgrelid <> to_regclass($2) ORDER BY t.tgrelid, t.tgname`, pgFunction(schemaName, table)+"()", quoteParts(t.Name))
+				if err != nil {
+					return fmt.Errorf("capture: uninstall %s: %w", t.Name, err)
+				}
+				stmts = append(append(stmts, others...), pgUninstall(schemaName, table)...)
 			}
 		}
 		for _, st := range stmts {

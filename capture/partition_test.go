@@ -180,6 +180,17 @@ func TestPartitionWrites(t *testing.T) {
 		h.install(capture.Table{Name: tb})
 		h.expect([]want{h.ev(tb, "inserted", 6, "eu", "again")}, fmt.Sprintf(`INSERT INTO %s VALUES (6, 'eu', 'again')`, eu))
 	})
+	run("uninstall", func(t *testing.T, h *harness) {
+		// Uninstall drops the partitions' triggers too (DROP FUNCTION failed on them).
+		if err := capture.Uninstall(ctx, h.db, h.schema, capture.Table{Name: tb}); err != nil {
+			t.Fatalf("Uninstall of a partitioned table: %v", err)
+		}
+		h.expect(nil, fmt.Sprintf(`INSERT INTO %s VALUES (7, 'eu', 'gone')`, eu), fmt.Sprintf(`INSERT INTO %s (id, region, note) VALUES (8, 'af', 'gone')`, af))
+		var n int
+		if err := h.db.QueryRowContext(ctx, `SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'outbox_capture%'`).Scan(&n); err != nil || n != 0 {
+			t.Fatalf("%d capture triggers left after Uninstall (%v)", n, err)
+		}
+	})
 }
 
 // TestReplicaSessions: writes of a session with session_replication_role = replica (pg_restore

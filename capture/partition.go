@@ -195,9 +195,8 @@ func pgEnsureEventTrigger(ctx context.Context, c conn, tg *target, field, table 
 // Errors: a *VerifyError (errors.Is ErrNotCaptured) listing every finding; a
 // *outbox.ConfigError for an invalid schema or handle, a missing outbox table or an unknown
 // table; else the database error wrapped. On SQLite, whose triggers cannot be disabled and
-// fire for every session, Verify checks that each named table has its three triggers (or
-// those of the operations the table's Install declared), and without tables it checks
-// nothing.
+// fire for every session, Verify checks that each named table has the triggers of the
+// declaration's Operations (default all three); without tables it checks nothing.
 func Verify(ctx context.Context, db any, schema outbox.SchemaConfig, tables ...Table) error {
 	tg, err := newTarget(schema)
 	if err != nil {

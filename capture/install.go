@@ -46,12 +46,14 @@ func Install(ctx context.Context, db any, schema outbox.SchemaConfig, tables ...
 			return nil
 		}
 		var names []string
+		ensured := false
 		for _, r := range p.tables {
 			names = append(names, r.display)
-			if r.cat.partitioned {
+			if r.cat.partitioned && !ensured {
 				if err := pgEnsureEventTrigger(ctx, c, p.tg, r.field("Name"), r.display); err != nil {
 					return err
 				}
+				ensured = true
 			}
 		}
 		if err := c.exec(ctx, fmt.Sprintf("SELECT set_config(%s, '', true)", quoteLiteral(pgSyncSetting))); err != nil {

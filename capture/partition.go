@@ -136,7 +136,7 @@ BEGIN
 END
 `
 	return []string{
-		fmt.Sprintf("CREATE OR REPLACE FUNCTION %s() RETURNS event_trigger LANGUAGE plpgsql AS $outbox_capture$\n%s$outbox_capture$", fn, body),
+		fmt.Sprintf("CREATE OR REPLACE FUNCTION %s() RETURNS event_trigger LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $outbox_capture$\n%s$outbox_capture$", fn, body),
 		fmt.Sprintf("DO $outbox_capture$BEGIN IF NOT EXISTS (SELECT FROM pg_event_trigger WHERE evtname = %s) THEN CREATE EVENT TRIGGER %s ON ddl_command_end WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE') EXECUTE FUNCTION %s(); END IF; END$outbox_capture$",
 			quoteLiteral(PartitionsEventTrigger), quoteIdent(PartitionsEventTrigger), fn),
 		fmt.Sprintf("ALTER EVENT TRIGGER %s ENABLE ALWAYS", quoteIdent(PartitionsEventTrigger)),
@@ -276,7 +276,7 @@ FROM pg_proc p WHERE p.prorettype = 'trigger'::regtype AND p.prosrc LIKE '%`+pgM
 	}
 	for _, n := range names {
 		if !found[n] {
-			problems = append(problems, TriggerProblem{Table: n, Relation: n, Trigger: pgTrigger + "_*", Problem: "missing (not installed)"})
+			problems = append(problems, TriggerProblem{Table: n, Relation: n, Trigger: pgTrigger + "_*", Problem: "missing (not installed by this version of Install)"})
 		}
 	}
 	if len(problems) > 0 {

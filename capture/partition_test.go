@@ -113,6 +113,13 @@ func TestPartitionWrites(t *testing.T) {
 		h.expect([]want{h.ev(tb, "updated", 40, "eu", "a2")}, fmt.Sprintf(`UPDATE %s SET note = 'a2' WHERE id = 40`, eu))
 		h.expect([]want{h.ev(tb, "updated", 41, "us", "low2")}, fmt.Sprintf(`UPDATE %s SET note = 'low2' WHERE id = 41`, usLow))
 	})
+	run("update-moves-row", func(t *testing.T, h *harness) {
+		// Through the table, an UPDATE moving a row to another partition is one "updated"
+		// event (a key change: the old key in "before").
+		h.exec(fmt.Sprintf(`INSERT INTO %s VALUES (60, 'eu', 'm')`, tb))
+		h.expect([]want{h.w(tb, "updated", tb+":60:odd", `{"table":"{q}","operation":"updated","pk":{"id":60,"region":"odd"},"changed":["region"],"after":{"id":60,"region":"odd","note":"m"},"before":{"id":60,"region":"eu"}}`)},
+			fmt.Sprintf(`UPDATE %s SET region = 'odd' WHERE id = 60`, tb))
+	})
 	run("delete", func(t *testing.T, h *harness) {
 		h.exec(fmt.Sprintf(`INSERT INTO %s VALUES (50, 'eu', 'b'), (51, 'odd', 'o')`, tb))
 		h.expect([]want{h.ev(tb, "deleted", 50, "eu", "b")}, fmt.Sprintf(`DELETE FROM %s WHERE id = 50`, eu))
@@ -269,7 +276,7 @@ func TestVerify(t *testing.T) {
 	}
 	// Named tables: only those; one never installed is reported.
 	err = capture.Verify(ctx, h.db, h.schema, capture.Table{Name: plain})
-	if !errors.As(err, &ve) || !reflect.DeepEqual(ve.Problems, []capture.TriggerProblem{{Table: q(plain), Relation: q(plain), Trigger: "outbox_capture_*", Problem: "missing (not installed)"}}) {
+	if !errors.As(err, &ve) || !reflect.DeepEqual(ve.Problems, []capture.TriggerProblem{{Table: q(plain), Relation: q(plain), Trigger: "outbox_capture_*", Problem: "missing (not installed by this version of Install)"}}) {
 		t.Fatalf("Verify of a table never installed: %v", err)
 	}
 	// Install repairs all of it.
@@ -393,4 +400,25 @@ func TestPartitionSQLScript(t *testing.T) {
 	h.expect([]want{h.ev(tb, "inserted", 1, "eu", "s")}, fmt.Sprintf(`INSERT INTO %s VALUES (1, 'eu', 's')`, eu))
 	h.exec(fmt.Sprintf(`CREATE TABLE %s_asia PARTITION OF %s FOR VALUES IN ('asia')`, tb, tb))
 	h.expect([]want{h.ev(tb, "inserted", 2, "asia", "s")}, fmt.Sprintf(`INSERT INTO %s_asia VALUES (2, 'asia', 's')`, tb))
+}
+
+// TestVerifySQLite: Verify on SQLite reports a declared table whose trigger was dropped.
+func TestVerifySQLite(t *testing.T) {
+	h := sqliteHarness(t, nil)
+	tb := h.table()
+	h.exec(fmt.Sprintf(`CREATE TABLE %s (id INTEGER PRIMARY KEY, note TEXT)`, tb))
+	h.install(capture.Table{Name: tb})
+	if err := capture.Verify(ctx, h.db, h.schema, capture.Table{Name: tb}); err != nil {
+		t.Fatalf("Verify after Install: %v", err)
+	}
+	h.exec(fmt.Sprintf(`DROP TRIGGER "outbox_capture_%s_updated"`, tb))
+	err := capture.Verify(ctx, h.db, h.schema, capture.Table{Name: tb})
+	var ve *capture.VerifyError
+	want := []capture.TriggerProblem{{Table: "main." + tb, Relation: "main." + tb, Trigger: "outbox_capture_" + tb + "_updated", Problem: "missing"}}
+	if !errors.As(err, &ve) || !reflect.DeepEqual(ve.Problems, want) {
+		t.Fatalf("Verify after DROP TRIGGER: %v, want %+v", err, want)
+	}
+	if err := capture.Verify(ctx, h.db, h.schema, capture.Table{Name: tb, Operations: []capture.Operation{capture.Inserted, capture.Deleted}}); err != nil {
+		t.Fatalf("Verify of inserted and deleted only: %v", err)
+	}
 }

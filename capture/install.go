@@ -66,7 +66,8 @@ func Install(ctx context.Context, db any, schema outbox.SchemaConfig, tables ...
 // SQL returns the DDL Install would run, as one script for a migration tool or psql: on
 // PostgreSQL wrapped in BEGIN … COMMIT with Migrate's advisory lock, on SQLite in BEGIN
 // IMMEDIATE … COMMIT. It reads the catalog through db (the generated code depends on the
-// column types) and changes nothing. Errors as Install.
+// column types) and changes nothing. Errors as Install. For a partitioned table the script
+// also creates PartitionsEventTrigger when the database has none, which needs a superuser.
 func SQL(ctx context.Context, db any, schema outbox.SchemaConfig, tables ...Table) (string, error) {
 	var script string
 	err := inTx(ctx, db, func(c conn) error {

@@ -28,6 +28,10 @@ var (
 	// ErrPartition: the table is a partition (or a foreign table is one of the partitions of
 	// a partitioned table). Declare the partitioned table: its partitions are captured with it.
 	ErrPartition = errors.New("capture: a partition is captured through its partitioned table")
+	// ErrInheritance: the table has inheritance children or parents (INHERITS; partitions
+	// are not meant). A statement runs the statement triggers of the table it names only, so
+	// writes naming the other table would change the captured rows without events.
+	ErrInheritance = errors.New("capture: table inheritance")
 	// ErrEventTrigger: a partitioned table is declared on a PostgreSQL database without the
 	// event trigger that gives partitions created or attached later their capture triggers, and
 	// the installing role may not create it (only a superuser may create an event trigger).

@@ -422,3 +422,17 @@ func TestVerifySQLite(t *testing.T) {
 		t.Fatalf("Verify of inserted and deleted only: %v", err)
 	}
 }
+
+// TestInheritanceRefused: a table with an inheritance child, and the child, are refused
+// (ErrInheritance): a write naming the child, or an UPDATE through the parent reaching the
+// child's rows, ran only the named table's triggers — changes without events.
+func TestInheritanceRefused(t *testing.T) {
+	h := pgHarness(t, nil)
+	parent, child := h.table(), h.table()
+	h.exec(fmt.Sprintf(`CREATE TABLE %s (id int PRIMARY KEY, note text)`, parent), fmt.Sprintf(`CREATE TABLE %s (extra text) INHERITS (%s)`, child, parent))
+	for _, tb := range []string{parent, child} {
+		if err := capture.Install(ctx, h.db, h.schema, capture.Table{Name: tb}); !errors.Is(err, capture.ErrInheritance) || !errors.Is(err, outbox.ErrConfig) {
+			t.Fatalf("Install of %s: %v, want ErrInheritance", tb, err)
+		}
+	}
+}

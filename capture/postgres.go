@@ -154,16 +154,18 @@ func pgCatalog(ctx context.Context, c conn, name string, tg *target) (*catalog, 
 		schema, table, kind  string
 		outboxOID, outboxErr = int64(0), error(nil)
 	)
-	var partitionOf string
+	var partitionOf, inherits string
 	rs, err := c.query(ctx, `SELECT c.oid::int8, n.nspname::text, c.relname::text, c.relkind::text, coalesce(to_regclass($2)::oid, 0)::int8,
-  coalesce((SELECT i.inhparent::regclass::text FROM pg_inherits i WHERE i.inhrelid = c.oid AND c.relispartition), '')
+  coalesce((SELECT i.inhparent::regclass::text FROM pg_inherits i WHERE i.inhrelid = c.oid AND c.relispartition), ''),
+  coalesce((SELECT string_agg(i.inhrelid::regclass::text, ', ' ORDER BY i.inhrelid::regclass::text) FROM pg_inherits i JOIN pg_class k ON k.oid = i.inhrelid WHERE i.inhparent = c.oid AND NOT k.relispartition), '')
+    || coalesce((SELECT string_agg(i.inhparent::regclass::text, ', ' ORDER BY i.inhparent::regclass::text) FROM pg_inherits i WHERE i.inhrelid = c.oid AND NOT c.relispartition), '')
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, pgx.Identifier(strings.Split(name, ".")).Sanitize(), tg.table)
 	if err != nil {
 		return nil, fmt.Errorf("capture: read catalog of %s: %w", name, err)
 	}
 	found := rs.Next()
 	if found {
-		outboxErr = rs.Scan(&oid, &schema, &table, &kind, &outboxOID, &partitionOf)
+		outboxErr = rs.Scan(&oid, &schema, &table, &kind, &outboxOID, &partitionOf, &inherits)
 	}
 	rs.Close()
 	if outboxErr != nil {
@@ -175,7 +177,7 @@ FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_r
 	if !found || (kind != "r" && kind != "p") {
 		return nil, nil
 	}
-	cat := &catalog{schema: schema, table: table, isOutbox: oid == outboxOID, partitionOf: partitionOf}
+	cat := &catalog{schema: schema, table: table, isOutbox: oid == outboxOID, partitionOf: partitionOf, inherits: inherits}
 	if kind == "p" {
 		cat.partitioned = true
 		if cat.partitions, err = pgPartitions(ctx, c, oid); err != nil {

@@ -36,6 +36,9 @@ type catalog struct {
 	// partitionOf is the partitioned table (as regclass text) the table is a partition of;
 	// empty when it is none.
 	partitionOf string
+	// inherits lists the tables the table has an inheritance (INHERITS, not partition) link
+	// with, parents or children; empty when none.
+	inherits string
 	// partitions are the partitions of a partitioned table, sub-partitions included, parents
 	// before their partitions (PostgreSQL).
 	partitions []partition
@@ -108,6 +111,9 @@ func resolve(c *checked, cat *catalog, tg *target) (*resolved, error) {
 	}
 	if cat.partitionOf != "" {
 		return nil, &outbox.ConfigError{Field: c.field("Name"), Reason: fmt.Sprintf("%s.%s is a partition of %s: declare %s (its partitions are captured with it; writes through it would bypass a partition's own triggers)", cat.schema, cat.table, cat.partitionOf, cat.partitionOf), Err: ErrPartition}
+	}
+	if cat.inherits != "" {
+		return nil, &outbox.ConfigError{Field: c.field("Name"), Reason: fmt.Sprintf("%s.%s has table inheritance with %s: a statement runs the triggers of the table it names only, so writes naming the other table would change rows without events (use declarative partitioning)", cat.schema, cat.table, cat.inherits), Err: ErrInheritance}
 	}
 	for _, p := range cat.partitions {
 		if p.kind == "f" {

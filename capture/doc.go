@@ -90,7 +90,8 @@
 // ErrEventTrigger until a superuser has run it once); a detached partition loses them and is
 // no longer captured. TRUNCATE of a partition is refused like the table's (TruncateRefuse);
 // with TruncateCapture each truncated partition writes one "truncated" event with the key
-// "partition" ("schema.partition"). A partition cannot be declared itself (ErrPartition).
+// "partition" ("schema.partition"). A partition cannot be declared itself (ErrPartition),
+// nor a table with table inheritance (INHERITS) parents or children (ErrInheritance).
 //
 // The triggers are enabled ALWAYS (ALTER TABLE … ENABLE ALWAYS TRIGGER): sessions with
 // session_replication_role = replica skip ordinary triggers, and those are pg_restore

@@ -174,10 +174,13 @@ type Backlog struct {
 	OldestPendingAge time.Duration
 	// DeadLettered counts dead-lettered events.
 	DeadLettered int64
-	// Unavailable counts the pending events whose last delivery found their destination
-	// unavailable (released with no attempt counted, last_error "unavailable: …"; see
-	// UnavailableError): non-zero while a destination is down, and until those events are
-	// delivered after it came back.
+	// Unavailable counts the pending events held by a destination outage: every pending
+	// event of each topic that has a pending event whose last delivery found its destination
+	// unavailable (released with no attempt counted, last_error_class "unavailable"; see
+	// UnavailableError). While a destination is down the relay claims none of its topics'
+	// events but one probe at a time, so this is the number of events waiting for it; it
+	// returns to 0 once a probe is delivered and the topic's refused events are delivered
+	// (or fail otherwise: any later answer overwrites the class).
 	Unavailable int64
 	// Held counts the pending events that wait behind a failed head of their ordering key:
 	// keyed pending events after (in sequence) their key's head, where the head (the key's

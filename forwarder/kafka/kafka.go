@@ -213,6 +213,9 @@ type Publisher struct {
 	mu     sync.RWMutex // held for reading by every send, for writing by Close
 	closed bool
 
+	dialMu  sync.Mutex
+	dialing *dialing // the dial in progress of a Publisher not connected yet (see connect)
+
 	limitMu sync.Mutex
 	admin   sarama.ClusterAdmin
 	limit   map[string]int       // topic → effective max bytes
@@ -286,26 +289,61 @@ func brokersDown(err error) bool {
 }
 
 // connect connects a Publisher built while no broker could be reached. It returns nil once
-// connected (or closed: the send reports ErrClosed), else an *outbox.UnavailableError.
-func (p *Publisher) connect() error {
+// connected (or closed: the send reports ErrClosed), else an *outbox.UnavailableError: the
+// dial's error, or ctx's when ctx ends first (the dial goes on; the next call waits for it).
+// One dial runs at a time, outside p.mu, so Close does not wait for it.
+func (p *Publisher) connect(ctx context.Context) error {
 	p.mu.RLock()
 	ok := p.client != nil || p.closed
 	p.mu.RUnlock()
 	if ok {
 		return nil
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.client != nil || p.closed {
+	p.dialMu.Lock()
+	d := p.dialing
+	if d == nil {
+		d = &dialing{done: make(chan struct{})}
+		p.dialing = d
+		go p.dialInto(d)
+	}
+	p.dialMu.Unlock()
+	select {
+	case <-d.done:
+		if d.err != nil {
+			return &outbox.UnavailableError{Destination: p.name, Err: d.err}
+		}
 		return nil
+	case <-ctx.Done():
+		return &outbox.UnavailableError{Destination: p.name, Err: fmt.Errorf("outbox kafka: connecting: %w", ctx.Err())}
 	}
+}
+
+// dialing is one dial of connect; err is set before done is closed.
+type dialing struct {
+	done chan struct{}
+	err  error
+}
+
+// dialInto dials, keeps the client and producer unless the Publisher closed meanwhile (then it
+// closes them), and reports to d.
+func (p *Publisher) dialInto(d *dialing) {
 	client, prod, err := p.dial()
-	if err != nil {
-		return &outbox.UnavailableError{Destination: p.name, Err: err}
+	p.mu.Lock()
+	switch {
+	case err != nil:
+	case p.closed:
+		_ = prod.Close()
+		_ = client.Close()
+	default:
+		p.client, p.producer = client, prod
+		p.logger.Info("outbox kafka: connected", watermill.LogFields{"destination": p.name})
 	}
-	p.client, p.producer = client, prod
-	p.logger.Info("outbox kafka: connected", watermill.LogFields{"destination": p.name})
-	return nil
+	p.mu.Unlock()
+	p.dialMu.Lock()
+	p.dialing = nil
+	p.dialMu.Unlock()
+	d.err = err
+	close(d.done)
 }
 
 // Publish sends msgs to topic in one SendMessages call and waits for Kafka's acknowledgements.
@@ -327,7 +365,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 // answered fail with ctx's error (Sarama may still deliver them: at least once).
 func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing) []error {
 	errs := make([]error, len(batch))
-	if err := p.connect(); err != nil {
+	if err := p.connect(ctx); err != nil {
 		for i := range errs {
 			errs[i] = err
 		}

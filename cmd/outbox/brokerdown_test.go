@@ -34,8 +34,8 @@ type brokerDown struct {
 }
 
 // TestRelayStartsWithBrokerDown: a relay started while its broker is down keeps running (it
-// used to exit with status 1), logs one WARN line, answers /readyz 503 naming the
-// destination, charges no attempt, and once the broker is up delivers every event exactly
+// used to exit with status 1), logs one WARN line, sets outbox_destination_unavailable, answers
+// /readyz 503 naming the destination, charges no attempt, and once the broker is up delivers every event exactly
 // once, /readyz turns 200, and SIGTERM ends it with status 0. For Redis (a private
 // redis-server started after the relay), RabbitMQ (a closed port that then forwards to the
 // shared broker) and Kafka (a kfake cluster started after the relay on the port it was given).
@@ -97,6 +97,10 @@ func relayWithBrokerDown(t *testing.T, topic string, bd brokerDown) {
 		code, body = httpGet(t, base+"/readyz")
 		return code == 503 && strings.Contains(body, "destinations: "+bd.dest+" unavailable for ")
 	})
+	gauge := `outbox_destination_unavailable{destination="` + bd.dest + `"}`
+	if _, m := httpGet(t, base+"/metrics"); metricOf(m, gauge) != 1 {
+		t.Errorf("%s = %v while the broker is down, want 1", gauge, metricOf(m, gauge))
+	}
 	charged := func() int {
 		var n int
 		if err := pool.QueryRow(context.Background(), fmt.Sprintf(`SELECT count(*) FROM %q WHERE attempts > 0 OR dead_lettered_at IS NOT NULL`, table)).Scan(&n); err != nil {
@@ -108,16 +112,18 @@ func relayWithBrokerDown(t *testing.T, topic string, bd brokerDown) {
 		t.Fatalf("%d events charged an attempt while the broker was down", n)
 	}
 	bd.up()
-	p.runUntil(t, "every event delivered and /readyz 200", func() bool {
+	p.runUntil(t, "every event delivered, /readyz 200 and the gauge 0", func() bool {
 		if status(t, db, table).Pending != 0 {
 			return false
 		}
 		code, body = httpGet(t, base+"/readyz")
-		return code == 200
+		_, m := httpGet(t, base+"/metrics")
+		return code == 200 && metricOf(m, gauge) == 0
 	})
 	if n := charged(); n != 0 {
 		t.Fatalf("%d events charged an attempt", n)
 	}
+
 	if got := bd.read(t, len(ids)); !slices.Equal(sorted(got), sorted(ids)) {
 		t.Fatalf("the broker holds %d events %v, want the %d written, once each", len(got), got, len(ids))
 	}

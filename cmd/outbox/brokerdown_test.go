@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -28,6 +29,7 @@ const uuidHeader = "_watermill_message_uuid"
 // event ids it holds).
 type brokerDown struct {
 	to, dest string
+	topic    string // the events' topic when not the test's default
 	args     []string
 	up       func()
 	read     func(t *testing.T, n int) []string
@@ -37,8 +39,8 @@ type brokerDown struct {
 // used to exit with status 1), logs one WARN line, sets outbox_destination_unavailable, answers
 // /readyz 503 naming the destination, charges no attempt, and once the broker is up delivers every event exactly
 // once, /readyz turns 200, and SIGTERM ends it with status 0. For Redis (a private
-// redis-server started after the relay), RabbitMQ (a closed port that then forwards to the
-// shared broker) and Kafka (a kfake cluster started after the relay on the port it was given).
+// redis-server started after the relay; also behind asynq), RabbitMQ (a closed port that then
+// forwards to the shared broker) and Kafka (a kfake cluster started after the relay on the port it was given).
 func TestRelayStartsWithBrokerDown(t *testing.T) {
 	pgtest.Require(t)
 	topic := fmt.Sprintf("outbox-brokerdown-%d", time.Now().UnixNano())
@@ -56,6 +58,11 @@ func TestRelayStartsWithBrokerDown(t *testing.T) {
 			return brokerDown{to: "amqp://guest:guest@" + addr + "/", dest: "amqp " + addr, up: func() { brokertest.Forward(t, addr, broker) },
 				read: func(t *testing.T, n int) []string { return amqpQueueIDs(t, url, topic, n) }}
 		},
+		"asynq": func(t *testing.T) brokerDown {
+			addr, start := brokertest.PrivateRedis(t)
+			return brokerDown{to: "asynq+redis://" + addr + "/0?queue=brokerdown", dest: "asynq", topic: "task.work", up: func() { start() },
+				read: func(t *testing.T, _ int) []string { return asynqQueueIDs(t, addr, "brokerdown") }}
+		},
 		"kafka": func(t *testing.T) brokerDown {
 			addr := brokertest.ClosedPort(t)
 			_, p, _ := net.SplitHostPort(addr)
@@ -72,6 +79,9 @@ func TestRelayStartsWithBrokerDown(t *testing.T) {
 }
 
 func relayWithBrokerDown(t *testing.T, topic string, bd brokerDown) {
+	if bd.topic != "" {
+		topic = bd.topic
+	}
 	pool := pgtest.Require(t)
 	b := postgresBackend()
 	db, table := b.fresh(t)
@@ -217,6 +227,23 @@ func kafkaTopicIDs(t *testing.T, addr, topic string, n int) []string {
 				}
 			}
 		})
+	}
+	return ids
+}
+
+// asynqQueueIDs returns the task ids (the event ids) of the pending tasks of queue in the
+// Redis at addr.
+func asynqQueueIDs(t *testing.T, addr, queue string) []string {
+	t.Helper()
+	ins := asynq.NewInspector(asynq.RedisClientOpt{Addr: addr})
+	defer ins.Close()
+	tasks, err := ins.ListPendingTasks(queue, asynq.PageSize(1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, tk := range tasks {
+		ids = append(ids, tk.ID)
 	}
 	return ids
 }

@@ -107,7 +107,8 @@ type destOptions struct {
 	// permanent lists the webhook answers that dead-letter an event at once
 	// (webhook.Config.PermanentStatuses).
 	permanent []int
-	// probe makes a Redis destination answer PING first, failing when it does not (the demo).
+	// probe makes a Redis (or asynq) destination answer PING first, failing when it does not
+	// (the demo).
 	// The relay starts without: a broker down at start is an outage (its events wait, no
 	// attempt counted, /readyz says so) until it is up, as Kafka and RabbitMQ are.
 	probe bool
@@ -147,7 +148,7 @@ func openPublisher(ctx context.Context, d destURL, opts destOptions, logger wate
 		opts := *d.redis
 		return redisstream.NewPublisher(redisstream.Config{Options: &opts}, logger)
 	case destAsynq:
-		return openAsynq(d, logger)
+		return openAsynq(d, opts.probe, logger)
 	case destHTTP:
 		pub, err := webhook.NewPublisher(webhook.Config{URL: d.raw, Secret: opts.secret, AllowedPrefixes: opts.allow, Timeout: opts.timeout, PermanentStatuses: opts.permanent}, logger)
 		var ce *webhook.ConfigError

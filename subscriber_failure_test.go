@@ -371,17 +371,25 @@ func TestGracefulStopCountsNoStart(t *testing.T) {
 	})
 }
 
-// TestMigrateAddsDeliveryStarts: Migrate adds the delivery_starts and last_error_class columns
-// to a table made before they existed, and runs again on the upgraded table.
+// TestMigrateAddsDeliveryStarts: CheckTable refuses a table made before the delivery_starts and
+// last_error_class columns existed (ErrTableOutdated, naming them); Migrate adds them, runs
+// again on the upgraded table, and CheckTable then passes.
 func TestMigrateAddsDeliveryStarts(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		schema := b.table(t)
 		b.exec(t, fmt.Sprintf(`ALTER TABLE %q DROP COLUMN delivery_starts`, schema.Table))
 		b.exec(t, fmt.Sprintf(`ALTER TABLE %q DROP COLUMN last_error_class`, schema.Table))
+		err := outbox.CheckTable(ctx, b.db, schema)
+		if !errors.Is(err, outbox.ErrTableOutdated) || !strings.Contains(err.Error(), "lacks delivery_starts, last_error_class") {
+			t.Fatalf("CheckTable before Migrate: %v, want ErrTableOutdated naming both columns", err)
+		}
 		for range 2 {
 			if err := outbox.Migrate(ctx, b.db, schema); err != nil {
 				t.Fatal(err)
 			}
+		}
+		if err := outbox.CheckTable(ctx, b.db, schema); err != nil {
+			t.Fatalf("CheckTable after Migrate: %v", err)
 		}
 		b.seed(t, schema, "t", 2, []string{"k"})
 		if n := b.count(t, fmt.Sprintf(`SELECT sum(delivery_starts) FROM %q`, schema.Table)); n != 0 {

@@ -154,3 +154,21 @@ func redisStreamIDs(t *testing.T, addr string, streams ...string) []string {
 	}
 	return ids
 }
+
+// TestRelayRefusesOutdatedTable: a table made before last_error_class existed is refused at
+// start with one line naming the column and `outbox migrate` (the relay would deliver and then
+// fail every mark); after migrate the relay starts.
+func TestRelayRefusesOutdatedTable(t *testing.T) {
+	pool := pgtest.Require(t)
+	db, table := pgtest.DSN(), pgtest.Table(t)
+	mustRun(t, nil, "migrate", "--db", db, "--table", table)
+	if _, err := pool.Exec(context.Background(), fmt.Sprintf(`ALTER TABLE %q DROP COLUMN last_error_class`, table)); err != nil {
+		t.Fatal(err)
+	}
+	addr := brokertest.ClosedPort(t)
+	wantFailure(t, cli(t, nil, "relay", "--db", db, "--table", table, "--to", "redis://"+addr), 1, "lacks last_error_class", "upgrade it with `outbox migrate")
+	mustRun(t, nil, "migrate", "--db", db, "--table", table)
+	if s := status(t, db, table); s.Pending != 0 {
+		t.Fatalf("status after migrate: %+v", s)
+	}
+}

@@ -146,6 +146,19 @@ func ScanList[T any](rs Rows) ([]T, error) {
 	return out, rs.Err()
 }
 
+// ScanSet reads every row's single text column into a set and closes rs.
+func ScanSet(rs Rows) (map[string]bool, error) {
+	names, err := ScanList[string](rs)
+	if err != nil {
+		return nil, err
+	}
+	set := make(map[string]bool, len(names))
+	for _, n := range names {
+		set[n] = true
+	}
+	return set, nil
+}
+
 // ScanStoredRows reads Stored rows: sequence, id, topic, ordering_key, idempotency_key,
 // created_at.
 func ScanStoredRows(rs Rows) ([]Stored, error) {

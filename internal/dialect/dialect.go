@@ -168,6 +168,8 @@ type Dialect interface {
 	ScopeMigration(t *Table) ([]string, error)
 	// TableExists reports whether t exists.
 	TableExists(ctx context.Context, ex Executor, t *Table) (bool, error)
+	// Columns returns the lower-cased column names of t (none when it does not exist).
+	Columns(ctx context.Context, ex Executor, t *Table) (map[string]bool, error)
 
 	// Publisher.
 

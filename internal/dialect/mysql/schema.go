@@ -364,6 +364,12 @@ func (*Dialect) ScopeMigration(t *dialect.Table) ([]string, error) {
 	}, nil
 }
 
+// Columns implements dialect.Dialect.
+func (*Dialect) Columns(ctx context.Context, ex dialect.Executor, t *dialect.Table) (map[string]bool, error) {
+	n := namesOf(t)
+	return columnsOf(ctx, exQuerier{ex}, n.schema, n.name)
+}
+
 // TableExists reports whether t exists (information_schema.TABLES; the connection's database
 // when t is not qualified).
 func (*Dialect) TableExists(ctx context.Context, ex dialect.Executor, t *dialect.Table) (bool, error) {

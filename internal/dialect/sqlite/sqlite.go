@@ -200,6 +200,15 @@ func (Dialect) ScopeMigration(t *dialect.Table) ([]string, error) {
 	}, nil
 }
 
+// Columns implements dialect.Dialect.
+func (Dialect) Columns(ctx context.Context, ex dialect.Executor, t *dialect.Table) (map[string]bool, error) {
+	rs, err := ex.Query(ctx, `SELECT lower("name") FROM pragma_table_info($1)`, t.Name())
+	if err != nil {
+		return nil, err
+	}
+	return dialect.ScanSet(rs)
+}
+
 // TableExists implements dialect.Dialect.
 func (Dialect) TableExists(ctx context.Context, ex dialect.Executor, t *dialect.Table) (bool, error) {
 	rs, err := ex.Query(ctx, `SELECT count(*) > 0 FROM sqlite_master WHERE "type" = 'table' AND "name" = $1 COLLATE NOCASE`, t.Name())

@@ -19,9 +19,9 @@ var ErrPermanent = errors.New("outbox: permanent failure")
 // at all (a Kafka broker without a leader or enough replicas, HTTP 502/503/504, HTTP 429).
 //
 // The Subscriber counts no attempt for such an event: it releases it (attempts unchanged,
-// last_error noted "unavailable: …"), stops claiming the topics that Destination serves, and
-// probes the destination with one event at a time with a growing backoff until one is delivered
-// (SubscriberConfig.Unavailable). Destination names the destination for that pause and for the
+// last_error noted, last_error_class "unavailable"), stops claiming the topics that
+// Destination serves, and probes the destination with one event at a time with a growing
+// backoff until one is delivered (SubscriberConfig.Unavailable). Destination names the destination for that pause and for the
 // logs; events of topics whose errors name different destinations pause independently, and an
 // empty name is one destination of its own. RetryAfter, when positive, is the least time before
 // the next probe (an HTTP Retry-After, RFC 9110 §10.2.3), up to

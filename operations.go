@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/watermill-outbox/outbox/internal/dialect"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -23,6 +24,15 @@ var ErrEmptyFilter = errors.New("outbox: empty dead-letter filter: give topics (
 // ErrTableNotFound is returned (wrapped) by CheckTable when the outbox table does not exist: run
 // Migrate (or the command `outbox migrate`).
 var ErrTableNotFound = errors.New("outbox: outbox table not found")
+
+// ErrTableOutdated is returned (wrapped) by CheckTable when the outbox table lacks a column the
+// relay writes (one added by a later release, such as last_error_class): run Migrate (or the
+// command `outbox migrate`), or add the columns the error names with your migration tool.
+var ErrTableOutdated = errors.New("outbox: outbox table lacks columns the relay writes")
+
+// relayColumns are the columns added after the first release that the relay writes; CheckTable
+// requires them.
+var relayColumns = []string{"delivery_starts", "last_error_class"}
 
 // DeadLetterFilter selects dead-lettered events: those whose topic matches any of Topics or whose
 // id is in IDs (either condition selects), and, when OlderThan is above zero, only those
@@ -174,10 +184,13 @@ type Backlog struct {
 	OldestPendingAge time.Duration
 	// DeadLettered counts dead-lettered events.
 	DeadLettered int64
-	// Unavailable counts the pending events whose last delivery found their destination
-	// unavailable (released with no attempt counted, last_error "unavailable: …"; see
-	// UnavailableError): non-zero while a destination is down, and until those events are
-	// delivered after it came back.
+	// Unavailable counts the pending events held by a destination outage: every pending
+	// event of each topic that has a pending event whose last delivery found its destination
+	// unavailable (released with no attempt counted, last_error_class "unavailable"; see
+	// UnavailableError). While a destination is down the relay claims none of its topics'
+	// events but one probe at a time, so this is the number of events waiting for it; it
+	// returns to 0 once a probe is delivered and the topic's refused events are delivered
+	// (or fail otherwise: any later answer overwrites the class).
 	Unavailable int64
 	// Held counts the pending events that wait behind a failed head of their ordering key:
 	// keyed pending events after (in sequence) their key's head, where the head (the key's
@@ -233,9 +246,11 @@ func (s *Subscriber) BacklogByTopic(ctx context.Context) ([]TopicBacklog, error)
 	return out, nil
 }
 
-// CheckTable reports whether the outbox table of cfg exists in db (any handle Migrate takes):
-// nil if it does, an error wrapping ErrTableNotFound if not, a *ConfigError for an invalid
-// config or handle, else the database error (an unreachable server, for one).
+// CheckTable reports whether the outbox table of cfg exists in db (any handle Migrate takes)
+// with the columns the relay writes: nil if it does, an error wrapping ErrTableNotFound if it
+// does not exist, one wrapping ErrTableOutdated (naming the columns) if it lacks columns a
+// later release added, a *ConfigError for an invalid config or handle, else the database
+// error (an unreachable server, for one). Two catalog queries.
 func CheckTable(ctx context.Context, db any, cfg SchemaConfig) error {
 	s, ex, err := open(db, cfg)
 	if err != nil {
@@ -247,6 +262,19 @@ func CheckTable(ctx context.Context, db any, cfg SchemaConfig) error {
 	}
 	if !found {
 		return fmt.Errorf("%w: %s (create it with Migrate or `outbox migrate`)", ErrTableNotFound, s.table)
+	}
+	have, err := s.d.Columns(ctx, ex, s.t)
+	if err != nil {
+		return fmt.Errorf("outbox: read the columns of %s: %w", s.table, err)
+	}
+	var missing []string
+	for _, c := range relayColumns {
+		if !have[c] {
+			missing = append(missing, c)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: %s lacks %s (add them with Migrate or `outbox migrate`, or see SchemaSQL)", ErrTableOutdated, s.table, strings.Join(missing, ", "))
 	}
 	return nil
 }

@@ -211,3 +211,15 @@ func (sub *subscription) closeOutage(o *outage, now time.Time) {
 		"destination": o.dest, "unavailable_for": now.Sub(o.since).Round(time.Millisecond).String(),
 		"events_released": o.refused, "probes": o.probes})
 }
+
+// Outages returns the outages of every table's Subscriber (see Subscriber.Outages), sorted by
+// destination; a destination down for several tables appears once per table. Safe for
+// concurrent use.
+func (m *MultiSubscriber) Outages() []Outage {
+	var out []Outage
+	for _, s := range m.subs {
+		out = append(out, s.Outages()...)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Destination < out[j].Destination })
+	return out
+}

@@ -107,11 +107,11 @@ const DefaultFillFactor = 50
 var (
 	builtinColumns = []string{"sequence", "id", "topic", "payload", "headers", "ordering_key",
 		"idempotency_key", "created_at", "attempts", "last_error", "next_attempt_at",
-		"lease_until", "leased_by", "published_at", "dead_lettered_at", "delivery_starts"}
+		"lease_until", "leased_by", "published_at", "dead_lettered_at", "delivery_starts", "last_error_class"}
 	// RelayOwnedColumns lists the columns that no writer may fill through extra columns
 	// (SPEC §3.2): the database and the relay own them.
 	RelayOwnedColumns = []string{"sequence", "created_at", "next_attempt_at", "published_at",
-		"dead_lettered_at", "attempts", "last_error", "lease_until", "leased_by", "delivery_starts"}
+		"dead_lettered_at", "attempts", "last_error", "lease_until", "leased_by", "delivery_starts", "last_error_class"}
 )
 
 var columnNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
@@ -247,8 +247,11 @@ func isRelayOwned(name string) bool {
 // tables created before JSON became the default), ordering_key (NULL =
 // unordered), idempotency_key (unique, per table or per SchemaConfig.IdempotencyScope), created_at, attempts, last_error, next_attempt_at,
 // lease_until, leased_by, published_at, dead_lettered_at, delivery_starts (deliveries started
-// since the event's last recorded outcome, see SubscriberConfig.MaxDeliveryStarts). Pending means published_at IS NULL AND
-// dead_lettered_at IS NULL.
+// since the event's last recorded outcome, see SubscriberConfig.MaxDeliveryStarts),
+// last_error_class (the failure class of last_error: "unavailable", "not_attempted",
+// "failure" or "permanent"; NULL before the first failed delivery; Backlog.Unavailable reads
+// it). Pending means published_at IS NULL AND dead_lettered_at IS NULL. On PostgreSQL the
+// script also adds delivery_starts and last_error_class to a table created before them.
 func SchemaSQL(cfg SchemaConfig) (string, error) {
 	s, err := cfg.compile()
 	if err != nil {

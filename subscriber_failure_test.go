@@ -108,8 +108,10 @@ func firstSeq(ds []delivery, key string) int64 {
 
 // TestUnavailableDestinationPausesItsTopicsOnly: while a destination answers unavailable, its
 // events are released without an attempt, its topic is claimed only by probes of one event,
-// another topic keeps flowing, and the outage is one WARN line and one INFO line; once it
-// answers, everything is delivered in key order and nothing is dead-lettered.
+// another topic keeps flowing, Backlog counts every pending event of the paused topic as
+// unavailable (also when the error's text does not start with "unavailable: ", as a
+// forwarder's does not), and the outage is one WARN line and one INFO line; once it answers,
+// everything is delivered in key order and nothing is dead-lettered.
 func TestUnavailableDestinationPausesItsTopicsOnly(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		schema := b.table(t)
@@ -142,7 +144,9 @@ func TestUnavailableDestinationPausesItsTopicsOnly(t *testing.T) {
 		rec.consume(ch, func(m *message.Message) error {
 			if m.Metadata.Get(outbox.MetadataTopic) == "down" && down.Load() {
 				whileDown.Add(1)
-				return &outbox.UnavailableError{Destination: "broker-a", Err: refusedErr}
+				// As a forwarder reports it: the class is in the chain, not at the start
+				// of the text.
+				return fmt.Errorf("forwarder: publish event %s: %w", m.UUID, &outbox.UnavailableError{Destination: "broker-a", Err: refusedErr})
 			}
 			return nil
 		})
@@ -163,10 +167,12 @@ func TestUnavailableDestinationPausesItsTopicsOnly(t *testing.T) {
 		if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE attempts > 0 OR dead_lettered_at IS NOT NULL`, schema.Table)); n != 0 {
 			t.Fatalf("%d events charged an attempt or dead-lettered during the outage", n)
 		}
-		n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE last_error LIKE 'unavailable: broker-a: %%'`, schema.Table))
-		if n == 0 {
-			t.Fatal("no released event notes the outage in last_error")
+		if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE last_error LIKE 'forwarder: publish event %%: unavailable: broker-a: %%' AND last_error_class = 'unavailable'`, schema.Table)); n == 0 {
+			t.Fatal("no released event notes the outage in last_error and last_error_class")
 		}
+		// Every pending event of the paused topic waits for the destination, not only those
+		// it refused (the relay claims none of them but probes).
+		n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE topic = 'down' AND published_at IS NULL`, schema.Table))
 		bl, err := sub.Backlog(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -365,18 +371,32 @@ func TestGracefulStopCountsNoStart(t *testing.T) {
 	})
 }
 
-// TestMigrateAddsDeliveryStarts: Migrate adds the delivery_starts column to a table made
-// before it existed.
+// TestMigrateAddsDeliveryStarts: CheckTable refuses a table made before the delivery_starts and
+// last_error_class columns existed (ErrTableOutdated, naming them); Migrate adds them, runs
+// again on the upgraded table, and CheckTable then passes.
 func TestMigrateAddsDeliveryStarts(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		schema := b.table(t)
 		b.exec(t, fmt.Sprintf(`ALTER TABLE %q DROP COLUMN delivery_starts`, schema.Table))
-		if err := outbox.Migrate(ctx, b.db, schema); err != nil {
-			t.Fatal(err)
+		b.exec(t, fmt.Sprintf(`ALTER TABLE %q DROP COLUMN last_error_class`, schema.Table))
+		err := outbox.CheckTable(ctx, b.db, schema)
+		if !errors.Is(err, outbox.ErrTableOutdated) || !strings.Contains(err.Error(), "lacks delivery_starts, last_error_class") {
+			t.Fatalf("CheckTable before Migrate: %v, want ErrTableOutdated naming both columns", err)
+		}
+		for range 2 {
+			if err := outbox.Migrate(ctx, b.db, schema); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := outbox.CheckTable(ctx, b.db, schema); err != nil {
+			t.Fatalf("CheckTable after Migrate: %v", err)
 		}
 		b.seed(t, schema, "t", 2, []string{"k"})
 		if n := b.count(t, fmt.Sprintf(`SELECT sum(delivery_starts) FROM %q`, schema.Table)); n != 0 {
 			t.Fatalf("sum(delivery_starts) %d, want 0", n)
+		}
+		if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE last_error_class IS NULL`, schema.Table)); n != 2 {
+			t.Fatalf("%d events with last_error_class NULL, want 2", n)
 		}
 	})
 }

@@ -78,6 +78,38 @@
 // Install after ALTER TABLE — a column added later is not carried until then, and a dropped
 // column makes the trigger (so the write) fail loudly.
 //
+// # Partitions, replica sessions, Verify (PostgreSQL)
+//
+// A statement runs the statement triggers of the table it names only. So Install puts the
+// capture triggers on a partitioned table and on each of its partitions (sub-partitions
+// included): a write naming a partition (INSERT, COPY, UPDATE, DELETE) writes the same events
+// as one through the partitioned table — its "table", topic and ordering key. Partitions
+// created (CREATE TABLE … PARTITION OF) or attached (ALTER TABLE … ATTACH PARTITION) later get
+// them from the event trigger PartitionsEventTrigger, which Install creates once per database
+// and which only a superuser may create (Install by another role is refused with
+// ErrEventTrigger until a superuser has run it once); a detached partition loses them and is
+// no longer captured. TRUNCATE of a partition is refused like the table's (TruncateRefuse);
+// with TruncateCapture each truncated partition writes one "truncated" event with the key
+// "partition" ("schema.partition"). A partition cannot be declared itself (ErrPartition),
+// nor a table with table inheritance (INHERITS) parents or children (ErrInheritance).
+//
+// The triggers are enabled ALWAYS (ALTER TABLE … ENABLE ALWAYS TRIGGER): sessions with
+// session_replication_role = replica skip ordinary triggers, and those are pg_restore
+// --disable-triggers, logical replication apply, pgcopydb and bulk loaders, whose writes
+// would otherwise change rows without events. Table.SkipReplicaSessions opts out, for
+// replica sessions that must not write events (a logical-replication subscriber whose
+// publisher already captured the change).
+//
+// Verify reports every captured table or partition whose triggers are missing, disabled, or
+// not enabled ALWAYS as installed, as a *VerifyError listing them; Install ends by running it.
+// Run it after migrations and restores (or "outbox capture verify"): a trigger dropped or
+// disabled by hand is otherwise a silent hole.
+//
+// SQLite: REPLACE (INSERT OR REPLACE, UPDATE OR REPLACE, ON CONFLICT REPLACE) deletes the
+// conflicting rows without running delete triggers unless the writing connection sets PRAGMA
+// recursive_triggers = ON: set it on every connection that may replace rows of a captured
+// table, or those deletions write no event.
+//
 // # Ordering
 //
 // A captured event is written inside the writing statement's transaction while it holds the

@@ -3,6 +3,7 @@ package capture
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/watermill-outbox/outbox"
@@ -23,31 +24,60 @@ import (
 // The triggers carry the columns the table has when Install runs: re-run Install after ALTER
 // TABLE, or an added column is not carried (and a dropped or retyped one makes the trigger,
 // hence the write, fail loudly).
+//
+// PostgreSQL: a partitioned table gets its triggers on every partition too (sub-partitions
+// included), and the database gets PartitionsEventTrigger, which gives partitions created or
+// attached later their triggers; creating it needs a superuser once per database (without it,
+// a *outbox.ConfigError of ErrEventTrigger). A partition cannot be declared itself
+// (ErrPartition). The triggers are enabled ALWAYS unless Table.SkipReplicaSessions. Install
+// ends by running Verify on the declared tables, so its error can also be a *VerifyError.
 func Install(ctx context.Context, db any, schema outbox.SchemaConfig, tables ...Table) error {
 	return inTx(ctx, db, func(c conn) error {
-		stmts, err := generate(ctx, c, schema, tables, true)
+		p, err := generate(ctx, c, schema, tables, true)
 		if err != nil {
 			return err
 		}
-		for _, st := range stmts {
+		for _, st := range p.stmts {
 			if err := c.exec(ctx, st); err != nil {
 				return fmt.Errorf("capture: install: %w", err)
 			}
 		}
-		return nil
+		if schema.Dialect == outbox.DialectSQLite {
+			return nil
+		}
+		var names []string
+		ensured := false
+		for _, r := range p.tables {
+			names = append(names, r.display)
+			if r.cat.partitioned && !ensured {
+				if err := pgEnsureEventTrigger(ctx, c, p.tg, r.field("Name"), r.display); err != nil {
+					return err
+				}
+				ensured = true
+			}
+		}
+		if err := c.exec(ctx, fmt.Sprintf("SELECT set_config(%s, '', true)", quoteLiteral(pgSyncSetting))); err != nil {
+			return fmt.Errorf("capture: install: %w", err)
+		}
+		return pgVerify(ctx, c, p.tg, names, true)
 	})
 }
 
 // SQL returns the DDL Install would run, as one script for a migration tool or psql: on
 // PostgreSQL wrapped in BEGIN … COMMIT with Migrate's advisory lock, on SQLite in BEGIN
 // IMMEDIATE … COMMIT. It reads the catalog through db (the generated code depends on the
-// column types) and changes nothing. Errors as Install.
+// column types) and changes nothing. Errors as Install. For a partitioned table the script
+// also creates PartitionsEventTrigger when the database has none, which needs a superuser.
 func SQL(ctx context.Context, db any, schema outbox.SchemaConfig, tables ...Table) (string, error) {
 	var script string
 	err := inTx(ctx, db, func(c conn) error {
-		stmts, err := generate(ctx, c, schema, tables, false)
+		p, err := generate(ctx, c, schema, tables, false)
 		if err != nil {
 			return err
+		}
+		stmts := p.stmts
+		if slices.ContainsFunc(p.tables, func(r *resolved) bool { return r.cat.partitioned }) {
+			stmts = append(stmts, pgEventTriggerStatements(p.tg)...)
 		}
 		var b strings.Builder
 		begin := "BEGIN;\n"
@@ -70,9 +100,10 @@ func SQL(ctx context.Context, db any, schema outbox.SchemaConfig, tables ...Tabl
 	return script, err
 }
 
-// Uninstall drops the capture triggers (and PostgreSQL trigger functions) of the named tables;
-// only Table.Name is read. A table without triggers, or that no longer exists, is skipped. One
-// transaction, locked as Install.
+// Uninstall drops the capture triggers (and PostgreSQL trigger functions) of the named tables,
+// and of their partitions; only Table.Name is read. A table without triggers, or that no
+// longer exists, is skipped. One transaction, locked as Install. PartitionsEventTrigger stays:
+// it does nothing for tables that are not captured.
 func Uninstall(ctx context.Context, db any, schema outbox.SchemaConfig, tables ...Table) error {
 	tg, err := newTarget(schema)
 	if err != nil {
@@ -94,7 +125,13 @@ func Uninstall(ctx context.Context, db any, schema outbox.SchemaConfig, tables .
 			}
 			if len(got) == 1 {
 				schemaName, table, _ := strings.Cut(got[0], ".")
-				stmts = append(stmts, pgUninstall(schemaName, table)...)
+				// The triggers calling the table's function elsewhere: its partitions.
+				others, err := queryStrings(ctx, c, `SELECT format('DROP TRIGGER %I ON %s', t.tgname, t.tgrelid::regclass) FROM pg_trigger t
+WHERE t.tgfoid = to_regprocedure($1) AND t.tgrelid <> to_regclass($2) ORDER BY t.tgrelid, t.tgname`, pgFunction(schemaName, table)+"()", quoteParts(t.Name))
+				if err != nil {
+					return fmt.Errorf("capture: uninstall %s: %w", t.Name, err)
+				}
+				stmts = append(append(stmts, others...), pgUninstall(schemaName, table)...)
 			}
 		}
 		for _, st := range stmts {
@@ -114,9 +151,17 @@ func quoteParts(name string) string {
 	return strings.Join(parts, ".")
 }
 
-// generate checks every declaration and returns the DDL; withLock prepends the advisory lock
-// (PostgreSQL), taken before the catalog is read.
-func generate(ctx context.Context, c conn, schema outbox.SchemaConfig, tables []Table, withLock bool) ([]string, error) {
+// plan is what generate returns: the DDL, the resolved declarations and the outbox table.
+type plan struct {
+	stmts  []string
+	tables []*resolved
+	tg     *target
+}
+
+// generate checks every declaration and returns the DDL; withLock (Install) takes the advisory
+// lock (PostgreSQL) before the catalog is read, and keeps the event trigger from acting on
+// Install's own DDL.
+func generate(ctx context.Context, c conn, schema outbox.SchemaConfig, tables []Table, withLock bool) (*plan, error) {
 	tg, err := newTarget(schema)
 	if err != nil {
 		return nil, err
@@ -128,9 +173,9 @@ func generate(ctx context.Context, c conn, schema outbox.SchemaConfig, tables []
 		}
 	}
 	sqlite := schema.Dialect == outbox.DialectSQLite
-	var stmts []string
+	p := &plan{tg: tg}
 	if !sqlite && withLock {
-		if err := c.exec(ctx, fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", tg.seed)); err != nil {
+		if err := c.exec(ctx, fmt.Sprintf("SELECT pg_advisory_xact_lock(%d), set_config(%s, 'on', true)", tg.seed, quoteLiteral(pgSyncSetting))); err != nil {
 			return nil, fmt.Errorf("capture: lock: %w", err)
 		}
 	}
@@ -168,11 +213,12 @@ func generate(ctx context.Context, c conn, schema outbox.SchemaConfig, tables []
 			return nil, &outbox.ConfigError{Field: ch.field("Name"), Reason: fmt.Sprintf("%s is declared twice (Table[%d])", r.display, j), Err: ErrInvalid}
 		}
 		seen[r.display] = i
+		p.tables = append(p.tables, r)
 		if sqlite {
-			stmts = append(stmts, r.sqliteStatements(tg)...)
+			p.stmts = append(p.stmts, r.sqliteStatements(tg)...)
 		} else {
-			stmts = append(stmts, r.pgStatements(tg)...)
+			p.stmts = append(p.stmts, r.pgStatements(tg)...)
 		}
 	}
-	return stmts, nil
+	return p, nil
 }

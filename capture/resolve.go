@@ -33,7 +33,26 @@ type catalog struct {
 	cols          []catColumn
 	pk            []string
 	isOutbox      bool
+	// partitionOf is the partitioned table (as regclass text) the table is a partition of;
+	// empty when it is none.
+	partitionOf string
+	// inherits lists the tables the table has an inheritance (INHERITS, not partition) link
+	// with, parents or children; empty when none.
+	inherits string
+	// partitions are the partitions of a partitioned table, sub-partitions included, parents
+	// before their partitions (PostgreSQL).
+	partitions []partition
+	// partitioned: the table is a partitioned table (PostgreSQL).
+	partitioned bool
 }
+
+// partition is one member of a partitioned table's tree.
+type partition struct {
+	schema, table string // unquoted
+	kind          string // pg_class.relkind: "r", "p" or "f"
+}
+
+func (p partition) quoted() string { return pgx.Identifier{p.schema, p.table}.Sanitize() }
 
 // resolved is a declaration checked against the catalog: the code generators' input.
 type resolved struct {
@@ -52,9 +71,11 @@ type target struct {
 	// written is the table the triggers insert into: on PostgreSQL schema-qualified as the
 	// catalog resolved it at install (a writer's search_path does not matter), else table.
 	written string
-	parts   []string
-	seed    int64 // the Publisher's per-key lock seed
-	extras  []string
+	// schemaName is the schema of written, unquoted (PostgreSQL, set by pgOutboxExists).
+	schemaName string
+	parts      []string
+	seed       int64 // the Publisher's per-key lock seed
+	extras     []string
 }
 
 func newTarget(cfg outbox.SchemaConfig) (*target, error) {
@@ -87,6 +108,17 @@ func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''
 func resolve(c *checked, cat *catalog, tg *target) (*resolved, error) {
 	if cat.isOutbox {
 		return nil, &outbox.ConfigError{Field: c.field("Name"), Reason: fmt.Sprintf("%q is the outbox table", c.Name), Err: ErrOutboxTable}
+	}
+	if cat.partitionOf != "" {
+		return nil, &outbox.ConfigError{Field: c.field("Name"), Reason: fmt.Sprintf("%s.%s is a partition of %s: declare %s (its partitions are captured with it; writes through it would bypass a partition's own triggers)", cat.schema, cat.table, cat.partitionOf, cat.partitionOf), Err: ErrPartition}
+	}
+	if cat.inherits != "" {
+		return nil, &outbox.ConfigError{Field: c.field("Name"), Reason: fmt.Sprintf("%s.%s has table inheritance with %s: a statement runs the triggers of the table it names only, so writes naming the other table would change rows without events (use declarative partitioning)", cat.schema, cat.table, cat.inherits), Err: ErrInheritance}
+	}
+	for _, p := range cat.partitions {
+		if p.kind == "f" {
+			return nil, &outbox.ConfigError{Field: c.field("Name"), Reason: fmt.Sprintf("partition %s.%s of %s.%s is a foreign table: its direct writes cannot be captured", p.schema, p.table, cat.schema, cat.table), Err: ErrPartition}
+		}
 	}
 	r := &resolved{checked: c, cat: cat, display: cat.schema + "." + cat.table}
 	r.qtable = pgx.Identifier{cat.schema, cat.table}.Sanitize()

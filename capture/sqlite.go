@@ -219,3 +219,36 @@ func sqliteUninstall(name string) []string {
 	}
 	return stmts
 }
+
+// sqliteVerify checks that each table has the triggers of its declaration's Operations.
+func sqliteVerify(ctx context.Context, c conn, tables []Table) error {
+	var problems []TriggerProblem
+	for i, t := range tables {
+		ch, err := check(i, t)
+		if err != nil {
+			return err
+		}
+		table := sqliteTableName(t.Name)
+		got, err := queryStrings(ctx, c, `SELECT name FROM sqlite_master WHERE type = 'table' AND name = $1`, table)
+		if err != nil {
+			return fmt.Errorf("capture: verify %s: %w", t.Name, err)
+		}
+		if len(got) == 0 {
+			return &outbox.ConfigError{Field: ch.field("Name"), Reason: fmt.Sprintf("no table %q", t.Name), Err: ErrUnknownTable}
+		}
+		for _, op := range ch.ops {
+			name := "outbox_capture_" + got[0] + "_" + string(op)
+			n, err := queryStrings(ctx, c, `SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = $1 AND name = $2`, got[0], name)
+			if err != nil {
+				return fmt.Errorf("capture: verify %s: %w", t.Name, err)
+			}
+			if len(n) == 0 {
+				problems = append(problems, TriggerProblem{Table: "main." + got[0], Relation: "main." + got[0], Trigger: name, Problem: "missing"})
+			}
+		}
+	}
+	if len(problems) > 0 {
+		return &VerifyError{Problems: problems}
+	}
+	return nil
+}

@@ -141,6 +141,13 @@ type Table struct {
 	Extend Extend
 	// Truncate chooses what a TRUNCATE does (PostgreSQL). Default TruncateRefuse.
 	Truncate Truncate
+	// SkipReplicaSessions (PostgreSQL) lets the triggers be skipped by sessions with
+	// session_replication_role = replica. Default false: the triggers are enabled ALWAYS
+	// (ALTER TABLE … ENABLE ALWAYS TRIGGER), so pg_restore --disable-triggers, logical
+	// replication apply, pgcopydb and bulk loaders that set the role write events too instead
+	// of changing rows silently. Set it where replica sessions must not write events, for
+	// example on a logical-replication subscriber whose publisher already captured the change.
+	SkipReplicaSessions bool
 }
 
 // DefaultTopic is Table.Topic's default.

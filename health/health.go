@@ -1,6 +1,7 @@
 // Package health serves a relay's operational endpoints over HTTP: /metrics (any handler, for
 // example promhttp's), /healthz (the process answers) and /readyz (every readiness check
-// passes: the database is reachable, the subscriptions are running). The outbox command's
+// passes: the database is reachable, the subscriptions are running, no destination is in an
+// outage). The outbox command's
 // `relay --http-addr` serves it; library users who run the relay inside their own service
 // mount the same Handler.
 package health
@@ -123,6 +124,40 @@ func Running(runners ...Runner) Check {
 			}
 		}
 		return nil
+	}}
+}
+
+// OutageSource is what Destinations reads: *outbox.Subscriber and *outbox.MultiSubscriber.
+type OutageSource interface {
+	Outages() []outbox.Outage
+}
+
+// Destinations is the readiness check "destinations": no destination of sources is in an
+// outage (a destination that answered unavailable, whose topics the relay pauses and probes;
+// see outbox.UnavailableError). Its error names each such destination, for how long it has
+// been down and its last error, for example "redis 127.0.0.1:6379 unavailable for 12s:
+// dial tcp 127.0.0.1:6379: connect: connection refused". It reflects what the relay saw when
+// it delivered: a destination that is down while no event is bound for it is not reported.
+func Destinations(sources ...OutageSource) Check {
+	return Check{Name: "destinations", Func: func(context.Context) error {
+		var down []string
+		for _, src := range sources {
+			for _, o := range src.Outages() {
+				name := o.Destination
+				if name == "" {
+					name = "destination"
+				}
+				msg := fmt.Sprintf("%s unavailable for %s", name, time.Since(o.Since).Round(time.Second))
+				if o.LastError != nil {
+					msg += ": " + o.LastError.Error()
+				}
+				down = append(down, msg)
+			}
+		}
+		if len(down) == 0 {
+			return nil
+		}
+		return errors.New(strings.Join(down, "; "))
 	}}
 }
 

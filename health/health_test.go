@@ -122,3 +122,31 @@ func TestReadyzFollowsDatabase(t *testing.T) {
 		t.Error("database check passed on a closed pool")
 	}
 }
+
+// outages is an OutageSource with fixed outages.
+type outages []outbox.Outage
+
+func (o *outages) Outages() []outbox.Outage { return *o }
+
+// TestDestinationsCheck: /readyz fails while a source reports an outage, naming each
+// destination, how long it has been down and its last error, and passes when none does.
+func TestDestinationsCheck(t *testing.T) {
+	var src outages
+	h, err := health.Handler(health.Config{Ready: []health.Check{health.Destinations(&src)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	if code, body := get(t, srv.URL+"/readyz"); code != 200 || body != "ready\n" {
+		t.Fatalf("no outage: /readyz = %d %q", code, body)
+	}
+	src = outages{
+		{Destination: "redis 127.0.0.1:6379", Since: time.Now().Add(-12 * time.Second), LastError: errors.New("dial tcp 127.0.0.1:6379: connect: connection refused")},
+		{Since: time.Now().Add(-3 * time.Second)},
+	}
+	want := "destinations: redis 127.0.0.1:6379 unavailable for 12s: dial tcp 127.0.0.1:6379: connect: connection refused; destination unavailable for 3s\n"
+	if code, body := get(t, srv.URL+"/readyz"); code != 503 || body != want {
+		t.Fatalf("outage: /readyz = %d %q, want 503 %q", code, body, want)
+	}
+}

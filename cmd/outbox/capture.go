@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
@@ -17,7 +18,9 @@ type captureFlags struct {
 	db, outboxTable                string
 	tables, fields, exclude        []string
 	payload, topic, okey, truncate string
-	unordered                      bool
+	unordered, skipReplica         bool
+	// optionalTables: no --table means every captured table (verify).
+	optionalTables bool
 }
 
 func (f *captureFlags) register(cmd *cobra.Command, declaration bool) {
@@ -34,11 +37,12 @@ func (f *captureFlags) register(cmd *cobra.Command, declaration bool) {
 	cmd.Flags().StringVar(&f.okey, "ordering-key", capture.DefaultOrderingKey, "ordering key template of {schema}, {table}, {pk}")
 	cmd.Flags().BoolVar(&f.unordered, "unordered", false, "write events without an ordering key")
 	cmd.Flags().StringVar(&f.truncate, "truncate", "refuse", "what TRUNCATE does (PostgreSQL): refuse, capture or ignore")
+	cmd.Flags().BoolVar(&f.skipReplica, "skip-replica-sessions", false, "let sessions with session_replication_role = replica skip the triggers (PostgreSQL; default: they fire there too, so restores and replication apply are captured)")
 }
 
 // declarations returns one capture.Table per --table.
 func (f *captureFlags) declarations() ([]capture.Table, error) {
-	if len(f.tables) == 0 {
+	if len(f.tables) == 0 && !f.optionalTables {
 		return nil, &usageError{fmt.Errorf("--table is required")}
 	}
 	payload, err := capture.ParsePayload(f.payload)
@@ -56,7 +60,7 @@ func (f *captureFlags) declarations() ([]capture.Table, error) {
 	var out []capture.Table
 	for _, name := range f.tables {
 		out = append(out, capture.Table{Name: name, Payload: payload, Fields: f.fields, Exclude: f.exclude, Topic: f.topic,
-			OrderingKey: okey, Unordered: f.unordered, Truncate: truncate})
+			OrderingKey: okey, Unordered: f.unordered, Truncate: truncate, SkipReplicaSessions: f.skipReplica})
 	}
 	return out, nil
 }
@@ -85,21 +89,26 @@ func (f *captureFlags) run(cmd *cobra.Command, fn func(d *database, tables []cap
 
 func newCaptureCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "capture install|sql|uninstall",
+		Use:   "capture install|sql|uninstall|verify",
 		Short: "Capture every row change of tables as outbox events (generated triggers)",
 		Long: `capture installs database triggers that write an outbox event for every INSERT, UPDATE and
 DELETE of the given tables, in the writing transaction (raw SQL, COPY and cascades included).
+On PostgreSQL the partitions of a partitioned table are captured with it (those created or
+attached later too), and the triggers also fire in sessions with session_replication_role =
+replica unless --skip-replica-sessions. "capture verify" reports any captured table or
+partition whose triggers are missing or not enabled.
 See the capture package documentation for the envelope and the JSON form of values.
 PostgreSQL and SQLite only: a MariaDB/MySQL --db is refused.`,
 	}
-	cmd.AddCommand(newCaptureInstallCmd(), newCaptureSQLCmd(), newCaptureUninstallCmd())
+	cmd.AddCommand(newCaptureInstallCmd(), newCaptureSQLCmd(), newCaptureUninstallCmd(), newCaptureVerifyCmd())
 	return cmd
 }
 
 // captureSubCmd builds one capture subcommand: its flags (the declaration flags when decl),
-// and fn run on the open database with one declaration per --table.
-func captureSubCmd(use, short string, decl bool, fn func(cmd *cobra.Command, f *captureFlags, d *database, tables []capture.Table) error) *cobra.Command {
-	var f captureFlags
+// and fn run on the open database with one declaration per --table (--table is optional when
+// optionalTables).
+func captureSubCmd(use, short string, decl, optionalTables bool, fn func(cmd *cobra.Command, f *captureFlags, d *database, tables []capture.Table) error) *cobra.Command {
+	f := captureFlags{optionalTables: optionalTables}
 	cmd := &cobra.Command{
 		Use:   use,
 		Short: short,
@@ -114,7 +123,7 @@ func captureSubCmd(use, short string, decl bool, fn func(cmd *cobra.Command, f *
 
 func newCaptureInstallCmd() *cobra.Command {
 	return captureSubCmd("install --db URL --table NAME [--payload after] [--exclude COL] …",
-		"Create or regenerate the capture triggers (idempotent; re-run after ALTER TABLE)", true,
+		"Create or regenerate the capture triggers (idempotent; re-run after ALTER TABLE)", true, false,
 		func(cmd *cobra.Command, f *captureFlags, d *database, tables []capture.Table) error {
 			if err := capture.Install(cmd.Context(), d.handle(), d.schema, tables...); err != nil {
 				return d.queryError("installing capture triggers", err)
@@ -126,7 +135,7 @@ func newCaptureInstallCmd() *cobra.Command {
 
 func newCaptureSQLCmd() *cobra.Command {
 	return captureSubCmd("sql --db URL --table NAME [--payload after] …",
-		"Print the DDL install would run (for migration tools or psql); changes nothing", true,
+		"Print the DDL install would run (for migration tools or psql); changes nothing", true, false,
 		func(cmd *cobra.Command, _ *captureFlags, d *database, tables []capture.Table) error {
 			script, err := capture.SQL(cmd.Context(), d.handle(), d.schema, tables...)
 			if err != nil {
@@ -138,12 +147,36 @@ func newCaptureSQLCmd() *cobra.Command {
 }
 
 func newCaptureUninstallCmd() *cobra.Command {
-	return captureSubCmd("uninstall --db URL --table NAME", "Drop the capture triggers of tables (idempotent)", false,
+	return captureSubCmd("uninstall --db URL --table NAME", "Drop the capture triggers of tables (idempotent)", false, false,
 		func(cmd *cobra.Command, f *captureFlags, d *database, tables []capture.Table) error {
 			if err := capture.Uninstall(cmd.Context(), d.handle(), d.schema, tables...); err != nil {
 				return d.queryError("dropping capture triggers", err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "capture triggers dropped from %s in %s\n", strings.Join(f.tables, ", "), d.where())
+			return nil
+		})
+}
+
+func newCaptureVerifyCmd() *cobra.Command {
+	return captureSubCmd("verify --db URL [--table NAME]",
+		"Check that every captured table and partition has its capture triggers, enabled (exit 1 listing those that do not)", false, true,
+		func(cmd *cobra.Command, f *captureFlags, d *database, tables []capture.Table) error {
+			what := "every captured table"
+			if len(f.tables) > 0 {
+				what = strings.Join(f.tables, ", ")
+			}
+			err := capture.Verify(cmd.Context(), d.handle(), d.schema, tables...)
+			var ve *capture.VerifyError
+			if errors.As(err, &ve) {
+				for _, p := range ve.Problems {
+					fmt.Fprintln(cmd.OutOrStdout(), p.String())
+				}
+				return &failedError{fmt.Sprintf("%d capture trigger(s) missing or not enabled in %s: writes there produce no event; re-run `outbox capture install`", len(ve.Problems), d.where())}
+			}
+			if err != nil {
+				return d.queryError("verifying capture triggers", err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "capture triggers verified on %s in %s\n", what, d.where())
 			return nil
 		})
 }

@@ -119,3 +119,52 @@ func TestCaptureSQLViaPsql(t *testing.T) {
 		t.Fatalf("no --table: %+v", r)
 	}
 }
+
+// TestCaptureVerifyCLI: "outbox capture verify" passes after install, and after a capture
+// trigger is dropped exits 1 naming it; --skip-replica-sessions installs triggers that replica
+// sessions skip (enabled ORIGIN), the default ALWAYS.
+func TestCaptureVerifyCLI(t *testing.T) {
+	pool := pgtest.Require(t)
+	ctx := context.Background()
+	dsn := pgtest.DSN()
+	ob, tb := pgtest.Table(t), pgtest.Table(t)
+	if r := cli(t, nil, "migrate", "--db", dsn, "--table", ob); r.code != 0 {
+		t.Fatalf("migrate: %+v", r)
+	}
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (id int PRIMARY KEY, status text)`, tb)); err != nil {
+		t.Fatal(err)
+	}
+	enabled := func() string {
+		var s string
+		if err := pool.QueryRow(ctx, `SELECT string_agg(tgname || '=' || tgenabled::text, ',' ORDER BY tgname) FROM pg_trigger WHERE tgrelid = $1::regclass`, tb).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	db := []string{"--db", dsn, "--outbox-table", ob}
+	if r := cli(t, nil, append([]string{"capture", "install", "--table", tb}, db...)...); r.code != 0 {
+		t.Fatalf("capture install: %+v", r)
+	}
+	if got, want := enabled(), "outbox_capture_deleted=A,outbox_capture_inserted=A,outbox_capture_truncate=A,outbox_capture_updated=A"; got != want {
+		t.Fatalf("triggers %s, want %s", got, want)
+	}
+	if r := cli(t, nil, append([]string{"capture", "verify"}, db...)...); r.code != 0 || !strings.Contains(r.stdout, "capture triggers verified on every captured table") {
+		t.Fatalf("capture verify: %+v", r)
+	}
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`DROP TRIGGER outbox_capture_updated ON %s`, tb)); err != nil {
+		t.Fatal(err)
+	}
+	r := cli(t, nil, append([]string{"capture", "verify", "--table", tb}, db...)...)
+	if r.code != 1 || r.stdout != fmt.Sprintf("public.%s: trigger outbox_capture_updated missing\n", tb) || !strings.Contains(r.stderr, "1 capture trigger(s) missing or not enabled") {
+		t.Fatalf("capture verify after DROP TRIGGER: %+v", r)
+	}
+	if r := cli(t, nil, append([]string{"capture", "install", "--table", tb, "--skip-replica-sessions"}, db...)...); r.code != 0 {
+		t.Fatalf("capture install --skip-replica-sessions: %+v", r)
+	}
+	if got, want := enabled(), "outbox_capture_deleted=O,outbox_capture_inserted=O,outbox_capture_truncate=O,outbox_capture_updated=O"; got != want {
+		t.Fatalf("triggers %s, want %s", got, want)
+	}
+	if r := cli(t, nil, append([]string{"capture", "verify", "--table", tb}, db...)...); r.code != 0 {
+		t.Fatalf("capture verify after --skip-replica-sessions: %+v", r)
+	}
+}

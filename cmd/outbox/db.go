@@ -328,6 +328,9 @@ func (d *database) requireTable(ctx context.Context) error {
 		}
 		return fmt.Errorf("outbox table %q not found in %s: create it with %s", d.tableName(), d.where(), d.migrateHint())
 	}
+	if errors.Is(err, outbox.ErrTableOutdated) {
+		return fmt.Errorf("%s: upgrade it with %s", strings.TrimPrefix(oneLine(err.Error()), "outbox: "), d.migrateHint())
+	}
 	return d.queryError("checking the outbox table", err)
 }
 

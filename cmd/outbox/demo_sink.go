@@ -222,7 +222,7 @@ func startBrokerSink(ctx context.Context, dest destURL, topic string, f demoFlag
 		s.closers = append(s.closers, func() { _ = pub.Close() })
 		s.pub = pub
 	case destRedis:
-		pub, err := openPublisher(ctx, dest, destOptions{}, logger)
+		pub, err := openPublisher(ctx, dest, destOptions{probe: true}, logger)
 		if err != nil {
 			return nil, err
 		}

@@ -107,6 +107,11 @@ type destOptions struct {
 	// permanent lists the webhook answers that dead-letter an event at once
 	// (webhook.Config.PermanentStatuses).
 	permanent []int
+	// probe makes a Redis (or asynq) destination answer PING first, failing when it does not
+	// (the demo).
+	// The relay starts without: a broker down at start is an outage (its events wait, no
+	// attempt counted, /readyz says so) until it is up, as Kafka and RabbitMQ are.
+	probe bool
 }
 
 // openPublisher builds the Watermill publisher of d. The caller closes it.
@@ -128,20 +133,22 @@ func openPublisher(ctx context.Context, d destURL, opts destOptions, logger wate
 		// go-redis logs dial failures on its own, several lines each: route them to the logger's
 		// debug level (the error returned here or the relay's WARN lines say what failed).
 		redis.SetLogger(redisLogger{logger})
-		po := *d.redis
-		po.MaxRetries = -1
-		probe := redis.NewClient(&po)
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := probe.Ping(pctx).Err()
-		cancel()
-		_ = probe.Close()
-		if err != nil {
-			return nil, fmt.Errorf("cannot connect to Redis at %s (%s): check that it runs and that --to %s is right", d.redis.Addr, oneLine(err.Error()), d.shown)
+		if opts.probe {
+			po := *d.redis
+			po.MaxRetries = -1
+			probe := redis.NewClient(&po)
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := probe.Ping(pctx).Err()
+			cancel()
+			_ = probe.Close()
+			if err != nil {
+				return nil, fmt.Errorf("cannot connect to Redis at %s (%s): check that it runs and that --to %s is right", d.redis.Addr, oneLine(err.Error()), d.shown)
+			}
 		}
 		opts := *d.redis
 		return redisstream.NewPublisher(redisstream.Config{Options: &opts}, logger)
 	case destAsynq:
-		return openAsynq(d, logger)
+		return openAsynq(d, opts.probe, logger)
 	case destHTTP:
 		pub, err := webhook.NewPublisher(webhook.Config{URL: d.raw, Secret: opts.secret, AllowedPrefixes: opts.allow, Timeout: opts.timeout, PermanentStatuses: opts.permanent}, logger)
 		var ce *webhook.ConfigError

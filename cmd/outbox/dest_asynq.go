@@ -64,14 +64,17 @@ func parseAsynqURL(d *destURL, u *url.URL) error {
 	return nil
 }
 
-// openAsynq checks that Redis answers and returns the asynq task publisher of d.
-func openAsynq(d destURL, logger watermill.LoggerAdapter) (message.Publisher, error) {
+// openAsynq returns the asynq task publisher of d; with probe it first checks that Redis
+// answers (the relay does not: Redis down at start is an outage, see destOptions.probe).
+func openAsynq(d destURL, probe bool, logger watermill.LoggerAdapter) (message.Publisher, error) {
 	redis.SetLogger(redisLogger{logger})
-	probe := asynq.NewClient(d.asynq.Redis)
-	err := probe.Ping()
-	_ = probe.Close()
-	if err != nil {
-		return nil, fmt.Errorf("cannot connect to Redis at %s for asynq (%s): check that it runs and that --to %s is right", d.redis.Addr, oneLine(err.Error()), d.shown)
+	if probe {
+		c := asynq.NewClient(d.asynq.Redis)
+		err := c.Ping()
+		_ = c.Close()
+		if err != nil {
+			return nil, fmt.Errorf("cannot connect to Redis at %s for asynq (%s): check that it runs and that --to %s is right", d.redis.Addr, oneLine(err.Error()), d.shown)
+		}
 	}
 	return outboxasynq.NewPublisher(*d.asynq, logger)
 }

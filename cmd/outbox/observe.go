@@ -103,8 +103,9 @@ func (s *relayStats) wrap(pub message.Publisher, kind destKind) message.Publishe
 }
 
 // serve starts the backlog sampler and the HTTP endpoints (with --http-addr) until ctx ends.
-// db and schema are the readiness check's database; runners the forwarders.
-func (s *relayStats) serve(ctx context.Context, sub metrics.BacklogSource, db any, schema outbox.SchemaConfig, runners []health.Runner, logger watermill.LoggerAdapter) {
+// db and schema are the readiness check's database; runners the forwarders; outages the
+// subscribers whose destination outages make /readyz fail.
+func (s *relayStats) serve(ctx context.Context, sub metrics.BacklogSource, outages []health.OutageSource, db any, schema outbox.SchemaConfig, runners []health.Runner, logger watermill.LoggerAdapter) {
 	if s.obs == nil {
 		return
 	}
@@ -112,7 +113,7 @@ func (s *relayStats) serve(ctx context.Context, sub metrics.BacklogSource, db an
 	go s.obs.WatchSubscriptions(ctx, runners...)
 	h, err := health.Handler(health.Config{
 		Metrics: promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}),
-		Ready:   []health.Check{health.Database(db, schema), health.Running(runners...)},
+		Ready:   []health.Check{health.Database(db, schema), health.Running(runners...), health.Destinations(outages...)},
 	})
 	if err != nil {
 		panic(err) // the config is fixed above

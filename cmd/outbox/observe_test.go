@@ -5,11 +5,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 )
 
 // TestRelayObservability runs the relay with --http-addr against a webhook that refuses one
@@ -34,35 +32,9 @@ func TestRelayObservability(t *testing.T) {
 	defer srv.Close()
 	p := start(t, nil, "relay", "--db", db, "--table", table, "--to", srv.URL+"/hook", "--allow-prefix", "127.0.0.0/8",
 		"--poll-interval", "50ms", "--max-attempts", "2", "--retry-base", "20ms", "--http-addr", "127.0.0.1:0", "--backlog-interval", "100ms")
-	addrLine := regexp.MustCompile(`msg="outbox relay serving /metrics, /healthz and /readyz" http-addr=(127\.0\.0\.1:\d+)`)
-	var base string
-	waitFor(t, 30*time.Second, "the serving line", func() bool {
-		if m := addrLine.FindStringSubmatch(p.errb.String()); m != nil {
-			base = "http://" + m[1]
-			return true
-		}
-		return !p.running()
-	})
-	if base == "" {
-		t.Fatalf("relay exited: %s", p.errb.String())
-	}
-	get := func(path string) (int, string) {
-		resp, err := http.Get(base + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
-	}
-	metric := func(body, series string) float64 {
-		m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindStringSubmatch(body)
-		if m == nil {
-			return -1
-		}
-		v, _ := strconv.ParseFloat(m[1], 64)
-		return v
-	}
+	base := httpBase(t, p)
+	get := func(path string) (int, string) { return httpGet(t, base+path) }
+	metric := metricOf
 	var body, last string
 	defer func() {
 		if t.Failed() {

@@ -204,7 +204,7 @@ func printStatus(w io.Writer, total outbox.Backlog, topics []topicBacklog, asJSO
 				names = append(names, t.Topic)
 			}
 		}
-		_, err := fmt.Fprintf(w, "destination unavailable: %d pending events of %s were last released because their destination was down (no attempt counted; the relay probes it and resumes on its own)\n",
+		_, err := fmt.Fprintf(w, "destination unavailable: %d pending events of %s are held because their destination was down at the last delivery (no attempt counted; the relay probes it and resumes on its own)\n",
 			total.Unavailable, strings.Join(names, ", "))
 		return err
 	}

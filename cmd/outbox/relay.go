@@ -382,7 +382,11 @@ func runRelay(ctx context.Context, d *database, cfg outbox.SubscriberConfig, tab
 		ready.Table = tables[0]
 		logger.Info("outbox relay serving several tables", watermill.LogFields{"tables": strings.Join(tables, ",")})
 	}
-	stats.serve(runCtx, subs[0], d.handle(), ready, runners, logger)
+	outages := make([]health.OutageSource, len(subs))
+	for i, sub := range subs {
+		outages[i] = sub
+	}
+	stats.serve(runCtx, subs[0], outages, d.handle(), ready, runners, logger)
 	<-runCtx.Done()
 	logger.Info("outbox relay stopping", nil)
 	closeAll()
@@ -426,6 +430,7 @@ func relayWakeup(d *database, poll time.Duration, logger watermill.LoggerAdapter
 type relaySubscriber interface {
 	forwarder.Subscriber
 	Backlog(ctx context.Context) (outbox.Backlog, error)
+	Outages() []outbox.Outage
 }
 
 // newRelaySubscriber returns a Subscriber of cfg, or a MultiSubscriber over tables.

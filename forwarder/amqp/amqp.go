@@ -44,6 +44,7 @@ import (
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/forwarder"
+	"github.com/watermill-outbox/outbox/internal/netfail"
 )
 
 // DefaultChannels is Config.Channels' default.
@@ -84,7 +85,11 @@ func (e *ReturnedError) Is(target error) bool { return target == ErrUnroutable }
 // Config configures a Publisher. Exactly one of URL and Connection is required.
 type Config struct {
 	// URL of the broker, e.g. "amqp://guest:guest@127.0.0.1:5672/". The Publisher dials it,
-	// redials when the connection drops (at the next publish) and closes it on Close.
+	// redials when the connection drops (at the next publish) and closes it on Close. A
+	// broker that cannot be reached when the Publisher is built (connection refused or
+	// dropped, DNS, a dial timeout) is not an error: the Publisher dials at each publish
+	// until it connects, and each message fails meanwhile with an *outbox.UnavailableError
+	// (the relay pauses and probes, no attempt is counted).
 	URL string
 	// AMQPConfig is used to dial URL (TLS, heartbeat, vhost…); nil means amqp091's defaults.
 	AMQPConfig *amqp091.Config
@@ -217,9 +222,11 @@ func (p *Publisher) blockedErr() error {
 	return nil
 }
 
-// NewPublisher returns a Publisher; with Config.URL it dials the broker first. A nil logger
-// means watermill.NopLogger. Errors: an *outbox.ConfigError for an invalid cfg, or the dial
-// error.
+// NewPublisher returns a Publisher; with Config.URL it dials the broker first, and when the
+// broker cannot be reached it logs that at INFO and dials again at the next publish (see
+// Config.URL). A nil logger means watermill.NopLogger. Errors: an *outbox.ConfigError for an
+// invalid cfg, or a dial error other than an unreachable broker (refused credentials, a
+// malformed URL, a TLS error).
 func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -235,7 +242,12 @@ func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error
 	}
 	if p.own {
 		conn, err := p.dial()
-		if err != nil {
+		switch {
+		case err != nil && (netfail.Unreachable(err) || netfail.Dropped(err)):
+			// Down at start is an outage, not a configuration error: open dials again.
+			p.logger.Info("outbox amqp: broker not reachable yet; dialing again at each publish", watermill.LogFields{"destination": p.name, "err": err.Error()})
+			return p, nil
+		case err != nil:
 			return nil, err
 		}
 		p.conn = conn

@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -284,52 +282,6 @@ func TestOneBadEventFailsAlone(t *testing.T) {
 	}
 }
 
-// proxy forwards loopback connections to target until closed; close also cuts the
-// connections it carries (the broker going away, as seen by the client).
-type proxy struct {
-	l     net.Listener
-	mu    sync.Mutex
-	conns []net.Conn
-}
-
-func newProxy(t *testing.T, target string) *proxy {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{l: l}
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, c, up)
-			p.mu.Unlock()
-			go func() { _, _ = io.Copy(up, c); _ = up.Close() }()
-			go func() { _, _ = io.Copy(c, up); _ = c.Close() }()
-		}
-	}()
-	t.Cleanup(p.close)
-	return p
-}
-
-func (p *proxy) close() {
-	_ = p.l.Close()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		_ = c.Close()
-	}
-}
-
 // TestUnavailableWhenBrokerGone: through a loopback proxy to RabbitMQ, a publish succeeds;
 // once the proxy is gone (connections cut, port closed) every message of the next batches
 // fails with an *outbox.UnavailableError naming the broker, not an ordinary failure.
@@ -337,8 +289,7 @@ func TestUnavailableWhenBrokerGone(t *testing.T) {
 	url := brokertest.RequireRabbitMQ(t)
 	_, ch := dialChannel(t, url)
 	q := queue(t, ch)
-	px := newProxy(t, strings.TrimSuffix(strings.SplitN(url, "@", 2)[1], "/"))
-	addr := px.l.Addr().String()
+	addr, cut := brokertest.Forward(t, "127.0.0.1:0", strings.TrimSuffix(strings.SplitN(url, "@", 2)[1], "/"))
 	p, err := NewPublisher(Config{URL: "amqp://guest:guest@" + addr + "/"}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -347,7 +298,7 @@ func TestUnavailableWhenBrokerGone(t *testing.T) {
 	if err := p.Publish(q, outbox.NewMessage([]byte(`{}`))); err != nil {
 		t.Fatal(err)
 	}
-	px.close()
+	cut()
 	for round := range 2 {
 		batch := []forwarder.Outgoing{{Topic: q, Message: outbox.NewMessage([]byte(`{}`))}, {Topic: q, Message: outbox.NewMessage([]byte(`{}`))}}
 		for i, err := range p.PublishBatch(context.Background(), batch) {
@@ -356,5 +307,36 @@ func TestUnavailableWhenBrokerGone(t *testing.T) {
 				t.Errorf("round %d message %d: %v, want *outbox.UnavailableError of %q", round, i, err, "amqp "+addr)
 			}
 		}
+	}
+}
+
+// TestBrokerDownAtStart: a Publisher built while nothing listens at its URL is no error; each
+// message fails as unavailable (naming the broker) until the broker can be reached, and then
+// goes through on a connection the Publisher dials itself.
+func TestBrokerDownAtStart(t *testing.T) {
+	url := brokertest.RequireRabbitMQ(t)
+	_, ch := dialChannel(t, url)
+	q := queue(t, ch)
+	addr := brokertest.ClosedPort(t)
+	p, err := NewPublisher(Config{URL: "amqp://guest:guest@" + addr + "/"}, nil)
+	if err != nil {
+		t.Fatalf("NewPublisher with the broker down: %v", err)
+	}
+	defer p.Close()
+	batch := []forwarder.Outgoing{{Topic: q, Message: outbox.NewMessage([]byte(`{}`))}, {Topic: q, Message: outbox.NewMessage([]byte(`{}`))}}
+	for i, err := range p.PublishBatch(context.Background(), batch) {
+		var ue *outbox.UnavailableError
+		if !errors.As(err, &ue) || ue.Destination != "amqp "+addr {
+			t.Errorf("message %d: %v, want *outbox.UnavailableError of %q", i, err, "amqp "+addr)
+		}
+	}
+	_, _ = brokertest.Forward(t, addr, strings.TrimSuffix(strings.SplitN(url, "@", 2)[1], "/"))
+	for i, err := range p.PublishBatch(context.Background(), batch) {
+		if err != nil {
+			t.Errorf("broker up: message %d: %v", i, err)
+		}
+	}
+	if got := drain(t, ch, q); len(got) != 2 || got[0] != batch[0].Message.UUID || got[1] != batch[1].Message.UUID {
+		t.Fatalf("queue holds %v, want the two messages", got)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -219,4 +220,32 @@ func TestStaleBreaker(t *testing.T) {
 	if got := staleBreaker(pms, res); fmt.Sprint(got) != "[1 3 5]" {
 		t.Fatalf("staleBreaker = %v, want [1 3 5]", got)
 	}
+}
+
+// TestBrokerDownAtStart: a Publisher built while no broker listens is no error; each message
+// fails as unavailable (naming the brokers) until a broker is up on that address, and then
+// goes through; Close of a Publisher that never connected is no error either.
+func TestBrokerDownAtStart(t *testing.T) {
+	const topic = "kafka-down-at-start"
+	addr := brokertest.ClosedPort(t)
+	_, port, _ := net.SplitHostPort(addr)
+	pn, _ := strconv.Atoi(port)
+	never, err := NewPublisher(Config{Brokers: []string{addr}, SaramaConfig: fastConfig()}, nil)
+	if err != nil {
+		t.Fatalf("NewPublisher with the brokers down: %v", err)
+	}
+	if err := never.Close(); err != nil {
+		t.Fatalf("Close before connecting: %v", err)
+	}
+	p, err := NewPublisher(Config{Brokers: []string{addr}, SaramaConfig: fastConfig()}, nil)
+	if err != nil {
+		t.Fatalf("NewPublisher with the brokers down: %v", err)
+	}
+	defer p.Close()
+	wantAll(t, "brokers down", p.PublishBatch(context.Background(), messages(topic, "a", "")), func(err error) bool {
+		var ue *outbox.UnavailableError
+		return errors.As(err, &ue) && ue.Destination == "kafka "+addr
+	})
+	brokertest.Kafka(t, kfake.Ports(pn), kfake.SeedTopics(1, topic))
+	wantAll(t, "broker up", p.PublishBatch(context.Background(), messages(topic, "a", "")), func(err error) bool { return err == nil })
 }

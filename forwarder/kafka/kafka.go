@@ -66,6 +66,7 @@ import (
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/forwarder"
+	"github.com/watermill-outbox/outbox/internal/netfail"
 )
 
 // ErrClosed is returned for a publish after Close.
@@ -197,8 +198,10 @@ func (c Config) Validate() error {
 // Publisher publishes to Kafka. It implements message.Publisher and forwarder.BatchPublisher,
 // and is safe for concurrent use.
 type Publisher struct {
-	client    sarama.Client
-	producer  sarama.SyncProducer
+	client    sarama.Client       // nil until connected (see connect)
+	producer  sarama.SyncProducer // nil until connected
+	brokers   []string
+	sc        *sarama.Config
 	marshaler wmkafka.Marshaler
 	maxBytes  int
 	version   int // record format version for size checks
@@ -209,6 +212,9 @@ type Publisher struct {
 
 	mu     sync.RWMutex // held for reading by every send, for writing by Close
 	closed bool
+
+	dialMu  sync.Mutex
+	dialing *dialing // the dial in progress of a Publisher not connected yet (see connect)
 
 	limitMu sync.Mutex
 	admin   sarama.ClusterAdmin
@@ -223,9 +229,13 @@ const limitRetry = time.Minute
 // max.message.bytes together with the records.
 const recordBatchOverhead = 61
 
-// NewPublisher connects a Sarama sync producer to cfg.Brokers. A nil logger means
-// watermill.NopLogger. Errors: an *outbox.ConfigError for an invalid cfg, or Sarama's error when
-// it cannot reach the brokers.
+// NewPublisher connects a Sarama sync producer to cfg.Brokers. When no broker can be reached
+// (Sarama's ErrOutOfBrokers, a refused, dropped or timed-out connection) it logs that at INFO
+// and returns a Publisher that connects at the next publish: until it does, each message fails
+// with an *outbox.UnavailableError (the relay pauses and probes, no attempt is counted), so a
+// relay started while Kafka is down delivers once it is up. A nil logger means
+// watermill.NopLogger. Errors: an *outbox.ConfigError for an invalid cfg, or Sarama's error
+// for anything else.
 func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -241,21 +251,99 @@ func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	client, err := sarama.NewClient(cfg.Brokers, sc)
-	if err != nil {
-		return nil, fmt.Errorf("outbox kafka: create client: %w", err)
-	}
-	prod, err := sarama.NewSyncProducerFromClient(client)
-	if err != nil {
-		_ = client.Close()
-		return nil, fmt.Errorf("outbox kafka: create producer: %w", err)
-	}
 	version := 1
 	if sc.Version.IsAtLeast(sarama.V0_11_0_0) {
 		version = 2
 	}
-	return &Publisher{client: client, producer: prod, marshaler: m, maxBytes: sc.Producer.MaxMessageBytes, version: version,
-		limits: !cfg.DisableTopicLimits, oneCall: cfg.KeyRunsInOneCall, name: "kafka " + strings.Join(cfg.Brokers, ","), logger: logger, limit: map[string]int{}}, nil
+	p := &Publisher{brokers: cfg.Brokers, sc: sc, marshaler: m, maxBytes: sc.Producer.MaxMessageBytes, version: version,
+		limits: !cfg.DisableTopicLimits, oneCall: cfg.KeyRunsInOneCall, name: "kafka " + strings.Join(cfg.Brokers, ","), logger: logger, limit: map[string]int{}}
+	client, prod, err := p.dial()
+	switch {
+	case err != nil && brokersDown(err):
+		logger.Info("outbox kafka: no broker reachable yet; connecting at each publish", watermill.LogFields{"destination": p.name, "err": err.Error()})
+	case err != nil:
+		return nil, err
+	default:
+		p.client, p.producer = client, prod
+	}
+	return p, nil
+}
+
+// dial creates the Sarama client and sync producer of p's brokers.
+func (p *Publisher) dial() (sarama.Client, sarama.SyncProducer, error) {
+	client, err := sarama.NewClient(p.brokers, p.sc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("outbox kafka: create client: %w", err)
+	}
+	prod, err := sarama.NewSyncProducerFromClient(client)
+	if err != nil {
+		_ = client.Close()
+		return nil, nil, fmt.Errorf("outbox kafka: create producer: %w", err)
+	}
+	return client, prod, nil
+}
+
+// brokersDown reports whether a dial error says that no broker could be reached.
+func brokersDown(err error) bool {
+	return errors.Is(err, sarama.ErrOutOfBrokers) || netfail.Unreachable(err) || netfail.Dropped(err)
+}
+
+// connect connects a Publisher built while no broker could be reached. It returns nil once
+// connected (or closed: the send reports ErrClosed), else an *outbox.UnavailableError: the
+// dial's error, or ctx's when ctx ends first (the dial goes on; the next call waits for it).
+// One dial runs at a time, outside p.mu, so Close does not wait for it.
+func (p *Publisher) connect(ctx context.Context) error {
+	p.mu.RLock()
+	ok := p.client != nil || p.closed
+	p.mu.RUnlock()
+	if ok {
+		return nil
+	}
+	p.dialMu.Lock()
+	d := p.dialing
+	if d == nil {
+		d = &dialing{done: make(chan struct{})}
+		p.dialing = d
+		go p.dialInto(d)
+	}
+	p.dialMu.Unlock()
+	select {
+	case <-d.done:
+		if d.err != nil {
+			return &outbox.UnavailableError{Destination: p.name, Err: d.err}
+		}
+		return nil
+	case <-ctx.Done():
+		return &outbox.UnavailableError{Destination: p.name, Err: fmt.Errorf("outbox kafka: connecting: %w", ctx.Err())}
+	}
+}
+
+// dialing is one dial of connect; err is set before done is closed.
+type dialing struct {
+	done chan struct{}
+	err  error
+}
+
+// dialInto dials, keeps the client and producer unless the Publisher closed meanwhile (then it
+// closes them), and reports to d.
+func (p *Publisher) dialInto(d *dialing) {
+	client, prod, err := p.dial()
+	p.mu.Lock()
+	switch {
+	case err != nil:
+	case p.closed:
+		_ = prod.Close()
+		_ = client.Close()
+	default:
+		p.client, p.producer = client, prod
+		p.logger.Info("outbox kafka: connected", watermill.LogFields{"destination": p.name})
+	}
+	p.mu.Unlock()
+	p.dialMu.Lock()
+	p.dialing = nil
+	p.dialMu.Unlock()
+	d.err = err
+	close(d.done)
 }
 
 // Publish sends msgs to topic in one SendMessages call and waits for Kafka's acknowledgements.
@@ -277,6 +365,12 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 // answered fail with ctx's error (Sarama may still deliver them: at least once).
 func (p *Publisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing) []error {
 	errs := make([]error, len(batch))
+	if err := p.connect(ctx); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
 	held := map[string]int{} // ordering key → index of its first failure
 	keyOf := func(i int) string { return batch[i].Message.Metadata.Get(outbox.MetadataOrderingKey) }
 	hold := func(i int) {
@@ -571,6 +665,9 @@ func (p *Publisher) Close() error {
 		return nil
 	}
 	p.closed = true
+	if p.client == nil {
+		return nil // never connected
+	}
 	err := p.producer.Close()
 	p.limitMu.Lock()
 	if p.admin != nil {

@@ -7,6 +7,7 @@ package brokertest
 
 import (
 	"context"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -157,4 +158,52 @@ func PrivateRedis(tb testing.TB, args ...string) (addr string, start func() *exe
 		}
 		return cmd
 	}
+}
+
+// Forward listens on the loopback address addr ("127.0.0.1:0" for a free port, or one
+// ClosedPort returned, so that a client pointed at it found it refused until now) and
+// forwards each connection to target. It returns the address it listens on and cut, which
+// closes the listener (the port refuses again) and every connection it carries (the broker
+// going away, as a client sees it); cut runs when tb ends too and is idempotent. It stands in
+// for a broker that comes up or goes away, such as the shared RabbitMQ, which a test cannot
+// start or stop itself.
+func Forward(tb testing.TB, addr, target string) (listening string, cut func()) {
+	tb.Helper()
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		tb.Fatalf("forward %s: %v", addr, err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	cut = func() {
+		_ = l.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		conns = nil
+	}
+	tb.Cleanup(cut)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c, up)
+			mu.Unlock()
+			go func() { _, _ = io.Copy(up, c); _ = up.Close() }()
+			go func() { _, _ = io.Copy(c, up); _ = c.Close() }()
+		}
+	}()
+	return l.Addr().String(), cut
 }

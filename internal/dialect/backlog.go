@@ -16,6 +16,12 @@ import (
 // table, 1.1M rows for 100k pending ones (EXPLAIN, 2026-12-01: 536 ms and 40k buffers for the
 // unavailable count, 32 ms and 6.7k buffers split as below).
 //
+// Unavailable: the pending events of every topic that has a pending event whose last answer
+// was classed unavailable (last_error_class): while a destination is down the relay claims
+// none of its topics' events (but one probe at a time), so the whole topic is held by the
+// outage, not only the events it tried. One pass over the pending rows (both pending indexes),
+// grouped by topic.
+//
 // Held: the candidate heads are the unpublished keyed rows (key_idx) that are dead-lettered or
 // have attempts > 0 (a filter on those rows' heap tuples: O(pending keyed), no index holds
 // attempts); each is checked to be its key's head and its held successors counted by
@@ -31,8 +37,10 @@ func BacklogSQL(table, now, least string) string {
 	%[3]s(COALESCE(u.c, k.c), COALESCE(k.c, u.c)),
 	(SELECT count(*) FROM %[1]s WHERE "dead_lettered_at" IS NOT NULL),
 	%[2]s,
-	(SELECT count(*) FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NULL AND substr("last_error", 1, 13) = 'unavailable: ')
-	+ (SELECT count(*) FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NOT NULL AND substr("last_error", 1, 13) = 'unavailable: '),
+	(SELECT COALESCE(sum(x.n), 0) FROM (SELECT count(*) AS n FROM (
+		SELECT "topic", "last_error_class" FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NULL
+		UNION ALL SELECT "topic", "last_error_class" FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NOT NULL) p
+		GROUP BY p."topic" HAVING max(CASE WHEN p."last_error_class" = 'unavailable' THEN 1 ELSE 0 END) = 1) x),
 	(SELECT COALESCE(sum(x.n), 0) FROM (SELECT
 		(SELECT count(*) FROM %[1]s r WHERE r."published_at" IS NULL AND r."ordering_key" = h."ordering_key" AND r."sequence" > h."sequence" AND r."dead_lettered_at" IS NULL) AS n
 		FROM %[1]s h
@@ -61,7 +69,7 @@ SELECT o."topic",
 	min(o."created_at") FILTER (WHERE o."dead_lettered_at" IS NULL),
 	count(*) FILTER (WHERE o."dead_lettered_at" IS NOT NULL),
 	%[2]s,
-	count(*) FILTER (WHERE o."dead_lettered_at" IS NULL AND substr(o."last_error", 1, 13) = 'unavailable: '),
+	CASE WHEN count(*) FILTER (WHERE o."dead_lettered_at" IS NULL AND o."last_error_class" = 'unavailable') > 0 THEN count(*) FILTER (WHERE o."dead_lettered_at" IS NULL) ELSE 0 END,
 	count(*) FILTER (WHERE o."dead_lettered_at" IS NULL AND o."sequence" > f.s)
 FROM %[1]s o LEFT JOIN failed f ON f.k = o."ordering_key"
 WHERE o."published_at" IS NULL AND (o."ordering_key" IS NOT NULL
@@ -136,6 +144,19 @@ func ScanList[T any](rs Rows) ([]T, error) {
 		out = append(out, v)
 	}
 	return out, rs.Err()
+}
+
+// ScanSet reads every row's single text column into a set and closes rs.
+func ScanSet(rs Rows) (map[string]bool, error) {
+	names, err := ScanList[string](rs)
+	if err != nil {
+		return nil, err
+	}
+	set := make(map[string]bool, len(names))
+	for _, n := range names {
+		set[n] = true
+	}
+	return set, nil
 }
 
 // ScanStoredRows reads Stored rows: sequence, id, topic, ordering_key, idempotency_key,

@@ -168,6 +168,8 @@ type Dialect interface {
 	ScopeMigration(t *Table) ([]string, error)
 	// TableExists reports whether t exists.
 	TableExists(ctx context.Context, ex Executor, t *Table) (bool, error)
+	// Columns returns the lower-cased column names of t (none when it does not exist).
+	Columns(ctx context.Context, ex Executor, t *Table) (map[string]bool, error)
 
 	// Publisher.
 
@@ -398,8 +400,24 @@ type ClaimResult struct {
 	Floors *FloorReport
 }
 
+// The values of the last_error_class column: the failure class of the answer that wrote
+// last_error, written by every mark that writes last_error (NULL before the first). Backlogs
+// count a topic's pending events as unavailable when one of them holds ClassUnavailable.
+const (
+	// ClassUnavailable: the destination was unavailable (Unavailable with Keep false).
+	ClassUnavailable = "unavailable"
+	// ClassNotAttempted: the delivery was not attempted (Unavailable with Keep true).
+	ClassNotAttempted = "not_attempted"
+	// ClassFailure: an ordinary failure (Failed, Perm false).
+	ClassFailure = "failure"
+	// ClassPermanent: a permanent failure (Failed, Perm true).
+	ClassPermanent = "permanent"
+)
+
 // MarkParams is one batch's outcome: the sequences of each outcome with their per-event values
-// (Failed: Errs, Perm, Jitters; Unavailable: Notes, Keep).
+// (Failed: Errs, Perm, Jitters; Unavailable: Notes, Keep). Keep is true for a delivery that
+// was not attempted (its start is kept, its class is ClassNotAttempted) and false for an
+// unavailable destination (ClassUnavailable).
 type MarkParams struct {
 	Token                                string
 	Acked, Released, Unavailable, Failed []int64

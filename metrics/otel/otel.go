@@ -95,7 +95,7 @@ func New(mp metric.MeterProvider) (*Recorder, error) {
 	gauge(&r.pending, "outbox.pending.events", "Events neither published nor dead-lettered (last Backlog sample).")
 	gauge(&r.deadGauge, "outbox.dead_lettered.events", "Dead-lettered events in the table (last Backlog sample).")
 	gauge(&r.held, "outbox.held.events", "Pending events waiting behind a dead-lettered or failed (attempts > 0) head of their ordering key (last Backlog sample).")
-	gauge(&r.unavail, "outbox.unavailable.events", "Pending events last released because their destination was unavailable (last Backlog sample).")
+	gauge(&r.unavail, "outbox.unavailable.events", "Pending events held by an unavailable destination: every pending event of a topic whose destination answered unavailable at the last delivery (last Backlog sample).")
 	if err == nil {
 		r.oldest, err = m.Float64Gauge("outbox.oldest_pending.age", metric.WithDescription("Age of the oldest pending event, database clock (last Backlog sample)."), metric.WithUnit("s"))
 	}

@@ -83,7 +83,7 @@ func New(reg prometheus.Registerer) (*Recorder, error) {
 		pending:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_pending_events", Help: "Events neither published nor dead-lettered (last Backlog sample)."}),
 		deadGauge:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_dead_lettered_events", Help: "Dead-lettered events in the table (last Backlog sample)."}),
 		oldest:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_oldest_pending_age_seconds", Help: "Age of the oldest pending event, database clock; 0 when nothing is pending (last Backlog sample)."}),
-		unavail:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_unavailable_events", Help: "Pending events last released because their destination was unavailable (last Backlog sample)."}),
+		unavail:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_unavailable_events", Help: "Pending events held by an unavailable destination: every pending event of a topic whose destination answered unavailable at the last delivery (last Backlog sample)."}),
 		held:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_held_events", Help: "Pending events waiting behind a dead-lettered or failed (attempts > 0) head of their ordering key (last Backlog sample)."}),
 		destDown:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_destination_unavailable", Help: "1 while a subscription of this relay treats the destination as unavailable, else 0."}, []string{"destination"}),
 		destCall: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "outbox_destination_call_duration_seconds",

@@ -103,7 +103,8 @@ func failedHeads(t *dialect.Table) string {
 // Backlog returns the table's backlog in one statement that reads live rows only: pending
 // counts through the pending index (outbox_pending 0 and 1), the oldest pending event as the
 // lowest sequence of each kind, dead letters through the dead_lettered_at index, unavailable
-// among the pending rows, and Held: for each failed head (see failedHeads), its key's later
+// among the pending rows (the pending events of each topic with a pending event classed
+// unavailable, one pass grouped by topic), and Held: for each failed head (see failedHeads), its key's later
 // events that are not dead-lettered (one range of the key index each).
 func (*Dialect) Backlog(ctx context.Context, ex dialect.Executor, t *dialect.Table) (dialect.BacklogRow, error) {
 	rs, err := ex.Query(ctx, backlogSQL(t))
@@ -127,7 +128,7 @@ func backlogSQL(t *dialect.Table) string {
 		" " + selectTime("LEAST(COALESCE(u.c, k.c), COALESCE(k.c, u.c))") + "," +
 		" (SELECT COUNT(*) FROM " + tb + " d WHERE d.`dead_lettered_at` IS NOT NULL)," +
 		" " + selectTime("UTC_TIMESTAMP(6)") + "," +
-		" (SELECT COUNT(*) " + pend + " AND p.`last_error` LIKE 'unavailable: %')," +
+		" (SELECT COALESCE(SUM(x.n), 0) FROM (SELECT COUNT(*) AS n " + pend + " GROUP BY p.`topic` HAVING MAX(p.`last_error_class` <=> 'unavailable') = 1) x)," +
 		" (SELECT COALESCE(SUM((SELECT COUNT(*) FROM " + tb + " r WHERE r.`outbox_key` = f.k AND r.`sequence` > f.s AND r.`dead_lettered_at` IS NULL)), 0) FROM (" + failedHeads(t) + ") f)" +
 		" FROM (SELECT (SELECT p.`created_at` " + from + " WHERE p.`outbox_pending` = 0 ORDER BY p.`sequence` LIMIT 1) AS c) u," +
 		" (SELECT (SELECT p.`created_at` " + from + " WHERE p.`outbox_pending` = 1 ORDER BY p.`sequence` LIMIT 1) AS c) k"
@@ -143,9 +144,9 @@ func (*Dialect) BacklogByTopic(ctx context.Context, ex dialect.Executor, t *dial
 		" " + selectTime("MIN(IF(o.`dead_lettered_at` IS NULL, o.`created_at`, NULL))") + "," +
 		" SUM(o.`dead_lettered_at` IS NOT NULL)," +
 		" " + selectTime("UTC_TIMESTAMP(6)") + "," +
-		// last_error IS NOT NULL first: NULL LIKE … is NULL, and SUM over a topic whose
-		// events never failed would be NULL, not 0.
-		" SUM(o.`dead_lettered_at` IS NULL AND o.`last_error` IS NOT NULL AND o.`last_error` LIKE 'unavailable: %')," +
+		// <=>: NULL = 'unavailable' is NULL, and SUM over a topic whose events never failed
+		// would be NULL, not 0.
+		" IF(SUM(o.`dead_lettered_at` IS NULL AND o.`last_error_class` <=> 'unavailable') > 0, SUM(o.`dead_lettered_at` IS NULL), 0)," +
 		" SUM(o.`dead_lettered_at` IS NULL AND f.s IS NOT NULL AND o.`sequence` > f.s)" +
 		" FROM " + tb + " o LEFT JOIN (" + failedHeads(t) + ") f ON f.k = o.`outbox_key`" +
 		" WHERE o.`published_at` IS NULL GROUP BY o.`topic` ORDER BY o.`topic`"

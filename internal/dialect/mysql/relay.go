@@ -513,8 +513,8 @@ func (r *relay) Renew(ctx context.Context, ex dialect.Executor, token string, se
 // Mark writes a batch's outcome in one READ COMMITTED transaction: it locks the batch's rows
 // still held under p.Token (the fence: leased_by = token AND published_at IS NULL) and reads
 // their attempts and the database clock once, then writes each outcome with a fenced UPDATE:
-// published (outbox_key cleared); released; unavailable (last_error noted, delivery_starts
-// kept or reset); failed (attempts + 1 and either a dead letter, at MaxAttempts or Perm, or
+// published (outbox_key cleared); released; unavailable (last_error and last_error_class
+// noted, delivery_starts kept or reset); failed (attempts + 1 and either a dead letter, at MaxAttempts or Perm, or
 // next_attempt_at = now + min(RetryBase·2^attempts, RetryMax) × jitter, the PostgreSQL
 // mark's formula with attempts counted before this failure); abandoned (released, the
 // delivery start uncounted). It returns a MarkResult for every event it wrote except the
@@ -621,7 +621,7 @@ func (r *relay) mark(ctx context.Context, q querier, p *dialect.MarkParams, out 
 		if len(us) > 0 {
 			js, _ := json.Marshal(us)
 			stmt := "UPDATE " + r.n.table + " o JOIN JSON_TABLE(?, '$[*]' COLUMNS (s BIGINT PATH '$.s', e LONGTEXT PATH '$.e', k INT PATH '$.k')) f ON o.`sequence` = f.s" +
-				" SET o.`last_error` = f.e, o.`lease_until` = NULL, o.`leased_by` = NULL, o.`delivery_starts` = IF(f.k = 1, o.`delivery_starts`, 0) WHERE " + fence
+				" SET o.`last_error` = f.e, o.`last_error_class` = IF(f.k = 1, 'not_attempted', 'unavailable'), o.`lease_until` = NULL, o.`leased_by` = NULL, o.`delivery_starts` = IF(f.k = 1, o.`delivery_starts`, 0) WHERE " + fence
 			if _, err := q.exec(ctx, stmt, string(js), p.Token); err != nil {
 				return fmt.Errorf("unavailable: %w", err)
 			}
@@ -639,6 +639,7 @@ func (r *relay) mark(ctx context.Context, q querier, p *dialect.MarkParams, out 
 			A int     `json:"a"`
 			D int     `json:"d"`
 			N *string `json:"n"`
+			C string  `json:"c"`
 		}
 		var fs []f
 		for i, s := range p.Failed {
@@ -647,7 +648,10 @@ func (r *relay) mark(ctx context.Context, q querier, p *dialect.MarkParams, out 
 				continue
 			}
 			res := dialect.MarkResult{Seq: s, Attempts: att + 1, Now: now}
-			x := f{S: s, E: p.Errs[i], A: att + 1}
+			x := f{S: s, E: p.Errs[i], A: att + 1, C: dialect.ClassFailure}
+			if i < len(p.Perm) && p.Perm[i] {
+				x.C = dialect.ClassPermanent
+			}
 			if att+1 >= r.cfg.MaxAttempts || (i < len(p.Perm) && p.Perm[i]) {
 				res.Dead, x.D = true, 1
 			} else {
@@ -664,8 +668,8 @@ func (r *relay) mark(ctx context.Context, q querier, p *dialect.MarkParams, out 
 		}
 		if len(fs) > 0 {
 			js, _ := json.Marshal(fs)
-			stmt := "UPDATE " + r.n.table + " o JOIN JSON_TABLE(?, '$[*]' COLUMNS (s BIGINT PATH '$.s', e LONGTEXT PATH '$.e', a INT PATH '$.a', d INT PATH '$.d', n VARCHAR(32) PATH '$.n')) f ON o.`sequence` = f.s" +
-				" SET o.`attempts` = f.a, o.`last_error` = f.e, o.`dead_lettered_at` = IF(f.d = 1, ?, NULL), o.`next_attempt_at` = f.n," +
+			stmt := "UPDATE " + r.n.table + " o JOIN JSON_TABLE(?, '$[*]' COLUMNS (s BIGINT PATH '$.s', e LONGTEXT PATH '$.e', a INT PATH '$.a', d INT PATH '$.d', n VARCHAR(32) PATH '$.n', c VARCHAR(32) PATH '$.c')) f ON o.`sequence` = f.s" +
+				" SET o.`attempts` = f.a, o.`last_error` = f.e, o.`last_error_class` = f.c, o.`dead_lettered_at` = IF(f.d = 1, ?, NULL), o.`next_attempt_at` = f.n," +
 				" o.`lease_until` = NULL, o.`leased_by` = NULL, o.`delivery_starts` = 0 WHERE " + fence
 			if _, err := q.exec(ctx, stmt, string(js), nowText, p.Token); err != nil {
 				return fmt.Errorf("failed: %w", err)

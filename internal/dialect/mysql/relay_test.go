@@ -110,28 +110,31 @@ func TestMark(t *testing.T) {
 	type rowState struct {
 		published, dead, leased bool
 		attempts, starts        int
-		lastError               string
+		lastError, class        string
 	}
 	state := func(seq int64) rowState {
 		var st rowState
-		var le *string
-		err := testDB.QueryRow("SELECT published_at IS NOT NULL, dead_lettered_at IS NOT NULL, leased_by IS NOT NULL OR lease_until IS NOT NULL, attempts, delivery_starts, last_error FROM "+namesOf(tb).table+" WHERE sequence = ?", seq).
-			Scan(&st.published, &st.dead, &st.leased, &st.attempts, &st.starts, &le)
+		var le, lc *string
+		err := testDB.QueryRow("SELECT published_at IS NOT NULL, dead_lettered_at IS NOT NULL, leased_by IS NOT NULL OR lease_until IS NOT NULL, attempts, delivery_starts, last_error, last_error_class FROM "+namesOf(tb).table+" WHERE sequence = ?", seq).
+			Scan(&st.published, &st.dead, &st.leased, &st.attempts, &st.starts, &le, &lc)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if le != nil {
 			st.lastError = *le
 		}
+		if lc != nil {
+			st.class = *lc
+		}
 		return st
 	}
 	wants := []rowState{
 		{published: true},
 		{},
-		{starts: 1, lastError: "unavailable: down"},
-		{attempts: 1, lastError: "boom"},
-		{dead: true, attempts: 3, lastError: "third"},
-		{dead: true, attempts: 1, lastError: "perm"},
+		{starts: 1, lastError: "unavailable: down", class: "not_attempted"},
+		{attempts: 1, lastError: "boom", class: "failure"},
+		{dead: true, attempts: 3, lastError: "third", class: "failure"},
+		{dead: true, attempts: 1, lastError: "perm", class: "permanent"},
 	}
 	for i, w := range wants {
 		if got := state(s(i)); got != w {

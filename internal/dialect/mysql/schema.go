@@ -106,7 +106,8 @@ func createTable(t *dialect.Table) string {
 		"\t`leased_by`        VARCHAR(1024) NULL,\n"+
 		"\t`published_at`     DATETIME(6) NULL,\n"+
 		"\t`dead_lettered_at` DATETIME(6) NULL,\n"+
-		"\t`delivery_starts`  INT NOT NULL DEFAULT 0%[3]s,\n"+
+		"\t`delivery_starts`  INT NOT NULL DEFAULT 0,\n"+
+		"\t`last_error_class` VARCHAR(32) NULL%[3]s,\n"+
 		"\t`outbox_pending`   TINYINT AS (CASE WHEN `published_at` IS NULL AND `dead_lettered_at` IS NULL THEN `ordering_key` IS NOT NULL END) STORED INVISIBLE,\n"+
 		"\t`outbox_key`       VARCHAR(255) NULL DEFAULT (`ordering_key`) INVISIBLE,\n"+
 		"\tPRIMARY KEY (`sequence`),\n"+
@@ -267,9 +268,10 @@ func (d *Dialect) Migrate(ctx context.Context, ex dialect.Executor, t *dialect.T
 	if err != nil {
 		return err
 	}
-	// delivery_starts (SubscriberConfig.MaxDeliveryStarts) is added to a table that lacks it,
-	// as on the other dialects; an instant ADD COLUMN on InnoDB.
-	for _, c := range append([]dialect.Column{{Name: "delivery_starts", Type: "INT NOT NULL DEFAULT 0"}}, t.Extra...) {
+	// delivery_starts (SubscriberConfig.MaxDeliveryStarts) and last_error_class are added to a
+	// table that lacks them, as on the other dialects; an instant ADD COLUMN on InnoDB.
+	relayCols := []dialect.Column{{Name: "delivery_starts", Type: "INT NOT NULL DEFAULT 0"}, {Name: "last_error_class", Type: "VARCHAR(32) NULL"}}
+	for _, c := range append(relayCols, t.Extra...) {
 		if have[strings.ToLower(c.Name)] {
 			continue
 		}
@@ -360,6 +362,12 @@ func (*Dialect) ScopeMigration(t *dialect.Table) ([]string, error) {
 		drop(global),
 		fmt.Sprintf("ALTER TABLE %s RENAME INDEX %s TO %s", n.table, ident(tmp), ident(scoped)),
 	}, nil
+}
+
+// Columns implements dialect.Dialect.
+func (*Dialect) Columns(ctx context.Context, ex dialect.Executor, t *dialect.Table) (map[string]bool, error) {
+	n := namesOf(t)
+	return columnsOf(ctx, exQuerier{ex}, n.schema, n.name)
 }
 
 // TableExists reports whether t exists (information_schema.TABLES; the connection's database

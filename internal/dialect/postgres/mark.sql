@@ -3,8 +3,9 @@
 -- parameter arrays is planned as a nested loop over both arrays), each fenced by the batch's
 -- token ({fence}). acked → published; released → lease given back; unavailable → released
 -- with last_error noted and no attempt counted (delivery_starts kept for a delivery that was
--- not attempted, @keep); failed → attempts + 1 and a retry after RetryBase·2^attempts capped at
--- RetryMax, × jitter, or a dead letter at MaxAttempts or when permanent; abandoned (unanswered
+-- not attempted, @keep; last_error_class 'not_attempted' then, else 'unavailable'); failed → attempts + 1 and a retry after RetryBase·2^attempts capped at
+-- RetryMax, × jitter, or a dead letter at MaxAttempts or when permanent (last_error_class
+-- 'permanent' or 'failure'); abandoned (unanswered
 -- at a stop) → released, the delivery start uncounted.
 WITH acked AS (
 	UPDATE {t} SET "published_at" = now(), "lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0
@@ -15,11 +16,13 @@ WITH acked AS (
 ), unavailable AS (
 	UPDATE {t} o SET "lease_until" = NULL, "leased_by" = NULL,
 		"delivery_starts" = CASE WHEN (@keep::bool[])[array_position(@unavailable::bigint[], o."sequence")] THEN o."delivery_starts" ELSE 0 END,
-		"last_error" = (@notes::text[])[array_position(@unavailable::bigint[], o."sequence")]
+		"last_error" = (@notes::text[])[array_position(@unavailable::bigint[], o."sequence")],
+		"last_error_class" = CASE WHEN (@keep::bool[])[array_position(@unavailable::bigint[], o."sequence")] THEN 'not_attempted' ELSE 'unavailable' END
 	WHERE o."sequence" = ANY(@unavailable::bigint[]) AND {fence} RETURNING o."sequence", o."attempts", NULL::timestamptz AS next, false AS dead
 ), failed AS (
 	UPDATE {t} o SET "attempts" = o."attempts" + 1,
 		"last_error" = (@errs::text[])[array_position(@failed::bigint[], o."sequence")],
+		"last_error_class" = CASE WHEN (@perm::bool[])[array_position(@failed::bigint[], o."sequence")] THEN 'permanent' ELSE 'failure' END,
 		"dead_lettered_at" = CASE WHEN o."attempts" + 1 >= {max_attempts} OR (@perm::bool[])[array_position(@failed::bigint[], o."sequence")] THEN now() END,
 		"next_attempt_at" = CASE WHEN o."attempts" + 1 < {max_attempts} AND NOT (@perm::bool[])[array_position(@failed::bigint[], o."sequence")]
 			THEN now() + LEAST({retry_base_us} * power(2::float8, LEAST(o."attempts", 62)), {retry_max_us}::float8)

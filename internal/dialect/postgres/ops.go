@@ -96,6 +96,15 @@ func (Dialect) BacklogByTopic(ctx context.Context, ex dialect.Executor, t *diale
 	return dialect.ScanBacklogByTopic(rs)
 }
 
+// Columns implements dialect.Dialect.
+func (Dialect) Columns(ctx context.Context, ex dialect.Executor, t *dialect.Table) (map[string]bool, error) {
+	rs, err := ex.Query(ctx, `SELECT lower(attname::text) FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped`, dialect.DoubleQuote(t.Parts...))
+	if err != nil {
+		return nil, err
+	}
+	return dialect.ScanSet(rs)
+}
+
 // TableExists implements dialect.Dialect.
 func (Dialect) TableExists(ctx context.Context, ex dialect.Executor, t *dialect.Table) (bool, error) {
 	rs, err := ex.Query(ctx, `SELECT to_regclass($1) IS NOT NULL`, dialect.DoubleQuote(t.Parts...))

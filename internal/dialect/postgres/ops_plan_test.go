@@ -114,9 +114,9 @@ func TestOperationPlans(t *testing.T) {
 			now() - (200000 - i) * interval '1 second', now() - (200000 - i) * interval '1 second' FROM generate_series(1, 200000) i`, q, topics),
 		fmt.Sprintf(`INSERT INTO %s ("id", "topic", "payload", "ordering_key", "attempts", "last_error", "dead_lettered_at")
 			SELECT gen_random_uuid(), %s, '{}', CASE WHEN i %% 2 = 0 THEN 'k' || (i %% 1000) END, 10, 'boom', now() - i * interval '1 minute' FROM generate_series(1, 100) i`, q, topics),
-		fmt.Sprintf(`INSERT INTO %s ("id", "topic", "payload", "ordering_key", "attempts", "last_error", "lease_until", "leased_by")
+		fmt.Sprintf(`INSERT INTO %s ("id", "topic", "payload", "ordering_key", "attempts", "last_error", "last_error_class", "lease_until", "leased_by")
 			SELECT gen_random_uuid(), %s, '{}', CASE WHEN i %% 2 = 0 THEN 'k' || (i %% 1000) END, CASE WHEN i %% 100 = 0 THEN 1 ELSE 0 END,
-			CASE WHEN i %% 200 = 0 THEN 'unavailable: x' END, CASE WHEN i %% 3 = 0 THEN now() + interval '1 minute' END, CASE WHEN i %% 3 = 0 THEN 'r1abcdef012345#1' END
+			CASE WHEN i %% 200 = 0 THEN 'unavailable: x' END, CASE WHEN i %% 200 = 0 THEN 'unavailable' END, CASE WHEN i %% 3 = 0 THEN now() + interval '1 minute' END, CASE WHEN i %% 3 = 0 THEN 'r1abcdef012345#1' END
 			FROM generate_series(1, 10000) i`, q, topics),
 		`VACUUM ANALYZE ` + q,
 	} {

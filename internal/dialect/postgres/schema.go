@@ -41,9 +41,10 @@ func (Dialect) Statements(t *dialect.Table) []string {
 	"leased_by"        TEXT NULL,
 	"published_at"     TIMESTAMPTZ NULL,
 	"dead_lettered_at" TIMESTAMPTZ NULL,
-	"delivery_starts"  INT NOT NULL DEFAULT 0
+	"delivery_starts"  INT NOT NULL DEFAULT 0,
+	"last_error_class" TEXT NULL
 ) WITH (fillfactor = %d)`, q, payloadType(t.Payload), t.FillFactor),
-		addDeliveryStarts(q),
+		addRelayColumns(q),
 	}
 	if !t.FillDefault {
 		stmts = append(stmts, setFillFactor(q, t.FillFactor))
@@ -70,15 +71,21 @@ func floorIndexes(t *dialect.Table, q string) []string {
 	}
 }
 
-// addDeliveryStarts returns a statement that adds the delivery_starts column to a table
-// created before it existed, unless it has it (ALTER TABLE takes an ACCESS EXCLUSIVE lock even
-// when IF NOT EXISTS finds the column: not worth taking on every start). With a constant
-// default PostgreSQL 11+ adds the column without rewriting the table.
-func addDeliveryStarts(q string) string {
-	body := fmt.Sprintf(`BEGIN IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '%s'::regclass AND attname = 'delivery_starts' AND NOT attisdropped) THEN ALTER TABLE %s ADD COLUMN "delivery_starts" INT NOT NULL DEFAULT 0; END IF; END`,
-		strings.ReplaceAll(q, "'", "''"), q)
-	tag := dollarQuote(body, "ds")
-	return "DO " + tag + body + tag
+// addRelayColumns returns a statement that adds the relay's columns added after the first
+// release (delivery_starts, last_error_class) to a table created before them, each unless it
+// has it (ALTER TABLE takes an ACCESS EXCLUSIVE lock even when IF NOT EXISTS finds the column:
+// not worth taking on every start). PostgreSQL 11+ adds a column with a constant default, or
+// none, without rewriting the table.
+func addRelayColumns(q string) string {
+	var body strings.Builder
+	body.WriteString("BEGIN")
+	for _, c := range []struct{ name, typ string }{{"delivery_starts", "INT NOT NULL DEFAULT 0"}, {"last_error_class", "TEXT NULL"}} {
+		fmt.Fprintf(&body, ` IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '%s'::regclass AND attname = '%s' AND NOT attisdropped) THEN ALTER TABLE %s ADD COLUMN "%s" %s; END IF;`,
+			strings.ReplaceAll(q, "'", "''"), c.name, q, c.name, c.typ)
+	}
+	body.WriteString(" END")
+	tag := dollarQuote(body.String(), "ds")
+	return "DO " + tag + body.String() + tag
 }
 
 // dollarQuote returns a dollar-quote tag ("$name$", "$name0$" …) that body does not contain (a

@@ -216,7 +216,8 @@ func (r *relay) Mark(ctx context.Context, ex dialect.Executor, m *dialect.MarkPa
 				us[i] = u{m.Unavailable[i], m.Notes[i], m.Keep[i]}
 			}
 			q := fmt.Sprintf(`UPDATE %[1]s AS o SET "last_error" = f.e, "lease_until" = NULL, "leased_by" = NULL,
-	"delivery_starts" = CASE WHEN f.k THEN o."delivery_starts" ELSE 0 END
+	"delivery_starts" = CASE WHEN f.k THEN o."delivery_starts" ELSE 0 END,
+	"last_error_class" = CASE WHEN f.k THEN 'not_attempted' ELSE 'unavailable' END
 FROM (SELECT value ->> '$.s' AS s, value ->> '$.e' AS e, value ->> '$.k' AS k FROM json_each($1)) AS f
 WHERE o."sequence" = f.s AND %[2]s
 RETURNING "sequence", "attempts", NULL, NULL`, t, ofence)
@@ -236,6 +237,7 @@ RETURNING "sequence", "attempts", NULL, NULL`, t, ofence)
 				fs[i] = f{m.Failed[i], m.Errs[i], m.Jitters[i], m.Perm[i]}
 			}
 			q := fmt.Sprintf(`UPDATE %[1]s AS o SET "attempts" = o."attempts" + 1, "last_error" = f.e,
+	"last_error_class" = CASE WHEN f.p THEN 'permanent' ELSE 'failure' END,
 	"dead_lettered_at" = CASE WHEN o."attempts" + 1 >= %[2]d OR f.p THEN $3 END,
 	"next_attempt_at" = CASE WHEN o."attempts" + 1 < %[2]d AND NOT f.p THEN $3 + CAST(min(%[3]d * power(2.0, min(o."attempts", 62)), %[4]d.0) * f.j AS INTEGER) END,
 	"lease_until" = NULL, "leased_by" = NULL, "delivery_starts" = 0

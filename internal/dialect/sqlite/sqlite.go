@@ -88,7 +88,8 @@ func (Dialect) Statements(t *dialect.Table) []string {
 	"leased_by"        TEXT NULL,
 	"published_at"     INTEGER NULL,
 	"dead_lettered_at" INTEGER NULL,
-	"delivery_starts"  INTEGER NOT NULL DEFAULT 0%s
+	"delivery_starts"  INTEGER NOT NULL DEFAULT 0,
+	"last_error_class" TEXT NULL%s
 )`, quote(t), payload, extra.String())}
 	return append(stmts, dialect.IndexStatements(t, quote(t))...)
 }
@@ -118,14 +119,10 @@ func (d Dialect) Migrate(ctx context.Context, ex dialect.Executor, t *dialect.Ta
 		if err := rs.Err(); err != nil {
 			return err
 		}
-		// A table created before delivery_starts existed gets it (SQLite adds a column with a
-		// constant default without rewriting the table).
-		if !have["delivery_starts"] {
-			if _, err := ex.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN "delivery_starts" INTEGER NOT NULL DEFAULT 0`, quote(t))); err != nil {
-				return err
-			}
-		}
-		for _, col := range t.Extra {
+		// A table created before delivery_starts or last_error_class existed gets them
+		// (SQLite adds a column with a constant default without rewriting the table).
+		relayCols := []dialect.Column{{Name: "delivery_starts", Type: "INTEGER NOT NULL DEFAULT 0"}, {Name: "last_error_class", Type: "TEXT NULL"}}
+		for _, col := range append(relayCols, t.Extra...) {
 			if have[strings.ToLower(col.Name)] {
 				continue
 			}
@@ -201,6 +198,15 @@ func (Dialect) ScopeMigration(t *dialect.Table) ([]string, error) {
 		dialect.IdempotencyIndexSQL(t, quote(t), name, false),
 		drop + tmp,
 	}, nil
+}
+
+// Columns implements dialect.Dialect.
+func (Dialect) Columns(ctx context.Context, ex dialect.Executor, t *dialect.Table) (map[string]bool, error) {
+	rs, err := ex.Query(ctx, `SELECT lower("name") FROM pragma_table_info($1)`, t.Name())
+	if err != nil {
+		return nil, err
+	}
+	return dialect.ScanSet(rs)
 }
 
 // TableExists implements dialect.Dialect.

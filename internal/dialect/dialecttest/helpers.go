@@ -112,6 +112,7 @@ type row struct {
 	Key       *string
 	Attempts  int64
 	LastError *string
+	Class     *string // last_error_class
 	LeasedBy  *string
 	Published bool
 	Dead      bool
@@ -127,8 +128,8 @@ func (r row) String() string {
 		}
 		return fmt.Sprintf("%q", *p)
 	}
-	return fmt.Sprintf("{seq %d topic %s key %s attempts %d err %s by %s pub %v dead %v retry %v leased %v starts %d}",
-		r.Seq, r.Topic, str(r.Key), r.Attempts, str(r.LastError), str(r.LeasedBy), r.Published, r.Dead, r.Retry, r.Leased, r.Starts)
+	return fmt.Sprintf("{seq %d topic %s key %s attempts %d err %s class %s by %s pub %v dead %v retry %v leased %v starts %d}",
+		r.Seq, r.Topic, str(r.Key), r.Attempts, str(r.LastError), str(r.Class), str(r.LeasedBy), r.Published, r.Dead, r.Retry, r.Leased, r.Starts)
 }
 
 func flag(col string) string {
@@ -138,7 +139,7 @@ func flag(col string) string {
 // rows reads every event of tb by sequence.
 func (s *suite) rows(t *testing.T, tb *dialect.Table) []row {
 	t.Helper()
-	q := fmt.Sprintf(`SELECT "sequence", "id", "topic", "ordering_key", "attempts", "last_error", "leased_by", %s, %s, %s,
+	q := fmt.Sprintf(`SELECT "sequence", "id", "topic", "ordering_key", "attempts", "last_error", "last_error_class", "leased_by", %s, %s, %s,
 	CASE WHEN "lease_until" IS NOT NULL AND "lease_until" > %s THEN 1 ELSE 0 END, "delivery_starts" FROM %s ORDER BY "sequence"`,
 		flag("published_at"), flag("dead_lettered_at"), flag("next_attempt_at"), s.h.At(0), dialect.DoubleQuote(tb.Parts...))
 	rs, err := s.h.Raw.Query(context.Background(), q)
@@ -150,7 +151,7 @@ func (s *suite) rows(t *testing.T, tb *dialect.Table) []row {
 	for rs.Next() {
 		var r row
 		var pub, dead, retry, leased int64
-		if err := rs.Scan(&r.Seq, &r.ID, &r.Topic, &r.Key, &r.Attempts, &r.LastError, &r.LeasedBy, &pub, &dead, &retry, &leased, &r.Starts); err != nil {
+		if err := rs.Scan(&r.Seq, &r.ID, &r.Topic, &r.Key, &r.Attempts, &r.LastError, &r.Class, &r.LeasedBy, &pub, &dead, &retry, &leased, &r.Starts); err != nil {
 			t.Fatalf("scan row: %v", err)
 		}
 		r.Published, r.Dead, r.Retry, r.Leased = pub == 1, dead == 1, retry == 1, leased == 1

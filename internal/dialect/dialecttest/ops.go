@@ -182,7 +182,8 @@ func (s *suite) cleanup(t *testing.T) {
 	}
 }
 
-// backlog: exact counts of pending, dead-lettered, unavailable and held events, the oldest
+// backlog: exact counts of pending, dead-lettered, unavailable (every pending event of a topic
+// that has one classed unavailable) and held events, the oldest
 // pending event's created_at, per topic and in all.
 func (s *suite) backlog(t *testing.T) {
 	ctx := context.Background()
@@ -210,8 +211,10 @@ func (s *suite) backlog(t *testing.T) {
 		ev("a", "dk", ""), // 6 held behind the dead letter
 	)
 	wantSeqs(t, "setup", s.claim(t, r, 10, "b1"), seq[:6]...)
-	s.mark(t, r, &dialect.MarkParams{Token: "b1", Acked: seq[:1], Unavailable: seq[1:2], Notes: []string{"unavailable: down"}, Keep: []bool{false},
-		Released: []int64{seq[3], seq[4], seq[5]}})
+	// seq[1]: its destination unavailable, which holds all of topic a; seq[5]: not attempted,
+	// which holds nothing.
+	s.mark(t, r, &dialect.MarkParams{Token: "b1", Acked: seq[:1], Unavailable: []int64{seq[1], seq[5]}, Notes: []string{"unavailable: down", "not attempted"},
+		Keep: []bool{false, true}, Released: []int64{seq[3], seq[4]}})
 	s.mark(t, r, fail("b1", false, seq[2]))
 	var oldest []time.Time
 	rs, err := s.h.Raw.Query(ctx, `SELECT "created_at" FROM `+dialect.DoubleQuote(tb.Parts...)+` WHERE "sequence" = $1`, seq[1])
@@ -230,8 +233,8 @@ func (s *suite) backlog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.Pending != 6 || b.DeadLettered != 2 || b.Unavailable != 1 || b.Held != 3 || len(oldest) != 1 || !b.Oldest.Equal(oldest[0]) || b.Now.IsZero() {
-		t.Fatalf("Backlog = %+v; want pending 6, dead 2, unavailable 1, held 3, oldest %v", b, oldest)
+	if b.Pending != 6 || b.DeadLettered != 2 || b.Unavailable != 4 || b.Held != 3 || len(oldest) != 1 || !b.Oldest.Equal(oldest[0]) || b.Now.IsZero() {
+		t.Fatalf("Backlog = %+v; want pending 6, dead 2, unavailable 4 (topic a's pending), held 3, oldest %v", b, oldest)
 	}
 	by, err := d.BacklogByTopic(ctx, s.h.Ex, tb)
 	if err != nil {
@@ -241,8 +244,8 @@ func (s *suite) backlog(t *testing.T) {
 		t.Fatalf("BacklogByTopic = %+v, want a and b", by)
 	}
 	a, bb := by[0], by[1]
-	if a.Pending != 4 || a.DeadLettered != 1 || a.Unavailable != 1 || a.Held != 2 || !a.Oldest.Equal(oldest[0]) {
-		t.Errorf("topic a = %+v; want pending 4, dead 1, unavailable 1, held 2", a)
+	if a.Pending != 4 || a.DeadLettered != 1 || a.Unavailable != 4 || a.Held != 2 || !a.Oldest.Equal(oldest[0]) {
+		t.Errorf("topic a = %+v; want pending 4, dead 1, unavailable 4, held 2", a)
 	}
 	if bb.Pending != 2 || bb.DeadLettered != 1 || bb.Unavailable != 0 || bb.Held != 1 {
 		t.Errorf("topic b = %+v; want pending 2, dead 1, unavailable 0, held 1", bb)

@@ -250,7 +250,7 @@ func (s *suite) markFailures(t *testing.T) {
 		if m := res[half]; m.Attempts != round+1 || delay(m) != want/2 {
 			t.Fatalf("failure %d with jitter 0.5: delay %v, want %v", round+1, delay(m), want/2)
 		}
-		if got := s.get(t, tb, x); got.Attempts != int64(round+1) || strOf(got.LastError) != "boom" || !got.Retry || got.Leased || got.LeasedBy != nil || got.Dead || got.Starts != 0 {
+		if got := s.get(t, tb, x); got.Attempts != int64(round+1) || strOf(got.LastError) != "boom" || strOf(got.Class) != dialect.ClassFailure || !got.Retry || got.Leased || got.LeasedBy != nil || got.Dead || got.Starts != 0 {
 			t.Fatalf("after failure %d: %v", round+1, got)
 		}
 		s.mark(t, r, &dialect.MarkParams{Token: tok, Released: []int64{capped}})
@@ -267,6 +267,12 @@ func (s *suite) markFailures(t *testing.T) {
 	res = s.mark(t, r, fail("f3", true, half))
 	if m := res[half]; m.Attempts != 3 || !m.Dead {
 		t.Fatalf("permanent failure: %+v, want dead", m)
+	}
+	if got := s.get(t, tb, half); strOf(got.Class) != dialect.ClassPermanent {
+		t.Fatalf("permanent failure: %v, want class %s", got, dialect.ClassPermanent)
+	}
+	if got := s.get(t, tb, x); strOf(got.Class) != dialect.ClassFailure {
+		t.Fatalf("dead letter after MaxAttempts: %v, want class %s", got, dialect.ClassFailure)
 	}
 	s.mark(t, r, &dialect.MarkParams{Token: "f3", Released: []int64{capped}})
 	wantSeqs(t, "capped", s.claim(t, cr, 10, "c1"), capped)
@@ -290,13 +296,13 @@ func (s *suite) markUnavailable(t *testing.T) {
 		t.Fatalf("unavailable reported %+v, want two events, no attempts", res)
 	}
 	rows := s.rows(t, tb)
-	if r := rows[0]; r.Attempts != 0 || strOf(r.LastError) != "unavailable: one" || r.Starts != 1 || r.Leased || r.Retry {
+	if r := rows[0]; r.Attempts != 0 || strOf(r.LastError) != "unavailable: one" || strOf(r.Class) != dialect.ClassNotAttempted || r.Starts != 1 || r.Leased || r.Retry {
 		t.Fatalf("unavailable, kept: %v", r)
 	}
-	if r := rows[1]; r.Attempts != 0 || strOf(r.LastError) != "unavailable: two" || r.Starts != 0 || r.Leased {
+	if r := rows[1]; r.Attempts != 0 || strOf(r.LastError) != "unavailable: two" || strOf(r.Class) != dialect.ClassUnavailable || r.Starts != 0 || r.Leased {
 		t.Fatalf("unavailable, not kept: %v", r)
 	}
-	if r := rows[2]; r.Attempts != 0 || r.LastError != nil || r.Starts != 0 || r.Leased || r.LeasedBy != nil {
+	if r := rows[2]; r.Attempts != 0 || r.LastError != nil || r.Class != nil || r.Starts != 0 || r.Leased || r.LeasedBy != nil {
 		t.Fatalf("abandoned: %v", r)
 	}
 	evs := s.claim(t, r, 10, "u2")

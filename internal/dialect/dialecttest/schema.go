@@ -19,6 +19,9 @@ func (s *suite) schema(t *testing.T) {
 	if ok, err := d.TableExists(ctx, s.h.Ex, tb); err != nil || ok {
 		t.Fatalf("TableExists before Migrate = %v, %v; want false", ok, err)
 	}
+	if cols, err := d.Columns(ctx, s.h.Ex, tb); err != nil || len(cols) != 0 {
+		t.Fatalf("Columns before Migrate = %v, %v; want none", cols, err)
+	}
 	for i := range 2 {
 		if err := d.Migrate(ctx, s.h.Ex, tb); err != nil {
 			t.Fatalf("Migrate #%d: %v", i+1, err)
@@ -26,6 +29,19 @@ func (s *suite) schema(t *testing.T) {
 	}
 	if ok, err := d.TableExists(ctx, s.h.Ex, tb); err != nil || !ok {
 		t.Fatalf("TableExists after Migrate = %v, %v; want true", ok, err)
+	}
+	cols, err := d.Columns(ctx, s.h.Ex, tb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []string{"sequence", "id", "topic", "payload", "headers", "ordering_key", "idempotency_key", "created_at", "attempts",
+		"last_error", "last_error_class", "next_attempt_at", "lease_until", "leased_by", "published_at", "dead_lettered_at", "delivery_starts"} {
+		if !cols[c] {
+			t.Errorf("Columns after Migrate = %v: no %s", cols, c)
+		}
+	}
+	if cols["tenant"] {
+		t.Errorf("Columns lists tenant before it was added")
 	}
 	seq := s.insert(t, tb, ev("a", "", ""))
 	if got := len(s.rows(t, tb)); got != 1 || seq[0] <= 0 {
@@ -37,6 +53,9 @@ func (s *suite) schema(t *testing.T) {
 	grown.Extra = []dialect.Column{{Name: "tenant", Type: s.h.TextType}}
 	if err := d.Migrate(ctx, s.h.Ex, &grown); err != nil {
 		t.Fatalf("Migrate with a new extra column: %v", err)
+	}
+	if cols, err := d.Columns(ctx, s.h.Ex, &grown); err != nil || !cols["tenant"] {
+		t.Fatalf("Columns after adding tenant = %v, %v", cols, err)
 	}
 	x := ev("a", "", "")
 	x.Extra = ptr(`{"tenant":"t1"}`)

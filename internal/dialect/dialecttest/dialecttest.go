@@ -4,6 +4,11 @@
 // interface documents. A dialect's own package runs it from its tests, once per way of
 // connecting (pgx, database/sql, a transaction-mode pooler …).
 //
+// A new dialect's package adds one test that calls Run with a Harness for its database. Checks
+// that depend on a capability (Capabilities.Continuations, Floors, Notify, ResolvesRows) run
+// only for dialects that have it, and say so when skipped. Every table is fresh (Harness.Table),
+// so the suite may share a database server with other tests.
+//
 // Time-dependent checks never sleep: leases, due times and ages are moved into the past with
 // the harness's own SQL (Harness.At).
 package dialecttest

@@ -75,6 +75,9 @@ func (s *Subscriber) RetryDeadLettered(ctx context.Context, f RetryFilter) (int6
 	if err != nil {
 		return 0, fmt.Errorf("outbox: retry dead letters in %s: %w", s.s.table, err)
 	}
+	if n > 0 {
+		s.announce(ctx)
+	}
 	return n, nil
 }
 
@@ -89,6 +92,9 @@ func (s *Subscriber) PurgeDeadLettered(ctx context.Context, f DeadLetterFilter) 
 	n, err := s.s.d.PurgeDead(ctx, s.db, s.s.t, df)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: purge dead letters in %s: %w", s.s.table, err)
+	}
+	if n > 0 {
+		s.announce(ctx)
 	}
 	return n, nil
 }

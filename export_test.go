@@ -27,8 +27,11 @@ func NewProbeTracker(expire time.Duration) *ProbeTracker {
 	return &ProbeTracker{t: probeTracker{expire: expire}}
 }
 
-// WantRunning is probeTracker.wantRunning.
-func (p *ProbeTracker) WantRunning() bool { return p.t.wantRunning() }
+// WantSnapshot is probeTracker.wantSnapshot.
+func (p *ProbeTracker) WantSnapshot() bool { return p.t.wantSnapshot() }
+
+// Quiet is probeTracker.quiet.
+func (p *ProbeTracker) Quiet(now time.Time, d time.Duration) bool { return p.t.quiet(now, d) }
 
 // Observe is probeTracker.observe for a reading of the counter, the snapshot's xmax and list,
 // and the backends' transactions (nil: not listed).

@@ -215,7 +215,7 @@ func TestProbeTracker(t *testing.T) {
 		{11, 102, []uint32{50}, nil, ms(30), true, "101 ended"},
 		{11, 102, []uint32{50}, nil, ms(35), false, "only 50 left, still in progress"},
 		{11, 102, []uint32{50}, nil, ms(6000), false, "50 no longer watched after expire"},
-		{11, 103, nil, nil, ms(6005), false, "50 ended, but it was dropped"},
+		{11, 0, nil, nil, ms(6005), false, "50 ended, but it was dropped (no snapshot read)"},
 		{12, 103, nil, []uint32{103}, ms(6010), true, "moved again, 103 in progress at or above xmax"},
 		{12, 103, nil, []uint32{103}, ms(6015), true, "the probe after a change"},
 		{12, 103, nil, nil, ms(6020), false, "103 still at or above xmax: in progress"},
@@ -231,8 +231,11 @@ func TestProbeTracker(t *testing.T) {
 		if got := p.Observe(s.counter, s.xmax, s.inProgress, s.running, s.at); got != s.want {
 			t.Fatalf("%s: woke %v, want %v", s.why, got, s.want)
 		}
-		if s.why == "sequence moved" && !p.WantRunning() {
-			t.Fatalf("after a change the next probe must list the transactions in progress")
+		if s.why == "sequence moved" && !p.WantSnapshot() {
+			t.Fatalf("after a change the next probe must read the snapshot")
+		}
+		if s.why == "idle" && (p.WantSnapshot() || p.Quiet(s.at, time.Second) || !p.Quiet(s.at.Add(time.Second), time.Second)) {
+			t.Fatalf("idle: the next probe reads only the sequence; quiet a second after the last move")
 		}
 	}
 }

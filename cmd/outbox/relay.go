@@ -445,7 +445,8 @@ func relayWakeup(d *database, cfg outbox.SubscriberConfig, logger watermill.Logg
 		}
 		fields["wakeup"] = "probe"
 		fields["wake-probe"] = interval.String()
-		logger.Info("outbox relay wakes within --wake-probe of any writer's commit (it probes the table's sequence; no signal from writers needed, works through PgBouncer), and polls every --poll-interval", fields)
+		fields["wake-probe-idle"] = (outbox.WakeProbeIdleFactor * interval).String()
+		logger.Info("outbox relay claims as soon as any writer commits: it probes the table's sequence every --wake-probe (every wake-probe-idle after a second without writes; no signal from writers needed, works through PgBouncer), and polls every --poll-interval", fields)
 	}
 	return nil
 }

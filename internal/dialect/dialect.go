@@ -477,10 +477,10 @@ type WakeProber interface {
 	// ProbeTarget resolves the counter of t: an id for Probe, and the sequence's cache size (a
 	// cache above 1 lets writers take values without advancing the counter).
 	ProbeTarget(ctx context.Context, ex Executor, t *Table) (target int64, cache int64, err error)
-	// Probe reads the counter and the database's snapshot; it also lists the transactions in
-	// progress (ProbeState.Running) when the counter differs from last, or when running is
-	// true.
-	Probe(ctx context.Context, ex Executor, target, last int64, running bool) (ProbeState, error)
+	// Probe reads the counter; when it differs from last, or when full is true, it also reads
+	// the database's snapshot and lists the transactions in progress (ProbeState.Xmax,
+	// InProgress, Running; otherwise they are zero and Running nil).
+	Probe(ctx context.Context, ex Executor, target, last int64, full bool) (ProbeState, error)
 	// Announce advances t's counter by one (a value no event will have), so that probing
 	// relays claim at once: for operations that make events claimable without writing one.
 	Announce(ctx context.Context, ex Executor, t *Table) error

@@ -27,16 +27,28 @@
 //   - In another journal mode (DELETE, TRUNCATE) the database file itself is written at every
 //     commit; writes to it wake the listeners too.
 //
+// A writer appends its commit's frames to the log first and publishes the commit in the
+// log's index, the shared-memory file "<database>-shm", right after; file notifications see only
+// the first step. A relay woken by the frames may poll before the commit is visible and find
+// nothing. So after each write to the log the watcher also reads the index's header (the first
+// 96 bytes of "-shm": two copies of the 48-byte header, which change at every commit) and,
+// when it still shows the commit seen at the last wake-up, re-reads it every millisecond
+// (for up to settleFor) and wakes the listeners again as soon as it changes.
+//
 // Polling stays the safety net: a notification lost (the watch queue overflowed) only delays
 // delivery until the next PollInterval, and such an overflow also wakes every listener.
 package sqlitewal
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/fsnotify/fsnotify"
@@ -47,10 +59,12 @@ import (
 
 // Watcher is an outbox.Wakeup for one SQLite database file. Safe for concurrent use.
 type Watcher struct {
-	hub     *wakeup.Hub
-	fw      *fsnotify.Watcher
-	db, wal string
-	logger  watermill.LoggerAdapter
+	hub          *wakeup.Hub
+	fw           *fsnotify.Watcher
+	db, wal, shm string
+	logger       watermill.LoggerAdapter
+	// seen is the index header at the last wake-up (only the run goroutine uses it).
+	seen []byte
 
 	closeOnce sync.Once
 	done      chan struct{}
@@ -85,6 +99,7 @@ func New(path string, logger watermill.LoggerAdapter) (*Watcher, error) {
 		fw:     fw,
 		db:     abs,
 		wal:    abs + "-wal",
+		shm:    abs + "-shm",
 		logger: logger.With(watermill.LogFields{"database": abs}),
 		done:   make(chan struct{}),
 	}
@@ -95,9 +110,40 @@ func New(path string, logger watermill.LoggerAdapter) (*Watcher, error) {
 	return w, nil
 }
 
+// Settling: after a write to the log whose commit the index does not show yet, the index
+// header is read every settleEvery until it changes, for at most settleFor.
+const (
+	settleEvery = time.Millisecond
+	settleFor   = 2 * time.Second
+)
+
+// header returns the index's two header copies (96 bytes), nil when the index cannot be read
+// (no "-shm" file: another journal mode, or exclusive locking mode).
+func (w *Watcher) header() []byte {
+	f, err := os.Open(w.shm)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	b := make([]byte, 96)
+	if _, err := io.ReadFull(f, b); err != nil {
+		return nil
+	}
+	return b
+}
+
+// settled reports whether hdr shows a commit the last wake-up did not see: it differs from
+// w.seen and its two copies agree (a writer is not halfway through updating it).
+func (w *Watcher) settled(hdr []byte) bool {
+	return hdr != nil && !bytes.Equal(hdr, w.seen) && bytes.Equal(hdr[:48], hdr[48:])
+}
+
 // run turns file notifications into wake-ups until Close.
 func (w *Watcher) run() {
 	defer close(w.done)
+	settle := time.NewTimer(time.Hour)
+	settle.Stop()
+	var settleUntil time.Time // zero: not settling
 	for {
 		select {
 		case ev, ok := <-w.fw.Events:
@@ -105,7 +151,31 @@ func (w *Watcher) run() {
 				return
 			}
 			if (ev.Name == w.wal || ev.Name == w.db) && ev.Op&(fsnotify.Write|fsnotify.Create) != 0 {
+				hdr := w.header()
+				if w.settled(hdr) {
+					w.seen = hdr
+					settleUntil = time.Time{}
+				} else if hdr != nil {
+					// The commit is not in the index yet: wake now (it may be by the time a
+					// relay reads it) and again when the index shows it.
+					settle.Reset(settleEvery)
+					settleUntil = time.Now().Add(settleFor)
+				}
 				w.hub.DispatchAll()
+			}
+		case <-settle.C:
+			if settleUntil.IsZero() {
+				// A later notification found the commit meanwhile.
+				continue
+			}
+			if hdr := w.header(); w.settled(hdr) {
+				w.seen = hdr
+				settleUntil = time.Time{}
+				w.hub.DispatchAll()
+			} else if time.Now().Before(settleUntil) {
+				settle.Reset(settleEvery)
+			} else {
+				settleUntil = time.Time{}
 			}
 		case err, ok := <-w.fw.Errors:
 			if !ok {

@@ -364,3 +364,70 @@ func TestTwoRelaysTwoWriterProcesses(t *testing.T) {
 	}
 	t.Logf("events per relay: %v", perRelay)
 }
+
+// TestWakesAgainWhenTheIndexShowsTheCommit reproduces a writer that appends its commit's frames
+// to the log, is descheduled, and publishes the commit in the index ("-shm") only later: the
+// watcher wakes at the frames (a relay polling then finds nothing yet) and again as soon as
+// the index's header changes, although no file notification marks that change (SQLite writes
+// the index through shared memory). Files are written by hand here, with SQLite's layout: the
+// index header is two equal 48-byte copies at the start of "-shm".
+func TestWakesAgainWhenTheIndexShowsTheCommit(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "outbox.db")
+	hdr := func(commit byte) []byte {
+		h := bytes.Repeat([]byte{commit}, 48)
+		return append(h, h...)
+	}
+	write := func(name string, b []byte) {
+		t.Helper()
+		if err := os.WriteFile(name, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(path+"-shm", hdr(1))
+	w, err := sqlitewal.New(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	ch := w.Listen(context.Background(), nil)
+	recv := func(what string) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: no wake-up within 10s", what)
+		}
+	}
+	// drain takes the wake-ups of a write to the log (one per notification: a create, a
+	// write) until none came for 100 ms.
+	drain := func() {
+		t.Helper()
+		for {
+			select {
+			case <-ch:
+			case <-time.After(100 * time.Millisecond):
+				return
+			}
+		}
+	}
+	recv("first value")
+	write(path+"-wal", []byte("frames of commit 1"))
+	recv("commit 1's frames, index already updated")
+	drain()
+
+	write(path+"-wal", []byte("frames of commit 2"))
+	recv("commit 2's frames")
+	drain()                    // commit 2 is not in the index yet
+	write(path+"-shm", hdr(2)) // no notification is watched for this file
+	recv("commit 2 in the index")
+	drain()
+
+	// A header halfway through an update (copies differ) is not a commit yet.
+	write(path+"-wal", []byte("frames of commit 3"))
+	recv("commit 3's frames")
+	write(path+"-shm", append(hdr(3)[:48], hdr(2)[48:]...))
+	drain()
+	write(path+"-shm", hdr(3))
+	recv("commit 3 in the index")
+}

@@ -35,18 +35,19 @@ func (Dialect) ProbeTarget(ctx context.Context, ex dialect.Executor, t *dialect.
 }
 
 // probeSQL reads the sequence's last value (pg_sequence_last_value reads the sequence's one
-// tuple; NULL before the first nextval) and pg_current_snapshot(); only when the value differs
-// from $2, or $3 is true, it also lists the transaction ids of every backend
-// (pg_stat_get_activity, shared memory; the CASE runs that subquery only then). The snapshot's
-// xmax is the latest completed transaction plus one, so a transaction in progress above every
-// completed one is in no snapshot's list: only the backends' list names it.
-const probeSQL = `SELECT p.c, pg_current_snapshot()::text,
+// tuple; NULL before the first nextval); only when the value differs from $2, or $3 is true, it
+// also reads pg_current_snapshot() and lists the transaction ids of every backend
+// (pg_stat_get_activity, shared memory; a CASE evaluates its branch only when taken). The
+// snapshot's xmax is the latest completed transaction plus one, so a transaction in progress
+// above every completed one is in no snapshot's list: only the backends' list names it.
+const probeSQL = `SELECT p.c,
+	CASE WHEN p.c <> $2 OR $3 THEN pg_current_snapshot()::text END,
 	CASE WHEN p.c <> $2 OR $3 THEN ARRAY(SELECT a.backend_xid::text::bigint FROM pg_stat_get_activity(NULL) a WHERE a.backend_xid IS NOT NULL) END
 FROM (SELECT coalesce(pg_sequence_last_value($1::oid::regclass), 0) AS c) p`
 
 // Probe implements dialect.WakeProber.
-func (Dialect) Probe(ctx context.Context, ex dialect.Executor, target, last int64, running bool) (dialect.ProbeState, error) {
-	rs, err := ex.Query(ctx, probeSQL, target, last, running)
+func (Dialect) Probe(ctx context.Context, ex dialect.Executor, target, last int64, full bool) (dialect.ProbeState, error) {
+	rs, err := ex.Query(ctx, probeSQL, target, last, full)
 	if err != nil {
 		return dialect.ProbeState{}, err
 	}
@@ -59,7 +60,7 @@ func (Dialect) Probe(ctx context.Context, ex dialect.Executor, target, last int6
 	}
 	var (
 		st   dialect.ProbeState
-		snap string
+		snap *string
 		run  []int64
 	)
 	if err := rs.Scan(&st.Counter, &snap, &run); err != nil {
@@ -74,7 +75,9 @@ func (Dialect) Probe(ctx context.Context, ex dialect.Executor, target, last int6
 			st.Running[i] = uint32(x)
 		}
 	}
-	st.Xmax, st.InProgress, err = parseSnapshot(snap)
+	if snap != nil {
+		st.Xmax, st.InProgress, err = parseSnapshot(*snap)
+	}
 	return st, err
 }
 

@@ -182,7 +182,8 @@ type SubscriberConfig struct {
 	// from a sequence cache above 1 do not move it (the schema's sequence has CACHE 1; a larger
 	// cache is logged at start). RetryDeadLettered and PurgeDeadLettered advance the sequence
 	// by one, so that probing relays act on them at once. One probe runs per Subscriber while
-	// it has subscriptions. Default 5ms; at least 1ms. Setting it for SQLite or MariaDB/MySQL
+	// it has subscriptions (a MultiSubscriber: one per table, each costing an idle database as
+	// much). Default 5ms; at least 1ms. Setting it for SQLite or MariaDB/MySQL
 	// is a configuration error (no probe there).
 	WakeProbeInterval time.Duration
 	// DisableWakeProbe turns the wake probe off: the relay then learns of new events only

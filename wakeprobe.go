@@ -74,6 +74,21 @@ func (w *wakeProbe) idle() bool {
 	return false
 }
 
+// busy reports whether every listener still holds an unread wake-up: each subscription is
+// claiming or delivering and polls again as soon as it would wait, so a probe now could change
+// nothing. The probe skips it; its next reading compares with the last one, so a move meanwhile
+// still wakes them.
+func (w *wakeProbe) busy() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for ch := range w.subs {
+		if len(ch) == 0 {
+			return false
+		}
+	}
+	return true
+}
+
 func (w *wakeProbe) dispatch() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -122,6 +137,9 @@ func (w *wakeProbe) run() {
 		wait = w.interval
 		if now.Before(retryAt) {
 			wait = retryAt.Sub(now)
+			continue
+		}
+		if resolved && w.busy() {
 			continue
 		}
 		var err error

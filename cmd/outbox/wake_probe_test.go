@@ -4,13 +4,16 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/internal/pgtest"
@@ -61,92 +64,148 @@ func TestRelayPostgresWakesOnCommit(t *testing.T) {
 	}
 }
 
-// BenchmarkRelayCommitToDelivery measures commit → delivery latency across processes with
-// default settings on both sides: writers in this process commit one event per transaction
-// through a plain outbox.Publisher at 1,000 events/s for 10 s (8 connections); `outbox relay`
-// with default flags delivers them to a webhook receiver here. It reports the median and the
-// 99th percentile of (arrival − COMMIT returned), in ms. Run with -benchtime=1x.
-func BenchmarkRelayCommitToDelivery(b *testing.B) {
-	pool := pgtest.Require(b)
-	table := pgtest.Table(b)
-	schema := schemaFor(kindPostgres, table)
-	if err := outbox.Migrate(context.Background(), pool, schema); err != nil {
-		b.Fatal(err)
-	}
-	rcv := newReceiver(b, http.StatusOK)
-	p := start(b, []string{"OUTBOX_SECRET=" + rcv.secret}, "relay", "--db", pgtest.DSN(), "--table", table, "--to", rcv.URL+"/hook",
-		"--allow-prefix", "127.0.0.0/8")
-	const (
-		rate     = 1000
-		duration = 10 * time.Second
-		writers  = 8
+// writeEvents commits one event per transaction through a plain outbox.Publisher on writers
+// connections of pool, paced at rate per second (0: as fast as they can), for d; it returns
+// when each transaction's COMMIT returned, by event id.
+func writeEvents(tb testing.TB, pool *pgxpool.Pool, schema outbox.SchemaConfig, writers, rate int, d time.Duration) map[string]time.Time {
+	jobs := make(chan struct{}, max(rate, writers))
+	var (
+		mu        sync.Mutex
+		committed = map[string]time.Time{}
+		wg        sync.WaitGroup
 	)
-	for range b.N {
-		jobs := make(chan struct{}, rate)
-		var (
-			mu        sync.Mutex
-			committed = map[string]time.Time{}
-			wg        sync.WaitGroup
-		)
-		for range writers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for range jobs {
-					var id string
-					err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-						pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Schema: schema}, nil)
-						if err != nil {
-							return err
-						}
-						msg := outbox.NewMessage([]byte(`{"key":"","n":0}`))
-						id = msg.UUID
-						return pub.Publish("bench.latency", msg)
-					})
+	for range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range jobs {
+				var id string
+				err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+					pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Schema: schema}, nil)
 					if err != nil {
-						b.Error(err)
-						return
+						return err
 					}
-					now := time.Now()
-					mu.Lock()
-					committed[id] = now
-					mu.Unlock()
+					msg := outbox.NewMessage([]byte(`{"key":"","n":0}`))
+					id = msg.UUID
+					return pub.Publish("bench.latency", msg)
+				})
+				if err != nil {
+					tb.Error(err)
+					return
 				}
-			}()
-		}
-		tick := time.NewTicker(time.Second / rate)
-		end := time.Now().Add(duration)
+				now := time.Now()
+				mu.Lock()
+				committed[id] = now
+				mu.Unlock()
+			}
+		}()
+	}
+	end := time.Now().Add(d)
+	if rate > 0 {
+		tick := time.NewTicker(time.Second / time.Duration(rate))
 		for time.Now().Before(end) {
 			<-tick.C
 			jobs <- struct{}{}
 		}
 		tick.Stop()
-		close(jobs)
-		wg.Wait()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			mu.Lock()
-			n := len(committed)
-			mu.Unlock()
-			if len(rcv.received()) >= n {
-				break
-			}
-			if time.Now().After(deadline) {
-				b.Fatalf("%d of %d delivered within 30s", len(rcv.received()), n)
-			}
-			time.Sleep(10 * time.Millisecond)
+	} else {
+		for time.Now().Before(end) {
+			jobs <- struct{}{}
 		}
-		var lat []time.Duration
-		for id, c := range committed {
-			at, _ := rcv.arrived(id)
-			lat = append(lat, at.Sub(c))
-		}
-		slices.Sort(lat)
-		b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
-		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
-		b.ReportMetric(float64(len(lat))/duration.Seconds(), "events/s")
 	}
-	if code := p.stop(b); code != 0 {
-		b.Fatalf("relay exit status %d", code)
+	close(jobs)
+	wg.Wait()
+	return committed
+}
+
+// benchRelay migrates a fresh table and starts `outbox relay` on it with default flags plus
+// extra, delivering to a webhook receiver here.
+func benchRelay(b *testing.B, extra ...string) (outbox.SchemaConfig, *receiver, *process) {
+	table := pgtest.Table(b)
+	schema := schemaFor(kindPostgres, table)
+	if err := outbox.Migrate(context.Background(), pgtest.Require(b), schema); err != nil {
+		b.Fatal(err)
+	}
+	rcv := newReceiver(b, http.StatusOK)
+	p := start(b, []string{"OUTBOX_SECRET=" + rcv.secret}, append([]string{"relay", "--db", pgtest.DSN(), "--table", table, "--to", rcv.URL + "/hook",
+		"--allow-prefix", "127.0.0.0/8"}, extra...)...)
+	return schema, rcv, p
+}
+
+// BenchmarkRelayCommitToDelivery measures commit → delivery latency across processes: writers
+// in this process commit one event per transaction through a plain outbox.Publisher (8
+// connections) at a fixed rate for 10 s; `outbox relay` with default flags ("default") or with
+// the wake probe off ("no-probe", --wake-probe 0: it polls every 5s) delivers them to a webhook
+// receiver here. It reports the median and the 99th percentile of (arrival − COMMIT returned)
+// in ms, and the rate the writers reached. Run with -benchtime=1x.
+func BenchmarkRelayCommitToDelivery(b *testing.B) {
+	pool := pgtest.Require(b)
+	for _, rate := range []int{1000, 20} {
+		for _, v := range []struct {
+			name  string
+			flags []string
+		}{{"default", nil}, {"no-probe", []string{"--wake-probe", "0"}}} {
+			b.Run(fmt.Sprintf("rate=%d/%s", rate, v.name), func(b *testing.B) {
+				schema, rcv, p := benchRelay(b, v.flags...)
+				const d = 10 * time.Second
+				for range b.N {
+					committed := writeEvents(b, pool, schema, 8, rate, d)
+					deadline := time.Now().Add(30 * time.Second)
+					for len(rcv.received()) < len(committed) {
+						if time.Now().After(deadline) {
+							b.Fatalf("%d of %d delivered within 30s", len(rcv.received()), len(committed))
+						}
+						time.Sleep(10 * time.Millisecond)
+					}
+					var lat []time.Duration
+					for id, c := range committed {
+						at, _ := rcv.arrived(id)
+						lat = append(lat, at.Sub(c))
+					}
+					slices.Sort(lat)
+					b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+					b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+					b.ReportMetric(float64(len(lat))/d.Seconds(), "events/s")
+				}
+				if code := p.stop(b); code != 0 {
+					b.Fatalf("relay exit status %d", code)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkWritePathBesideRelay measures what a relay's wake probe costs writers: 8 writers
+// commit as fast as they can (one event per transaction, durable commits) while `outbox relay`
+// drains the table, with default flags or with --wake-probe 0, in interleaved rounds of 3 s
+// (WAKE_BENCH_ROUNDS each, default 6). It reports each variant's median rate and their ratio
+// (default / no-probe).
+func BenchmarkWritePathBesideRelay(b *testing.B) {
+	pool := pgtest.Require(b)
+	rounds := 6
+	if n, err := strconv.Atoi(os.Getenv("WAKE_BENCH_ROUNDS")); err == nil && n > 0 {
+		rounds = n
+	}
+	for range b.N {
+		rates := map[string][]float64{}
+		for round := range 2 * rounds {
+			name, flags := "default", []string(nil)
+			if round%2 == 1 {
+				name, flags = "no-probe", []string{"--wake-probe", "0"}
+			}
+			schema, _, p := benchRelay(b, flags...)
+			const d = 3 * time.Second
+			n := len(writeEvents(b, pool, schema, 8, 0, d))
+			rates[name] = append(rates[name], float64(n)/d.Seconds())
+			if code := p.stop(b); code != 0 {
+				b.Fatalf("relay exit status %d", code)
+			}
+		}
+		median := func(v []float64) float64 { slices.Sort(v); return (v[len(v)/2-1] + v[len(v)/2]) / 2 }
+		def, off := median(rates["default"]), median(rates["no-probe"])
+		b.ReportMetric(def, "default-tx/s")
+		b.ReportMetric(off, "no-probe-tx/s")
+		b.ReportMetric(def/off, "ratio")
+		b.Logf("rounds: default %v, no-probe %v", rates["default"], rates["no-probe"])
 	}
 }

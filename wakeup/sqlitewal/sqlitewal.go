@@ -28,30 +28,31 @@
 //     commit; writes to it wake the listeners too.
 //
 // A writer appends its commit's frames to the log first and publishes the commit in the
-// log's index, the shared-memory file "<database>-shm", right after; file notifications see only
-// the first step. A relay woken by the frames may poll before the commit is visible and find
-// nothing. So after each write to the log the watcher also reads the index's header (the first
-// 96 bytes of "-shm": two copies of the 48-byte header, which change at every commit) and,
-// when it still shows the commit seen at the last wake-up, re-reads it every millisecond
-// (for up to settleFor) and wakes the listeners again as soon as it changes.
+// log's index (shared memory) right after; file notifications see only the first step. A relay
+// woken by the frames may poll before the commit is visible and find nothing. So after each
+// write to the log the watcher asks SQLite, on a connection of its own, whether a commit
+// became visible since its last wake-up (PRAGMA data_version, modernc.org/sqlite); when none
+// did yet, it asks again every millisecond (for up to settleFor) and wakes the listeners again
+// as soon as one did. (It never opens the "-shm" file itself: closing any descriptor of a file
+// drops every POSIX lock the process holds on it, SQLite's included.)
 //
 // Polling stays the safety net: a notification lost (the watch queue overflowed) only delays
 // delivery until the next PollInterval, and such an overflow also wakes every listener.
 package sqlitewal
 
 import (
-	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/fsnotify/fsnotify"
+	_ "modernc.org/sqlite" // the watcher's own connection (PRAGMA data_version)
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/wakeup"
@@ -59,12 +60,17 @@ import (
 
 // Watcher is an outbox.Wakeup for one SQLite database file. Safe for concurrent use.
 type Watcher struct {
-	hub          *wakeup.Hub
-	fw           *fsnotify.Watcher
-	db, wal, shm string
-	logger       watermill.LoggerAdapter
-	// seen is the index header at the last wake-up (only the run goroutine uses it).
-	seen []byte
+	hub     *wakeup.Hub
+	fw      *fsnotify.Watcher
+	db, wal string
+	logger  watermill.LoggerAdapter
+	// conn is the watcher's own connection, opened at the first write to the log (the
+	// database may not exist before); seen is its data_version at the last wake-up. Only the
+	// run goroutine uses them.
+	conn *sql.DB
+	seen int64
+	// versionFn replaces version when set (tests).
+	versionFn atomic.Pointer[func() (int64, bool)]
 
 	closeOnce sync.Once
 	done      chan struct{}
@@ -99,7 +105,6 @@ func New(path string, logger watermill.LoggerAdapter) (*Watcher, error) {
 		fw:     fw,
 		db:     abs,
 		wal:    abs + "-wal",
-		shm:    abs + "-shm",
 		logger: logger.With(watermill.LogFields{"database": abs}),
 		done:   make(chan struct{}),
 	}
@@ -111,31 +116,33 @@ func New(path string, logger watermill.LoggerAdapter) (*Watcher, error) {
 }
 
 // Settling: after a write to the log whose commit the index does not show yet, the index
-// header is read every settleEvery until it changes, for at most settleFor.
+// data_version is read every settleEvery until it changes, for at most settleFor.
 const (
 	settleEvery = time.Millisecond
 	settleFor   = 2 * time.Second
 )
 
-// header returns the index's two header copies (96 bytes), nil when the index cannot be read
-// (no "-shm" file: another journal mode, or exclusive locking mode).
-func (w *Watcher) header() []byte {
-	f, err := os.Open(w.shm)
-	if err != nil {
-		return nil
+// version returns the database's data_version on the watcher's connection (it changes when
+// another connection's commit became visible), or false when it cannot be read.
+func (w *Watcher) version() (int64, bool) {
+	if f := w.versionFn.Load(); f != nil {
+		return (*f)()
 	}
-	defer f.Close()
-	b := make([]byte, 96)
-	if _, err := io.ReadFull(f, b); err != nil {
-		return nil
+	if w.conn == nil {
+		c, err := sql.Open("sqlite", outbox.SQLiteDSN(w.db))
+		if err != nil {
+			return 0, false
+		}
+		c.SetMaxOpenConns(1)
+		w.conn = c
 	}
-	return b
-}
-
-// settled reports whether hdr shows a commit the last wake-up did not see: it differs from
-// w.seen and its two copies agree (a writer is not halfway through updating it).
-func (w *Watcher) settled(hdr []byte) bool {
-	return hdr != nil && !bytes.Equal(hdr, w.seen) && bytes.Equal(hdr[:48], hdr[48:])
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var v int64
+	if err := w.conn.QueryRowContext(ctx, "PRAGMA data_version").Scan(&v); err != nil {
+		return 0, false
+	}
+	return v, true
 }
 
 // run turns file notifications into wake-ups until Close.
@@ -151,11 +158,10 @@ func (w *Watcher) run() {
 				return
 			}
 			if (ev.Name == w.wal || ev.Name == w.db) && ev.Op&(fsnotify.Write|fsnotify.Create) != 0 {
-				hdr := w.header()
-				if w.settled(hdr) {
-					w.seen = hdr
+				if v, ok := w.version(); !ok || v != w.seen {
+					w.seen = v
 					settleUntil = time.Time{}
-				} else if hdr != nil {
+				} else {
 					// The commit is not in the index yet: wake now (it may be by the time a
 					// relay reads it) and again when the index shows it.
 					settle.Reset(settleEvery)
@@ -168,8 +174,8 @@ func (w *Watcher) run() {
 				// A later notification found the commit meanwhile.
 				continue
 			}
-			if hdr := w.header(); w.settled(hdr) {
-				w.seen = hdr
+			if v, ok := w.version(); ok && v != w.seen {
+				w.seen = v
 				settleUntil = time.Time{}
 				w.hub.DispatchAll()
 			} else if time.Now().Before(settleUntil) {
@@ -204,6 +210,9 @@ func (w *Watcher) Close() error {
 	w.closeOnce.Do(func() {
 		err = w.fw.Close()
 		<-w.done
+		if w.conn != nil {
+			err = errors.Join(err, w.conn.Close())
+		}
 	})
 	return err
 }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -365,31 +366,21 @@ func TestTwoRelaysTwoWriterProcesses(t *testing.T) {
 	t.Logf("events per relay: %v", perRelay)
 }
 
-// TestWakesAgainWhenTheIndexShowsTheCommit reproduces a writer that appends its commit's frames
-// to the log, is descheduled, and publishes the commit in the index ("-shm") only later: the
-// watcher wakes at the frames (a relay polling then finds nothing yet) and again as soon as
-// the index's header changes, although no file notification marks that change (SQLite writes
-// the index through shared memory). Files are written by hand here, with SQLite's layout: the
-// index header is two equal 48-byte copies at the start of "-shm".
-func TestWakesAgainWhenTheIndexShowsTheCommit(t *testing.T) {
+// TestWakesAgainWhenTheCommitBecomesVisible reproduces a writer that appends its commit's
+// frames to the log, is descheduled, and publishes the commit in the log's index only later:
+// the watcher wakes at the frames (a relay polling then finds nothing yet) and again as soon as
+// SQLite shows the commit (data_version changes), although no file notification marks that
+// moment. The database's data_version is played by the test.
+func TestWakesAgainWhenTheCommitBecomesVisible(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "outbox.db")
-	hdr := func(commit byte) []byte {
-		h := bytes.Repeat([]byte{commit}, 48)
-		return append(h, h...)
-	}
-	write := func(name string, b []byte) {
-		t.Helper()
-		if err := os.WriteFile(name, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(path+"-shm", hdr(1))
 	w, err := sqlitewal.New(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Close()
+	var version atomic.Int64
+	sqlitewal.SetVersionFunc(w, func() (int64, bool) { return version.Load(), true })
 	ch := w.Listen(context.Background(), nil)
 	recv := func(what string) {
 		t.Helper()
@@ -411,23 +402,28 @@ func TestWakesAgainWhenTheIndexShowsTheCommit(t *testing.T) {
 			}
 		}
 	}
+	appendLog := func(b string) {
+		t.Helper()
+		f, err := os.OpenFile(path+"-wal", os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteString(b); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	recv("first value")
-	write(path+"-wal", []byte("frames of commit 1"))
-	recv("commit 1's frames, index already updated")
+	version.Store(1)
+	appendLog("frames of commit 1")
+	recv("commit 1's frames, already visible")
 	drain()
 
-	write(path+"-wal", []byte("frames of commit 2"))
+	appendLog("frames of commit 2")
 	recv("commit 2's frames")
-	drain()                    // commit 2 is not in the index yet
-	write(path+"-shm", hdr(2)) // no notification is watched for this file
-	recv("commit 2 in the index")
-	drain()
-
-	// A header halfway through an update (copies differ) is not a commit yet.
-	write(path+"-wal", []byte("frames of commit 3"))
-	recv("commit 3's frames")
-	write(path+"-shm", append(hdr(3)[:48], hdr(2)[48:]...))
-	drain()
-	write(path+"-shm", hdr(3))
-	recv("commit 3 in the index")
+	drain() // commit 2 is not visible yet
+	version.Store(2)
+	recv("commit 2 visible")
 }

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -112,7 +113,7 @@ func (w *wakeProbe) run() {
 		}
 	}()
 	log := w.s.logger
-	fields := watermill.LogFields{"wake_probe_interval": w.interval.String()}
+	fields := watermill.LogFields{"wake_probe_interval": w.interval.String(), "wake_probe_idle_interval": (WakeProbeIdleFactor * w.interval).String()}
 	timer := time.NewTimer(w.interval)
 	defer timer.Stop()
 	var (
@@ -147,10 +148,10 @@ func (w *wakeProbe) run() {
 			var cache int64
 			if target, cache, err = w.p.ProbeTarget(ctx, w.ex, w.s.s.t); err == nil {
 				resolved = true
-				log.Info("outbox: relay wakes within "+w.interval.String()+" of a commit: it probes the table's sequence", fields)
+				log.Info("outbox: wake probe on: the relay claims within about one interval of any writer's commit (it probes the table's sequence; every idle interval after a second without writes)", fields)
 				if cache > 1 {
-					w.s.logWarn("outbox: the table's sequence has CACHE above 1: writers that take values from their cache do not advance it, so the wake probe misses them (ALTER TABLE … ALTER COLUMN sequence SET CACHE 1)",
-						nil, watermill.LogFields{"cache": cache})
+					w.s.logWarn("outbox: the wake probe misses writes served from the sequence's cache (ALTER TABLE … ALTER COLUMN sequence SET CACHE 1); they wait for the next poll",
+						fmt.Errorf("the table's sequence has CACHE %d", cache), nil)
 				}
 			}
 		}

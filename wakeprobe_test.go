@@ -239,3 +239,30 @@ func TestProbeTracker(t *testing.T) {
 		}
 	}
 }
+
+// TestWakeProbeLogs: the probe says once that it is on (INFO) and warns once when the table's
+// sequence has a cache above 1 (writes served from it do not move the sequence).
+func TestWakeProbeLogs(t *testing.T) {
+	pool := pgtest.Require(t)
+	schema := outbox.SchemaConfig{Table: pgtest.Table(t)}
+	if err := outbox.Migrate(ctx, pool, schema); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `ALTER TABLE `+pgx.Identifier{schema.Table}.Sanitize()+` ALTER COLUMN sequence SET CACHE 10`); err != nil {
+		t.Fatal(err)
+	}
+	l := &levelLog{}
+	sub, err := outbox.NewSubscriber(pool, outbox.SubscriberConfig{Schema: schema}, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	if _, err := sub.Subscribe(ctx, "*"); err != nil {
+		t.Fatal(err)
+	}
+	cache := "WARN outbox: the wake probe misses writes served from the sequence's cache"
+	pgtest.Eventually(t, 10*time.Second, "cache warning", func() bool { return l.count(cache) == 1 })
+	if n := l.count("INFO outbox: wake probe on"); n != 1 {
+		t.Fatalf("%d start lines", n)
+	}
+}

@@ -177,35 +177,52 @@ func BenchmarkRelayCommitToDelivery(b *testing.B) {
 
 // BenchmarkWritePathBesideRelay measures what a relay's wake probe costs writers: 8 writers
 // commit as fast as they can (one event per transaction, durable commits) while `outbox relay`
-// drains the table, with default flags or with --wake-probe 0, in interleaved rounds of 3 s
-// (WAKE_BENCH_ROUNDS each, default 6). It reports each variant's median rate and their ratio
-// (default / no-probe).
+// drains the table, with default flags or with --wake-probe 0 (it then claims every 5 s:
+// rounds are long enough for it to drain too), in pairs of rounds of WAKE_BENCH_SECONDS
+// (default 12) each, the order alternating per pair, WAKE_BENCH_ROUNDS pairs (default 5). It
+// reports each variant's median rate and the median of the pairs' ratios (default / no-probe).
 func BenchmarkWritePathBesideRelay(b *testing.B) {
 	pool := pgtest.Require(b)
-	rounds := 6
+	pairs, seconds := 5, 12
 	if n, err := strconv.Atoi(os.Getenv("WAKE_BENCH_ROUNDS")); err == nil && n > 0 {
-		rounds = n
+		pairs = n
+	}
+	if n, err := strconv.Atoi(os.Getenv("WAKE_BENCH_SECONDS")); err == nil && n > 0 {
+		seconds = n
+	}
+	d := time.Duration(seconds) * time.Second
+	round := func(flags ...string) float64 {
+		schema, _, p := benchRelay(b, flags...)
+		n := len(writeEvents(b, pool, schema, 8, 0, d))
+		if code := p.stop(b); code != 0 {
+			b.Fatalf("relay exit status %d", code)
+		}
+		return float64(n) / d.Seconds()
+	}
+	median := func(v []float64) float64 {
+		v = slices.Clone(v)
+		slices.Sort(v)
+		if len(v)%2 == 0 {
+			return (v[len(v)/2-1] + v[len(v)/2]) / 2
+		}
+		return v[len(v)/2]
 	}
 	for range b.N {
-		rates := map[string][]float64{}
-		for round := range 2 * rounds {
-			name, flags := "default", []string(nil)
-			if round%2 == 1 {
-				name, flags = "no-probe", []string{"--wake-probe", "0"}
+		var def, off, ratios []float64
+		for i := range pairs {
+			var a, c float64
+			if i%2 == 0 {
+				a = round()
+				c = round("--wake-probe", "0")
+			} else {
+				c = round("--wake-probe", "0")
+				a = round()
 			}
-			schema, _, p := benchRelay(b, flags...)
-			const d = 3 * time.Second
-			n := len(writeEvents(b, pool, schema, 8, 0, d))
-			rates[name] = append(rates[name], float64(n)/d.Seconds())
-			if code := p.stop(b); code != 0 {
-				b.Fatalf("relay exit status %d", code)
-			}
+			def, off, ratios = append(def, a), append(off, c), append(ratios, a/c)
 		}
-		median := func(v []float64) float64 { slices.Sort(v); return (v[len(v)/2-1] + v[len(v)/2]) / 2 }
-		def, off := median(rates["default"]), median(rates["no-probe"])
-		b.ReportMetric(def, "default-tx/s")
-		b.ReportMetric(off, "no-probe-tx/s")
-		b.ReportMetric(def/off, "ratio")
-		b.Logf("rounds: default %v, no-probe %v", rates["default"], rates["no-probe"])
+		b.ReportMetric(median(def), "default-tx/s")
+		b.ReportMetric(median(off), "no-probe-tx/s")
+		b.ReportMetric(median(ratios), "ratio")
+		b.Logf("pairs (default, no-probe): %v %v; ratios %v", def, off, ratios)
 	}
 }

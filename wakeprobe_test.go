@@ -30,8 +30,8 @@ func (a *arrivals) get(id string) []time.Time {
 // TestWakeProbeDeliversWithinPollInterval: a Subscriber with the default config (PollInterval
 // 5s, no Wakeup) delivers events committed by a plain Publisher on a pgx.Tx well within a
 // second of the COMMIT — also when the writer's transaction stays open after its INSERT, when
-// two writers commit out of sequence order, and after RetryDeadLettered — because it probes
-// the table's sequence. Each event is committed right after the previous one was delivered, so
+// two writers commit out of sequence order, after RetryDeadLettered, and while a REPEATABLE
+// READ transaction sits idle — because it probes the table's sequence. Each event is committed right after the previous one was delivered, so
 // the next poll by PollInterval is 5 s away: only a wakeup can deliver it within a second.
 func TestWakeProbeDeliversWithinPollInterval(t *testing.T) {
 	pool := pgtest.Require(t)
@@ -112,6 +112,20 @@ func TestWakeProbeDeliversWithinPollInterval(t *testing.T) {
 		if d := arr.get(id)[n-1].Sub(at); d > time.Second {
 			t.Fatalf("%s: delivered %s after it became claimable (PollInterval is 5s); want well within 1s", what, d)
 		}
+	}
+
+	// A snapshot held open throughout (an idle REPEATABLE READ transaction that ran a query)
+	// changes nothing: the probe reads no table rows.
+	held, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Rollback(ctx)
+	if _, err := held.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := held.Exec(ctx, "SELECT count(*) FROM "+pgx.Identifier{schema.Table}.Sanitize()); err != nil {
+		t.Fatal(err)
 	}
 
 	// The subscription's first poll may find the first event by itself.

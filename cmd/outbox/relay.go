@@ -308,8 +308,11 @@ LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more emp
 				return err
 			}
 			defer tracer.close(logger)
-			fields := startFields(cmd, map[string]string{"db": d.url.shown, "to": dest.shown,
-				"delivery-timeout": effectiveDeliveryTimeout(cfg).String()})
+			shown := map[string]string{"db": d.url.shown, "to": dest.shown, "delivery-timeout": effectiveDeliveryTimeout(cfg).String()}
+			if d.url.kind != kindPostgres {
+				shown["wake-probe"] = "0s" // PostgreSQL only
+			}
+			fields := startFields(cmd, shown)
 			fields["traces"] = tracesSetting(tracer)
 			logger.Info("outbox relay starting", fields)
 			// Tracing outside the timing: the destination call's duration is the destination's.

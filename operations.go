@@ -74,7 +74,8 @@ func deadFilter(f DeadLetterFilter) (dialect.DeadFilter, error) {
 
 // RetryDeadLettered gives the selected dead-lettered events fresh attempts (attempts = 0, due
 // now; last_error is kept) and returns how many. The events of their ordering keys that waited
-// behind them then follow in order. Errors: ErrEmptyFilter, a *ConfigError for a bad pattern
+// behind them then follow in order. On PostgreSQL it then advances the table's sequence by one,
+// so that relays with a wake probe (SubscriberConfig.WakeProbeInterval) claim them at once. Errors: ErrEmptyFilter, a *ConfigError for a bad pattern
 // or a negative OlderThan, or the database error. Safe for concurrent use, also after Close.
 func (s *Subscriber) RetryDeadLettered(ctx context.Context, f RetryFilter) (int64, error) {
 	df, err := deadFilter(f)
@@ -85,11 +86,15 @@ func (s *Subscriber) RetryDeadLettered(ctx context.Context, f RetryFilter) (int6
 	if err != nil {
 		return 0, fmt.Errorf("outbox: retry dead letters in %s: %w", s.s.table, err)
 	}
+	if n > 0 {
+		s.announce(ctx)
+	}
 	return n, nil
 }
 
 // PurgeDeadLettered deletes the selected dead-lettered events and returns how many. Their
-// ordering keys are then no longer held: the next event of each key is delivered. Errors as
+// ordering keys are then no longer held: the next event of each key is delivered (on
+// PostgreSQL at once by relays with a wake probe, as RetryDeadLettered). Errors as
 // RetryDeadLettered.
 func (s *Subscriber) PurgeDeadLettered(ctx context.Context, f DeadLetterFilter) (int64, error) {
 	df, err := deadFilter(f)
@@ -99,6 +104,9 @@ func (s *Subscriber) PurgeDeadLettered(ctx context.Context, f DeadLetterFilter) 
 	n, err := s.s.d.PurgeDead(ctx, s.db, s.s.t, df)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: purge dead letters in %s: %w", s.s.table, err)
+	}
+	if n > 0 {
+		s.announce(ctx)
 	}
 	return n, nil
 }

@@ -56,6 +56,7 @@ type Subscriber struct {
 	tokenPrefix string
 	outagesMu   sync.Mutex
 	outages     map[*subscription][]Outage // see Outages
+	probe       *wakeProbe                 // nil without a wake probe (wakeprobe.go)
 }
 
 // NewSubscriber returns a Subscriber reading the outbox table through db: a *pgxpool.Pool,
@@ -112,6 +113,13 @@ func NewSubscriber(db any, cfg SubscriberConfig, logger watermill.LoggerAdapter)
 		tokenPrefix: cfg.RelayName + "#" + hex.EncodeToString(nonce[:]) + "#"}
 	if w, ok := logger.(WarnLogger); ok {
 		sub.warn = func(msg string, err error, fields watermill.LogFields) { w.Warn(msg, err, scope.Add(fields)) }
+	}
+	if p, ok := s.d.(dialect.WakeProber); ok && cfg.WakeProbeInterval > 0 {
+		pex, err := newExecer(db)
+		if err != nil {
+			return nil, err
+		}
+		sub.probe = &wakeProbe{s: sub, p: p, ex: pex, interval: cfg.WakeProbeInterval, subs: map[chan struct{}]struct{}{}}
 	}
 	return sub, nil
 }
@@ -414,6 +422,10 @@ func (sub *subscription) run() {
 	if s.cfg.Wakeup != nil {
 		wake = s.cfg.Wakeup.Listen(sub.ctx, sub.sel.match)
 	}
+	var probed <-chan struct{}
+	if s.probe != nil {
+		probed = s.probe.listen(sub.ctx)
+	}
 	sub.takeBack()
 	if sw, ok := sub.relay.(dialect.Sweeper); ok && sub.sweep != nil {
 		var wg sync.WaitGroup
@@ -468,6 +480,8 @@ func (sub *subscription) run() {
 		case <-timer.C:
 			sub.woken = false
 		case <-wake:
+			sub.woken = true
+		case <-probed:
 			sub.woken = true
 		}
 		timer.Stop()

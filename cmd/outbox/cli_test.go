@@ -202,13 +202,14 @@ type receiver struct {
 	ids      []string
 	order    map[string][]int // n per key, in arrival order (first arrivals only)
 	seen     map[string]bool
+	at       map[string]time.Time // first arrival per event id
 	badSig   int
 	requests int
 }
 
 // newReceiver answers every request with status after checking its signature.
-func newReceiver(t *testing.T, status int) *receiver {
-	r := &receiver{secret: "test-secret-" + randomHex(8), status: status, order: map[string][]int{}, seen: map[string]bool{}}
+func newReceiver(t testing.TB, status int) *receiver {
+	r := &receiver{secret: "test-secret-" + randomHex(8), status: status, order: map[string][]int{}, seen: map[string]bool{}, at: map[string]time.Time{}}
 	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		body, _ := io.ReadAll(req.Body)
 		r.mu.Lock()
@@ -227,6 +228,7 @@ func newReceiver(t *testing.T, status int) *receiver {
 		id := req.Header.Get(webhook.HeaderEventID)
 		if !r.seen[id] {
 			r.seen[id] = true
+			r.at[id] = time.Now()
 			r.ids = append(r.ids, id)
 			var p struct {
 				Key string `json:"key"`
@@ -239,6 +241,14 @@ func newReceiver(t *testing.T, status int) *receiver {
 	}))
 	t.Cleanup(r.Close)
 	return r
+}
+
+// arrived returns when id first arrived, and whether it has.
+func (r *receiver) arrived(id string) (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	at, ok := r.at[id]
+	return at, ok
 }
 
 func (r *receiver) received() []string {
@@ -359,7 +369,7 @@ func TestRelay(t *testing.T) {
 
 // wakeupLines is the log line in which a relay on each backend says how it finds new events.
 var wakeupLines = map[string]string{
-	"postgres": `msg="outbox relay polls every --poll-interval" poll-interval=50ms wakeup=none`,
+	"postgres": `msg="outbox relay claims as soon as any writer commits: it probes the table's sequence every --wake-probe (every wake-probe-idle after a second without writes; no signal from writers needed, works through PgBouncer), and polls every --poll-interval" poll-interval=50ms wake-probe=5ms wake-probe-idle=50ms wakeup=probe`,
 	"sqlite":   `msg="outbox relay wakes on each commit to the SQLite file, and polls every --poll-interval" poll-interval=50ms wakeup=sqlite-wal`,
 	"mariadb":  `msg="outbox relay polls every --poll-interval: MariaDB/MySQL has no LISTEN/NOTIFY to wake it (lower --poll-interval for lower latency)" poll-interval=50ms wakeup=none`,
 }

@@ -7,6 +7,7 @@
 //	outbox dead list|retry|purge --db URL …      # inspect and act on dead-lettered events
 //	outbox cleanup --db URL --published-older-than 168h
 //	outbox inbox migrate|status|cleanup --db URL …  # the consumer inbox table (package inbox)
+//	outbox version                               # module version, VCS commit and Go version (also --version)
 //
 // Database URLs: postgres://… or postgresql://… (PostgreSQL, through a pgx pool);
 // mysql://user:password@host:3306/dbname or mariadb://… (MariaDB 10.6+ or MySQL 8, through
@@ -105,6 +106,8 @@ OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environme
 		SilenceUsage:  true,
 	}
 	root.CompletionOptions.HiddenDefaultCmd = true
+	root.Version = readBuildInfo().String()
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
@@ -131,6 +134,7 @@ OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environme
 		newBenchCmd(),
 		newInboxCmd(),
 		newCaptureCmd(),
+		newVersionCmd(),
 	)
 	return root
 }

@@ -117,7 +117,7 @@ var startLine = regexp.MustCompile(`level=INFO msg="outbox relay starting" (.*)\
 // TestRelayStartLine: the relay's start line shows every setting in effect under its flag's
 // name — given, from the environment or by default, --dest-topic included — with the database
 // as given (one pair of quotes around a path with a space, none nested), the secret only as
-// set, and the derived delivery timeout.
+// set, the derived delivery timeout, and the binary's version and commit.
 func TestRelayStartLine(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "my dir")
 	path := filepath.Join(dir, "outbox.db")
@@ -135,11 +135,11 @@ func TestRelayStartLine(t *testing.T) {
 	if code := p.stop(t); m == nil || code != 0 {
 		t.Fatalf("relay exit %d; stderr:\n%s", code, p.errb.String())
 	}
-	want := fmt.Sprintf(`allow-prefix=[127.0.0.0/8] amqp-exchange="" backlog-interval=15s batch-size=100 concurrency=3 db=%q debug=false delivery-timeout=5s `+
+	want := fmt.Sprintf(`allow-prefix=[127.0.0.0/8] amqp-exchange="" backlog-interval=15s batch-size=100 commit=unknown concurrency=3 db=%q debug=false delivery-timeout=5s `+
 		`dest-topic=all-orders exclude=[] http-addr="" lease=10s mark-interval=100ms max-attempts=5 max-delivery-starts=5 metrics-topic=[] `+
 		`poll-interval=50ms relay-name="" retry-base=1s retry-max=5m0s `+
 		`secret=set table=watermill_outbox to=http://127.0.0.1:9/hook topics=[orders.*] trace=false traces=off `+
-		`unavailable-backoff=200ms unavailable-backoff-max=30s unavailable-dead-letter-after=0s webhook-permanent-status=[]`, path)
+		`unavailable-backoff=200ms unavailable-backoff-max=30s unavailable-dead-letter-after=0s version=(devel) webhook-permanent-status=[]`, path)
 	if m[1] != want {
 		t.Fatalf("start line fields\n%s\nwant\n%s", m[1], want)
 	}

@@ -66,7 +66,7 @@ func newRelayStats(f obsFlags) (*relayStats, error) {
 		return s, nil
 	}
 	s.reg = prometheus.NewRegistry()
-	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), readBuildInfo().collector())
 	var err error
 	if s.rec, err = prom.New(s.reg); err != nil {
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -15,7 +16,8 @@ import (
 // TestRelayObservability runs the relay with --http-addr against a webhook that refuses one
 // event: /metrics counts 3 delivered, 1 failed and 1 dead-lettered, /healthz and /readyz answer
 // 200, the log has exactly one WARN line (the retry) and one ERROR line (the dead letter), no
-// router "Handler returned error" line, and a stop line with the summary.
+// router "Handler returned error" line, and a stop line with the summary; outbox_build_info
+// names the binary's version, commit and Go version.
 func TestRelayObservability(t *testing.T) {
 	b := postgresBackend()
 	db, table := b.fresh(t)
@@ -85,7 +87,8 @@ func TestRelayObservability(t *testing.T) {
 		return true
 	})
 	for series, want := range map[string]float64{`outbox_failed_total{topic="bad"}`: 1, `outbox_unavailable_total{topic="bad"}`: -1, `outbox_mark_failures_total`: 0,
-		`outbox_destination_call_duration_seconds_count{destination="webhook",outcome="ok"}`: 3, `outbox_destination_call_duration_seconds_count{destination="webhook",outcome="error"}`: 2} {
+		`outbox_destination_call_duration_seconds_count{destination="webhook",outcome="ok"}`:          3,
+		`outbox_build_info{commit="unknown",goversion="` + runtime.Version() + `",version="(devel)"}`: 1, `outbox_destination_call_duration_seconds_count{destination="webhook",outcome="error"}`: 2} {
 		if got := metric(body, series); got != want {
 			t.Errorf("%s = %v, want %v", series, got, want)
 		}

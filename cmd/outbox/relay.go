@@ -295,6 +295,8 @@ LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more emp
 			fields := startFields(cmd, map[string]string{"db": d.url.shown, "to": dest.shown,
 				"delivery-timeout": effectiveDeliveryTimeout(cfg).String()})
 			fields["traces"] = tracesSetting(tracer)
+			build := readBuildInfo()
+			fields["version"], fields["commit"] = build.version, build.commit
 			logger.Info("outbox relay starting", fields)
 			// Tracing outside the timing: the destination call's duration is the destination's.
 			running = true

@@ -93,6 +93,21 @@ func (s *Subscriber) PurgeDeadLettered(ctx context.Context, f DeadLetterFilter) 
 	return n, nil
 }
 
+// CountDeadLettered returns how many dead-lettered events f selects: what PurgeDeadLettered
+// with the same filter would delete now. Errors as RetryDeadLettered. Safe for concurrent use,
+// also after Close.
+func (s *Subscriber) CountDeadLettered(ctx context.Context, f DeadLetterFilter) (int64, error) {
+	df, err := deadFilter(f)
+	if err != nil {
+		return 0, err
+	}
+	n, err := s.s.d.CountDead(ctx, s.db, s.s.t, df)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: count dead letters in %s: %w", s.s.table, err)
+	}
+	return n, nil
+}
+
 // DeadLetter is a dead-lettered event as ListDeadLettered returns it.
 type DeadLetter struct {
 	Event
@@ -146,6 +161,30 @@ func (s *Subscriber) CleanupPublished(ctx context.Context, olderThan time.Durati
 // CleanupPublished. Their ordering keys are then no longer held.
 func (s *Subscriber) CleanupDeadLettered(ctx context.Context, olderThan time.Duration) (int64, error) {
 	return s.cleanup(ctx, "dead_lettered_at", olderThan)
+}
+
+// CountPublished returns how many events were published more than olderThan ago (database
+// clock): what CleanupPublished with the same olderThan would delete now. Errors as
+// CleanupPublished. Safe for concurrent use, also after Close.
+func (s *Subscriber) CountPublished(ctx context.Context, olderThan time.Duration) (int64, error) {
+	return s.countOlder(ctx, "published_at", olderThan)
+}
+
+// CountDeadLetteredOlder returns how many events were dead-lettered more than olderThan ago:
+// what CleanupDeadLettered with the same olderThan would delete now.
+func (s *Subscriber) CountDeadLetteredOlder(ctx context.Context, olderThan time.Duration) (int64, error) {
+	return s.countOlder(ctx, "dead_lettered_at", olderThan)
+}
+
+func (s *Subscriber) countOlder(ctx context.Context, col string, olderThan time.Duration) (int64, error) {
+	if olderThan < 0 {
+		return 0, &ConfigError{Field: "olderThan", Reason: "must not be negative"}
+	}
+	n, err := s.s.d.CountOlder(ctx, s.db, s.s.t, col, olderThan)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: count %s in %s: %w", col, s.s.table, err)
+	}
+	return n, nil
 }
 
 func (s *Subscriber) cleanup(ctx context.Context, col string, olderThan time.Duration) (int64, error) {

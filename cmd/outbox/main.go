@@ -264,11 +264,16 @@ const selectAnnotation = "outbox_select"
 // envAnnotation names a flag's environment variable when it is not envName's.
 const envAnnotation = "outbox_env"
 
+// noEnvAnnotation marks a flag that only the command line sets (--yes): a confirmation left
+// in the environment would confirm every later run.
+const noEnvAnnotation = "outbox_no_env"
+
 // withEnv makes every flag of cmd settable through its environment variable (envName) when it
 // is not given on the command line, and appends "(env NAME)" to each flag's usage. It wraps
 // cmd's PreRunE.
 // Hidden spellings (aliasFlag) have no variable: OUTBOX_TOPICS is relay --topics' alone. A flag
-// annotated with envAnnotation uses the variable it names.
+// annotated with envAnnotation uses the variable it names; one annotated with noEnvAnnotation
+// has none.
 func withEnv(cmd *cobra.Command) *cobra.Command {
 	// flagEnv is envName, or the variable a flag's envAnnotation names.
 	flagEnv := func(f *pflag.Flag) string {
@@ -278,7 +283,7 @@ func withEnv(cmd *cobra.Command) *cobra.Command {
 		return envName(f.Name)
 	}
 	cmd.Flags().VisitAll(func(f *pflag.Flag) {
-		if f.Name == "help" {
+		if f.Name == "help" || f.Annotations[noEnvAnnotation] != nil {
 			return
 		}
 		f.Usage += " (env " + flagEnv(f) + ")"
@@ -297,7 +302,7 @@ func withEnv(cmd *cobra.Command) *cobra.Command {
 			}
 		})
 		c.Flags().VisitAll(func(f *pflag.Flag) {
-			if f.Changed || f.Name == "help" || f.Hidden || set[f.Value] || selected && f.Annotations[selectAnnotation] != nil {
+			if f.Changed || f.Name == "help" || f.Hidden || set[f.Value] || selected && f.Annotations[selectAnnotation] != nil || f.Annotations[noEnvAnnotation] != nil {
 				return
 			}
 			v, ok := os.LookupEnv(flagEnv(f))

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os/signal"
@@ -396,6 +397,42 @@ func clipFront(s string, n int) string {
 	return "…" + string(r[len(r)-n+1:])
 }
 
+// confirmFlags are --yes and --dry-run of a command that deletes: it counts what it would
+// delete first, deletes only with --yes, and with --dry-run only prints the count.
+type confirmFlags struct{ yes, dryRun bool }
+
+func (c *confirmFlags) register(cmd *cobra.Command) {
+	cmd.Flags().BoolVar(&c.yes, "yes", false, "delete: without it the command only counts what it would delete and fails, naming the count (command line only, no environment variable)")
+	_ = cmd.Flags().SetAnnotation("yes", noEnvAnnotation, []string{"true"})
+	cmd.Flags().BoolVar(&c.dryRun, "dry-run", false, "only count what would be deleted, print it and exit 0")
+}
+
+// check refuses --yes with --dry-run.
+func (c *confirmFlags) check() error {
+	if c.yes && c.dryRun {
+		return &usageError{errors.New("--yes and --dry-run do not go together: --dry-run only counts, --yes deletes")}
+	}
+	return nil
+}
+
+// counted reports whether the command may delete now that it has counted: with --dry-run it
+// prints each of would ("purge 3 dead-lettered events") on w and returns false; without --yes
+// it returns a usage error naming them; with --yes it returns true.
+func (c *confirmFlags) counted(w io.Writer, cmd string, would []string) (bool, error) {
+	if c.dryRun {
+		for _, s := range would {
+			if _, err := fmt.Fprintf(w, "would %s (dry run: nothing deleted)\n", s); err != nil {
+				return false, err
+			}
+		}
+		return false, nil
+	}
+	if !c.yes {
+		return false, &usageError{fmt.Errorf("%s would %s; nothing was deleted: pass --yes to delete, or --dry-run to only count", cmd, strings.Join(would, " and "))}
+	}
+	return true, nil
+}
+
 // deadAction is a dead subcommand that acts on the selected dead letters (at least one filter
 // is required) and reports how many it acted on.
 type deadAction struct {
@@ -404,12 +441,22 @@ type deadAction struct {
 	doing       string // what a failed act was doing, for queryError
 	done        string // the past tense that leads the report, e.g. "retried"
 	act         func(ctx context.Context, d *database, sub *outbox.Subscriber, f deadFilter) (int64, error)
+	// count, when set, makes the action destructive: it counts first and acts only with
+	// --yes (confirmFlags).
+	count func(ctx context.Context, d *database, sub *outbox.Subscriber, f deadFilter) (int64, error)
 }
 
 func (a deadAction) command() *cobra.Command {
-	var f deadFlags
+	var (
+		f deadFlags
+		c confirmFlags
+	)
+	use := a.name + " --db URL (--topic PATTERN | --id UUID)… [--older-than DURATION]"
+	if a.count != nil {
+		use += " (--yes | --dry-run)"
+	}
 	cmd := &cobra.Command{
-		Use:   a.name + " --db URL (--topic PATTERN | --id UUID)… [--older-than DURATION]",
+		Use:   use,
 		Short: a.short,
 		Long:  a.long,
 		Args:  noArgs,
@@ -418,8 +465,20 @@ func (a deadAction) command() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := c.check(); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			return f.withSubscriber(ctx, func(d *database, sub *outbox.Subscriber) error {
+				if a.count != nil {
+					n, err := a.count(ctx, d, sub, flt)
+					if err != nil {
+						return d.queryError("counting dead letters", err)
+					}
+					if ok, err := c.counted(cmd.OutOrStdout(), strings.TrimPrefix(cmd.CommandPath(), "outbox "), []string{a.name + " " + plural(n, "dead-lettered event", "dead-lettered events")}); !ok {
+						return err
+					}
+				}
 				n, err := a.act(ctx, d, sub, flt)
 				if err != nil {
 					return d.queryError(a.doing, err)
@@ -430,6 +489,9 @@ func (a deadAction) command() *cobra.Command {
 		},
 	}
 	f.register(cmd)
+	if a.count != nil {
+		c.register(cmd)
+	}
 	return withEnv(cmd)
 }
 
@@ -450,25 +512,35 @@ func newDeadPurgeCmd() *cobra.Command {
 		name:  "purge",
 		short: "Delete the selected dead letters for good (--topic '*' for all)",
 		long: `purge deletes the selected dead-lettered events. Their ordering keys are then no longer held:
-later events of those keys are delivered. This cannot be undone.`,
+later events of those keys are delivered. This cannot be undone.
+
+It counts the selected dead letters first. Without --yes it deletes nothing and fails (exit
+status 2), naming the count; --dry-run prints the count and exits 0; --yes deletes and prints
+how many it deleted.`,
 		doing: "purging dead letters",
 		done:  "purged",
 		act:   purgeDead,
+		count: countDead,
 	}.command()
 }
 
 func newCleanupCmd() *cobra.Command {
 	var (
 		f                         dbFlags
+		c                         confirmFlags
 		publishedOlder, deadOlder time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "cleanup --db URL --published-older-than DURATION [--dead-older-than DURATION]",
+		Use:   "cleanup --db URL --published-older-than DURATION [--dead-older-than DURATION] (--yes | --dry-run)",
 		Short: "Delete delivered (and optionally dead-lettered) events older than a duration",
 		Long: `cleanup deletes events published more than --published-older-than ago and, when
 --dead-older-than is given, events dead-lettered more than that long ago, in small batches so no
 lock is held long. Deleting an event frees its idempotency key: keep events at least as long as
-a producer may retry with the same key. The relay never cleans up by itself.`,
+a producer may retry with the same key. The relay never cleans up by itself.
+
+It counts what it would delete first. Without --yes it deletes nothing and fails (exit status
+2), naming the counts; --dry-run prints them and exits 0; --yes deletes and prints how many it
+deleted.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !cmd.Flags().Changed("published-older-than") {
@@ -480,14 +552,33 @@ a producer may retry with the same key. The relay never cleans up by itself.`,
 			if deadOlder < 0 {
 				return &usageError{fmt.Errorf("--dead-older-than %s is negative: give a duration such as 720h, or 0s for every dead letter", deadOlder)}
 			}
+			if err := c.check(); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
+			withDead := cmd.Flags().Changed("dead-older-than")
 			return f.withSubscriber(ctx, func(d *database, sub *outbox.Subscriber) error {
-				n, err := sub.CleanupPublished(ctx, publishedOlder)
+				n, err := sub.CountPublished(ctx, publishedOlder)
+				if err != nil {
+					return d.queryError("counting published events", err)
+				}
+				would := []string{fmt.Sprintf("delete %s older than %s", plural(n, "published event", "published events"), publishedOlder)}
+				if withDead {
+					n, err := sub.CountDeadLetteredOlder(ctx, deadOlder)
+					if err != nil {
+						return d.queryError("counting dead-lettered events", err)
+					}
+					would = append(would, fmt.Sprintf("delete %s older than %s", plural(n, "dead-lettered event", "dead-lettered events"), deadOlder))
+				}
+				if ok, err := c.counted(cmd.OutOrStdout(), strings.TrimPrefix(cmd.CommandPath(), "outbox "), would); !ok {
+					return err
+				}
+				n, err = sub.CleanupPublished(ctx, publishedOlder)
 				if err != nil {
 					return d.queryError("deleting published events", err)
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "deleted %s older than %s\n", plural(n, "published event", "published events"), publishedOlder)
-				if cmd.Flags().Changed("dead-older-than") {
+				if withDead {
 					n, err := sub.CleanupDeadLettered(ctx, deadOlder)
 					if err != nil {
 						return d.queryError("deleting dead-lettered events", err)
@@ -501,5 +592,6 @@ a producer may retry with the same key. The relay never cleans up by itself.`,
 	f.register(cmd)
 	cmd.Flags().DurationVar(&publishedOlder, "published-older-than", 0, "delete events published more than this long ago, a Go duration (\"168h\"); required")
 	cmd.Flags().DurationVar(&deadOlder, "dead-older-than", 0, "also delete events dead-lettered more than this long ago (\"720h\"); unset = keep dead letters")
+	c.register(cmd)
 	return withEnv(cmd)
 }

@@ -251,6 +251,47 @@ func plural(n int64, one, many string) string {
 	return fmt.Sprintf("%d %s", n, many)
 }
 
+// flagError is a bad value of one flag, a usage error. Error is "--name" and reason; when the
+// value came from the environment (withEnv fills env), it names the variable instead:
+// `environment variable OUTBOX_NAME="value" (it sets --name)` and reason.
+type flagError struct {
+	flag   string // the flag's name, without dashes
+	reason string // what follows the flag's name, with its separator: " must be positive", ": …"
+	env    string // `OUTBOX_NAME="value"` when the value came from the environment
+}
+
+func (e *flagError) Error() string {
+	if e.env == "" {
+		return "--" + e.flag + e.reason
+	}
+	return fmt.Sprintf("environment variable %s (it sets --%s)%s", e.env, e.flag, e.reason)
+}
+
+// badFlag returns the usage error of a bad value of flag name (see flagError).
+func badFlag(name, reason string) error {
+	return &usageError{&flagError{flag: name, reason: reason}}
+}
+
+// checkList returns a usage error when a list flag (names: its spellings, the documented one
+// first) was given, on the command line or through the environment, with no value or a blank
+// one: an empty --topics must not mean the same as leaving the flag out (all topics).
+func checkList(fs *pflag.FlagSet, list []string, what string, names ...string) error {
+	for _, n := range names {
+		if !fs.Changed(n) {
+			continue
+		}
+		for _, v := range list {
+			if strings.TrimSpace(v) == "" {
+				return badFlag(n, fmt.Sprintf(" has a blank entry: give %s, or leave the flag out", what))
+			}
+		}
+		if len(list) == 0 {
+			return badFlag(n, fmt.Sprintf(" is empty: give %s, or leave the flag out", what))
+		}
+	}
+	return nil
+}
+
 // envName returns the environment variable of flag name.
 func envName(name string) string {
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
@@ -270,7 +311,8 @@ const noEnvAnnotation = "outbox_no_env"
 
 // withEnv makes every flag of cmd settable through its environment variable (envName) when it
 // is not given on the command line, and appends "(env NAME)" to each flag's usage. It wraps
-// cmd's PreRunE.
+// cmd's PreRunE, and its RunE so that a flagError of a flag the environment set names the
+// variable.
 // Hidden spellings (aliasFlag) have no variable: OUTBOX_TOPICS is relay --topics' alone. A flag
 // annotated with envAnnotation uses the variable it names; one annotated with noEnvAnnotation
 // has none.
@@ -288,8 +330,11 @@ func withEnv(cmd *cobra.Command) *cobra.Command {
 		}
 		f.Usage += " (env " + flagEnv(f) + ")"
 	})
+	// fromEnv maps each flag the environment set to `NAME="value"`, for flagError.
+	fromEnv := map[string]string{}
 	prev := cmd.PreRunE
 	cmd.PreRunE = func(c *cobra.Command, args []string) error {
+		clear(fromEnv)
 		var errs []error
 		// A flag and its hidden alias (aliasFlag) share one Value: the environment fills it only
 		// when neither was given, and only once.
@@ -316,6 +361,7 @@ func withEnv(cmd *cobra.Command) *cobra.Command {
 			}
 			f.Changed = true
 			set[f.Value] = true
+			fromEnv[f.Name] = fmt.Sprintf("%s=%q", flagEnv(f), v)
 		})
 		if err := errors.Join(errs...); err != nil {
 			return &usageError{err}
@@ -324,6 +370,16 @@ func withEnv(cmd *cobra.Command) *cobra.Command {
 			return prev(c, args)
 		}
 		return nil
+	}
+	if run := cmd.RunE; run != nil {
+		cmd.RunE = func(c *cobra.Command, args []string) error {
+			err := run(c, args)
+			var fe *flagError
+			if errors.As(err, &fe) {
+				fe.env = fromEnv[fe.flag]
+			}
+			return err
+		}
 	}
 	return cmd
 }

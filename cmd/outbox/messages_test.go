@@ -81,7 +81,44 @@ func TestEnvValueMessages(t *testing.T) {
 		{[]string{"OUTBOX_JSON=maybe", "OUTBOX_LIMIT=all"}, []string{"dead", "list", "--db", "x.db"},
 			`outbox: environment variable OUTBOX_JSON="maybe" is not true or false (it sets --json): give e.g. OUTBOX_JSON=true ; ` +
 				`environment variable OUTBOX_LIMIT="all" is not a whole number (it sets --limit): give e.g. OUTBOX_LIMIT=100`},
-		{[]string{"OUTBOX_BATCH_SIZE=20000"}, relay, "outbox: --batch-size: 20000 outside 1..10000"},
+		// A value that parses but is refused names the variable, not only the flag it sets.
+		{[]string{"OUTBOX_BATCH_SIZE=20000"}, relay, `outbox: environment variable OUTBOX_BATCH_SIZE="20000" (it sets --batch-size): 20000 outside 1..10000`},
+		{[]string{"OUTBOX_MAX_ATTEMPTS=0"}, relay, `outbox: environment variable OUTBOX_MAX_ATTEMPTS="0" (it sets --max-attempts) must be positive`},
+		{[]string{"OUTBOX_RETRY_BASE=10s", "OUTBOX_RETRY_MAX=5s"}, relay, `outbox: environment variable OUTBOX_RETRY_MAX="5s" (it sets --retry-max): must not be below --retry-base`},
+		{[]string{"OUTBOX_OLDER_THAN=-1h"}, []string{"dead", "list", "--db", "x.db"},
+			`outbox: environment variable OUTBOX_OLDER_THAN="-1h" (it sets --older-than) -1h0m0s is negative: give a duration such as 24h, or 0 for any age`},
+		{[]string{"OUTBOX_LIMIT=0"}, []string{"dead", "list", "--db", "x.db"}, `outbox: environment variable OUTBOX_LIMIT="0" (it sets --limit) 0: give 1..10000`},
+		{[]string{"OUTBOX_PUBLISHED_OLDER_THAN=-1h"}, []string{"cleanup", "--db", "x.db"},
+			`outbox: environment variable OUTBOX_PUBLISHED_OLDER_THAN="-1h" (it sets --published-older-than) -1h0m0s is negative: give a duration such as 168h, or 0s for every published event`},
+		// The same values on the command line name the flag.
+		{nil, append(relay, "--max-attempts", "0"), "outbox: --max-attempts must be positive"},
+		{[]string{"OUTBOX_MAX_ATTEMPTS=3"}, append(relay, "--batch-size", "20000"), "outbox: --batch-size: 20000 outside 1..10000"},
+	} {
+		wantStderr(t, cli(t, tc.env, tc.args...), 2, tc.want)
+	}
+}
+
+// TestEmptyTopicLists: a topic or id list given empty or with a blank entry, on the command
+// line or through the environment, is a usage error: it never means "all", as leaving the flag
+// out does.
+func TestEmptyTopicLists(t *testing.T) {
+	relay := []string{"relay", "--db", "x.db", "--to", "http://127.0.0.1:9/"}
+	const form = ` (an exact topic, a prefix ending in '*' such as "orders.*", or '*' for all), or leave the flag out`
+	for _, tc := range []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{nil, append(relay, "--topics", ""), "outbox: --topics is empty: give a topic pattern" + form},
+		{nil, append(relay, "--topic", ""), "outbox: --topic is empty: give a topic pattern" + form},
+		{nil, append(relay, "--topics", "orders.*,,pay"), "outbox: --topics has a blank entry: give a topic pattern" + form},
+		{nil, append(relay, "--exclude", " "), "outbox: --exclude has a blank entry: give a topic pattern" + form},
+		{[]string{"OUTBOX_TOPICS="}, relay, `outbox: environment variable OUTBOX_TOPICS="" (it sets --topics) is empty: give a topic pattern` + form},
+		{[]string{"OUTBOX_TOPICS= "}, relay, `outbox: environment variable OUTBOX_TOPICS=" " (it sets --topics) has a blank entry: give a topic pattern` + form},
+		{nil, []string{"dead", "list", "--db", "x.db", "--topic", ""}, "outbox: --topic is empty: give a topic pattern" + form},
+		{[]string{"OUTBOX_TOPIC="}, []string{"dead", "list", "--db", "x.db"}, `outbox: environment variable OUTBOX_TOPIC="" (it sets --topic) is empty: give a topic pattern` + form},
+		{nil, []string{"dead", "list", "--db", "x.db", "--id", ""}, "outbox: --id is empty: give an event id (UUID) as `outbox dead list` shows it, or leave the flag out"},
+		{nil, []string{"dead", "purge", "--db", "x.db", "--topic", "", "--yes"}, "outbox: --topic is empty: give a topic pattern" + form},
 	} {
 		wantStderr(t, cli(t, tc.env, tc.args...), 2, tc.want)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/watermill-outbox/outbox"
 )
@@ -228,6 +229,7 @@ func formatAge(d time.Duration) string {
 // deadFlags are the filter flags of the dead subcommands.
 type deadFlags struct {
 	dbFlags
+	fs        *pflag.FlagSet // the command's flags
 	topics    []string
 	ids       []string
 	olderThan time.Duration
@@ -235,6 +237,7 @@ type deadFlags struct {
 
 func (f *deadFlags) register(cmd *cobra.Command) {
 	f.dbFlags.register(cmd)
+	f.fs = cmd.Flags()
 	cmd.Flags().StringSliceVar(&f.topics, "topic", nil, "select dead letters whose topic matches PATTERN: exact, a prefix ending in '*' (\"orders.*\"), or '*' for all; repeatable or comma-separated")
 	aliasFlag(cmd, "topic", "topics")
 	cmd.Flags().StringSliceVar(&f.ids, "id", nil, "select the dead letter with this event id (UUID); repeatable or comma-separated")
@@ -247,21 +250,27 @@ func (f *deadFlags) register(cmd *cobra.Command) {
 // filter builds the dead-letter filter; with all set and no --topic/--id it selects every topic.
 func (f *deadFlags) filter(all bool) (deadFilter, error) {
 	var flt deadFilter
+	if err := checkList(f.fs, f.topics, topicPatternForm, "topic", "topics"); err != nil {
+		return flt, err
+	}
+	if err := checkList(f.fs, f.ids, "an event id (UUID) as `outbox dead list` shows it", "id"); err != nil {
+		return flt, err
+	}
 	for _, t := range f.topics {
 		if _, err := outbox.ParseTopicPattern(t); err != nil {
-			return flt, &usageError{fmt.Errorf("--topic %q is not a topic pattern: use an exact topic, a prefix ending in '*' (\"orders.*\") or '*' for all", t)}
+			return flt, badFlag("topic", fmt.Sprintf(" %q is not a topic pattern: use an exact topic, a prefix ending in '*' (\"orders.*\") or '*' for all", t))
 		}
 		flt.Topics = append(flt.Topics, t)
 	}
 	for _, s := range f.ids {
 		id, err := uuid.Parse(strings.TrimSpace(s))
 		if err != nil {
-			return flt, &usageError{fmt.Errorf("--id %q is not a UUID: give event ids as shown by `outbox dead list`", s)}
+			return flt, badFlag("id", fmt.Sprintf(" %q is not a UUID: give event ids as shown by `outbox dead list`", s))
 		}
 		flt.IDs = append(flt.IDs, id)
 	}
 	if f.olderThan < 0 {
-		return flt, &usageError{fmt.Errorf("--older-than %s is negative: give a duration such as 24h, or 0 for any age", f.olderThan)}
+		return flt, badFlag("older-than", fmt.Sprintf(" %s is negative: give a duration such as 24h, or 0 for any age", f.olderThan))
 	}
 	flt.OlderThan = f.olderThan
 	if len(flt.Topics) == 0 && len(flt.IDs) == 0 {
@@ -308,7 +317,7 @@ or "outbox dead purge".`,
 				return err
 			}
 			if limit < 1 || limit > outbox.MaxBatchSize {
-				return &usageError{fmt.Errorf("--limit %d: give 1..%d", limit, outbox.MaxBatchSize)}
+				return badFlag("limit", fmt.Sprintf(" %d: give 1..%d", limit, outbox.MaxBatchSize))
 			}
 			ctx := cmd.Context()
 			return f.withSubscriber(ctx, func(d *database, sub *outbox.Subscriber) error {
@@ -547,10 +556,10 @@ deleted.`,
 				return &usageError{fmt.Errorf("--published-older-than is required, e.g. --published-older-than 168h (7 days)")}
 			}
 			if publishedOlder < 0 {
-				return &usageError{fmt.Errorf("--published-older-than %s is negative: give a duration such as 168h, or 0s for every published event", publishedOlder)}
+				return badFlag("published-older-than", fmt.Sprintf(" %s is negative: give a duration such as 168h, or 0s for every published event", publishedOlder))
 			}
 			if deadOlder < 0 {
-				return &usageError{fmt.Errorf("--dead-older-than %s is negative: give a duration such as 720h, or 0s for every dead letter", deadOlder)}
+				return badFlag("dead-older-than", fmt.Sprintf(" %s is negative: give a duration such as 720h, or 0s for every dead letter", deadOlder))
 			}
 			if err := c.check(); err != nil {
 				return err

@@ -89,20 +89,23 @@ func (f *relayFlags) config(schema outbox.SchemaConfig) (outbox.SubscriberConfig
 		"unavailable-backoff": int64(f.unavailable), "unavailable-backoff-max": int64(f.unavailableMax), "mark-interval": int64(f.markInterval),
 		"max-delivery-starts": int64(f.maxStarts)} {
 		if v <= 0 {
-			return cfg, &usageError{fmt.Errorf("--%s must be positive", name)}
+			return cfg, badFlag(name, " must be positive")
 		}
 	}
 	if err := cfg.Validate(); err != nil {
 		var ce *outbox.ConfigError
 		if errors.As(err, &ce) {
 			if flag := flagOfField(ce.Field); strings.HasPrefix(flag, "--") {
-				return cfg, &usageError{fmt.Errorf("%s: %s", flag, flagsInReason(ce.Reason))}
+				return cfg, badFlag(strings.TrimPrefix(flag, "--"), ": "+flagsInReason(ce.Reason))
 			}
 		}
 		return cfg, &usageError{errors.New(strings.TrimPrefix(err.Error(), "outbox: "))}
 	}
 	return cfg, nil
 }
+
+// topicPatternForm says what a topic pattern looks like, for checkList.
+const topicPatternForm = `a topic pattern (an exact topic, a prefix ending in '*' such as "orders.*", or '*' for all)`
 
 // fieldWord is a word of a ConfigError's reason that may name a SubscriberConfig field.
 var fieldWord = regexp.MustCompile(`\b[A-Z][A-Za-z]+\b`)
@@ -224,6 +227,12 @@ LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more emp
 			}
 			prefixes, err := parsePrefixes(allow)
 			if err != nil {
+				return err
+			}
+			if err := checkList(cmd.Flags(), topics, topicPatternForm, "topics", "topic"); err != nil {
+				return err
+			}
+			if err := checkList(cmd.Flags(), rf.exclude, topicPatternForm, "exclude"); err != nil {
 				return err
 			}
 			if len(topics) == 0 && dest.kind == destAsynq {

@@ -107,6 +107,7 @@ comparable with each other. Run it on a database like production's, on a quiet m
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.db, "db", "", "database URL: "+dbFlagForms+" (required)")
+	markRequired(cmd, "db", "URL", dbFlagForms)
 	fl.IntVar(&f.events, "events", 100000, "backlog of each drain")
 	fl.IntVar(&f.rounds, "rounds", 3, "rounds of the write path and drains; medians are printed")
 	fl.IntVar(&f.writers, "writers", 8, "concurrent writers of the write path and the latency run")

@@ -292,6 +292,69 @@ func checkList(fs *pflag.FlagSet, list []string, what string, names ...string) e
 	return nil
 }
 
+// flagEnv is the environment variable of f under withEnv: envName, or the variable f's
+// envAnnotation names.
+func flagEnv(f *pflag.Flag) string {
+	if len(f.Annotations[envAnnotation]) == 1 {
+		return f.Annotations[envAnnotation][0]
+	}
+	return envName(f.Name)
+}
+
+// requiredAnnotation marks a flag a command cannot run without; its values are an example
+// value for the message ("URL", "168h") and what the value may look like ("" for nothing to
+// say). See markRequired and checkRequired.
+const requiredAnnotation = "outbox_required"
+
+// markRequired marks cmd's flag name required, with example as its value in the message and
+// forms ("" for none) saying what values it accepts.
+func markRequired(cmd *cobra.Command, name, example, forms string) {
+	_ = cmd.Flags().SetAnnotation(name, requiredAnnotation, []string{example, forms})
+}
+
+// checkRequired returns one usage error naming every required flag (markRequired) of cmd that
+// was not given, or given empty; with env, the command reads the environment (withEnv) and the
+// message names the variables too. Cobra's own check (MarkFlagRequired) runs before withEnv
+// fills the flags from the environment, and names the missing flags without an example.
+func checkRequired(cmd *cobra.Command, env bool) error {
+	var names, examples, vars, forms []string
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		ann := f.Annotations[requiredAnnotation]
+		if len(ann) != 2 || f.Changed && f.Value.String() != "" && f.Value.String() != "[]" {
+			return
+		}
+		names = append(names, "--"+f.Name)
+		examples = append(examples, "--"+f.Name+" "+ann[0])
+		vars = append(vars, flagEnv(f))
+		if ann[1] != "" {
+			forms = append(forms, "--"+f.Name+": "+ann[1])
+		}
+	})
+	if len(names) == 0 {
+		return nil
+	}
+	verb := "is"
+	if len(names) > 1 {
+		verb = "are"
+	}
+	msg := fmt.Sprintf("%s %s required: pass %s", andList(names), verb, strings.Join(examples, " "))
+	if env {
+		msg += ", or set " + andList(vars)
+	}
+	if len(forms) > 0 {
+		msg += " (" + strings.Join(forms, "; ") + ")"
+	}
+	return &usageError{fmt.Errorf("%s (see %s --help)", msg, cmd.CommandPath())}
+}
+
+// andList joins s as "a", "a and b", "a, b and c".
+func andList(s []string) string {
+	if len(s) < 2 {
+		return strings.Join(s, "")
+	}
+	return strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
+}
+
 // envName returns the environment variable of flag name.
 func envName(name string) string {
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
@@ -317,13 +380,6 @@ const noEnvAnnotation = "outbox_no_env"
 // annotated with envAnnotation uses the variable it names; one annotated with noEnvAnnotation
 // has none.
 func withEnv(cmd *cobra.Command) *cobra.Command {
-	// flagEnv is envName, or the variable a flag's envAnnotation names.
-	flagEnv := func(f *pflag.Flag) string {
-		if len(f.Annotations[envAnnotation]) == 1 {
-			return f.Annotations[envAnnotation][0]
-		}
-		return envName(f.Name)
-	}
 	cmd.Flags().VisitAll(func(f *pflag.Flag) {
 		if f.Name == "help" || f.Annotations[noEnvAnnotation] != nil {
 			return
@@ -365,6 +421,9 @@ func withEnv(cmd *cobra.Command) *cobra.Command {
 		})
 		if err := errors.Join(errs...); err != nil {
 			return &usageError{err}
+		}
+		if err := checkRequired(c, true); err != nil {
+			return err
 		}
 		if prev != nil {
 			return prev(c, args)

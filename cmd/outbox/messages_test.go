@@ -98,6 +98,33 @@ func TestEnvValueMessages(t *testing.T) {
 	}
 }
 
+// TestRequiredFlags: every missing required flag is named at once, with an example and the
+// variable that may set it instead (capture reads no environment); one given through the
+// environment is not missing.
+func TestRequiredFlags(t *testing.T) {
+	const (
+		dbForms   = "--db: postgres://user:password@host:5432/dbname, mysql://user:password@host:3306/dbname, sqlite://PATH or a path ending in .db"
+		pgSQLite  = "--db: postgres://user:password@host:5432/dbname, sqlite://PATH or a path ending in .db"
+		destForms = "--to: kafka://host:9092[,host2:9092], amqp://user:password@host:5672/[vhost], redis://host:6379[/db], http(s)://host/path or asynq+redis://[user:password@]host:6379[/db][?queue=NAME&retention=24h&max-retry=N]"
+	)
+	for _, tc := range []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{nil, []string{"relay"}, "outbox: --db and --to are required: pass --db URL --to URL, or set OUTBOX_DB and OUTBOX_TO (" + dbForms + "; " + destForms + ") (see outbox relay --help)"},
+		{[]string{"OUTBOX_DB=x.db"}, []string{"relay"}, "outbox: --to is required: pass --to URL, or set OUTBOX_TO (" + destForms + ") (see outbox relay --help)"},
+		{nil, []string{"relay", "--db", ""}, "outbox: --db and --to are required: pass --db URL --to URL, or set OUTBOX_DB and OUTBOX_TO (" + dbForms + "; " + destForms + ") (see outbox relay --help)"},
+		{nil, []string{"cleanup"}, "outbox: --db and --published-older-than are required: pass --db URL --published-older-than 168h, or set OUTBOX_DB and OUTBOX_PUBLISHED_OLDER_THAN (" + dbForms + ") (see outbox cleanup --help)"},
+		{nil, []string{"inbox", "cleanup"}, "outbox: --db and --older-than are required: pass --db URL --older-than 168h, or set OUTBOX_DB and OUTBOX_OLDER_THAN (" + pgSQLite + ") (see outbox inbox cleanup --help)"},
+		{nil, []string{"capture", "install"}, "outbox: --db and --table are required: pass --db URL --table orders (" + pgSQLite + ") (see outbox capture install --help)"},
+		{nil, []string{"dead", "purge", "--topic", "*", "--yes"}, "outbox: --db is required: pass --db URL, or set OUTBOX_DB (" + dbForms + ") (see outbox dead purge --help)"},
+		{nil, []string{"bench"}, "outbox: --db is required: pass --db URL, or set OUTBOX_DB (" + dbForms + ") (see outbox bench --help)"},
+	} {
+		wantStderr(t, cli(t, tc.env, tc.args...), 2, tc.want)
+	}
+}
+
 // TestEmptyTopicLists: a topic or id list given empty or with a blank entry, on the command
 // line or through the environment, is a usage error: it never means "all", as leaving the flag
 // out does.

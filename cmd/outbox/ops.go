@@ -26,6 +26,7 @@ type dbFlags struct {
 
 func (f *dbFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.db, "db", "", "database URL: "+dbFlagForms+" (required)")
+	markRequired(cmd, "db", "URL", dbFlagForms)
 	cmd.Flags().StringVar(&f.table, "table", outbox.DefaultTable, "outbox table name, optionally schema-qualified (PostgreSQL) or database-qualified (MariaDB/MySQL)")
 }
 
@@ -552,9 +553,6 @@ It counts what it would delete first. Without --yes it deletes nothing and fails
 deleted.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if !cmd.Flags().Changed("published-older-than") {
-				return &usageError{fmt.Errorf("--published-older-than is required, e.g. --published-older-than 168h (7 days)")}
-			}
 			if publishedOlder < 0 {
 				return badFlag("published-older-than", fmt.Sprintf(" %s is negative: give a duration such as 168h, or 0s for every published event", publishedOlder))
 			}
@@ -601,6 +599,7 @@ deleted.`,
 	f.register(cmd)
 	cmd.Flags().DurationVar(&publishedOlder, "published-older-than", 0, "delete events published more than this long ago, a Go duration (\"168h\"); required")
 	cmd.Flags().DurationVar(&deadOlder, "dead-older-than", 0, "also delete events dead-lettered more than this long ago (\"720h\"); unset = keep dead letters")
+	markRequired(cmd, "published-older-than", "168h", "")
 	c.register(cmd)
 	return withEnv(cmd)
 }

@@ -318,6 +318,7 @@ LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more emp
 	fl := cmd.Flags()
 	fl.Lookup("table").Usage = "outbox table, optionally schema-qualified (PostgreSQL) or database-qualified (MariaDB/MySQL); or several, comma-separated, each possibly a pattern ('*', '?': \"tenant_*.watermill_outbox\") resolved once at start, relayed by one relay in fair turns"
 	fl.StringVar(&to, "to", "", "destination URL: "+destForms+" (required)")
+	markRequired(cmd, "to", "URL", destForms)
 	fl.StringSliceVar(&topics, "topics", nil, "topic pattern to relay (exact, \"prefix*\" or \"*\"); repeatable or comma-separated; default \"*\" (all)")
 	aliasFlag(cmd, "topics", "topic")
 	fl.StringVar(&secret, "secret", "", "webhook signing secret, at least 16 bytes: requests carry Outbox-Signature: sha256=<hex HMAC-SHA256 of the body>; empty = unsigned")

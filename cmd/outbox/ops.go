@@ -122,12 +122,14 @@ pending and no dead letters are left out).`,
 			if watch < 0 || watch > 0 && asJSON {
 				return &usageError{fmt.Errorf("--watch takes a positive interval and does not go with --json")}
 			}
+			if watch > 0 {
+				wctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+				defer stop()
+				r := &watchReader{f: &f}
+				defer r.close()
+				return watchStatus(wctx, cmd.OutOrStdout(), watch, r.read)
+			}
 			return f.withSubscriber(ctx, func(d *database, sub *outbox.Subscriber) error {
-				if watch > 0 {
-					wctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
-					defer stop()
-					return watchStatus(wctx, cmd.OutOrStdout(), watch, func(ctx context.Context) ([]topicBacklog, error) { return backlogByTopic(ctx, d, sub) })
-				}
 				topics, err := backlogByTopic(ctx, d, sub)
 				if err != nil {
 					return d.queryError("reading the backlog per topic", err)
@@ -140,6 +142,47 @@ pending and no dead letters are left out).`,
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
 	cmd.Flags().DurationVar(&watch, "watch", 0, "refresh the table every INTERVAL (e.g. 2s) until Ctrl-C, with each topic's pending change per second; 0 = print once")
 	return withEnv(cmd)
+}
+
+// watchReader reads the backlog for status --watch. It opens the database at its first read,
+// and again at the next read after an open that could not connect: a database down when the
+// watch starts is shown, and waited for, like one that goes down during it. Any other failed
+// open (a bad --db, a missing table) ends the watch (stopWatch).
+type watchReader struct {
+	f   *dbFlags
+	d   *database
+	sub *outbox.Subscriber
+}
+
+func (r *watchReader) read(ctx context.Context) ([]topicBacklog, error) {
+	if r.d == nil {
+		d, err := r.f.open(ctx, false)
+		var cf *connectFailure
+		switch {
+		case errors.As(err, &cf):
+			return nil, err
+		case err != nil:
+			return nil, &stopWatch{err}
+		}
+		sub, err := outbox.NewSubscriber(d.handle(), outbox.SubscriberConfig{Schema: d.schema}, nil)
+		if err != nil {
+			d.Close()
+			return nil, &stopWatch{err}
+		}
+		r.d, r.sub = d, sub
+	}
+	topics, err := backlogByTopic(ctx, r.d, r.sub)
+	if err != nil {
+		return nil, r.d.queryError("reading the backlog", err)
+	}
+	return topics, nil
+}
+
+func (r *watchReader) close() {
+	if r.d != nil {
+		_ = r.sub.Close()
+		r.d.Close()
+	}
 }
 
 // statusJSON is status --json's output.

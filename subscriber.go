@@ -105,7 +105,8 @@ func NewSubscriber(db any, cfg SubscriberConfig, logger watermill.LoggerAdapter)
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	scope := watermill.LogFields{"relay": cfg.RelayName, "table": s.table}
+	// The table as the user wrote it: s.table is quoted for SQL, and quoted again by loggers.
+	scope := watermill.LogFields{"relay": cfg.RelayName, "table": strings.Join(s.t.Parts, ".")}
 	var nonce [6]byte
 	_, _ = cryptorand.Read(nonce[:])
 	sub := &Subscriber{db: ex, s: s, cfg: cfg, excl: excl, logger: logger.With(scope), closing: make(chan struct{}),
@@ -1747,11 +1748,17 @@ func (sub *subscription) reportMarks(results []markResult, byseq map[int64]*item
 			derr := &DeliveryError{EventID: ev.ID.String(), Topic: ev.Topic, Err: it.err}
 			info := FailedInfo{EventID: ev.ID.String(), Topic: ev.Topic, Attempts: r.Attempts, Err: derr, At: r.Now}
 			fields := watermill.LogFields{"event_id": ev.ID.String(), "topic": ev.Topic, "attempts": r.Attempts}
+			// The log line gives the event and topic as fields: its error is the cause alone
+			// (derr would repeat them).
+			logErr := error(derr)
+			if it.err != nil {
+				logErr = it.err
+			}
 			if r.Dead {
 				if it.perm {
 					fields["permanent"] = true
 				}
-				s.logger.Error("outbox: dead-lettered", derr, fields)
+				s.logger.Error("outbox: dead-lettered", logErr, fields)
 				if h := s.cfg.Hooks.OnDeadLettered; h != nil {
 					h(info)
 				}
@@ -1762,7 +1769,7 @@ func (sub *subscription) reportMarks(results []markResult, byseq map[int64]*item
 				fields["next_attempt_at"] = *r.Next
 				sub.noteRetry(r.Now, *r.Next)
 			}
-			s.logWarn("outbox: delivery failed, will retry", derr, fields)
+			s.logWarn("outbox: delivery failed, will retry", logErr, fields)
 			if h := s.cfg.Hooks.OnFailed; h != nil {
 				h(info)
 			}

@@ -17,7 +17,8 @@ import (
 // event: /metrics counts 3 delivered, 1 failed and 1 dead-lettered, /healthz and /readyz answer
 // 200, the log has exactly one WARN line (the retry) and one ERROR line (the dead letter), no
 // router "Handler returned error" line, and a stop line with the summary; outbox_build_info
-// names the binary's version, commit and Go version.
+// names the binary's version, commit and Go version. Each failure line gives the event id once
+// and the table as given; the INFO lines are the relay's own (the Router's are DEBUG).
 func TestRelayObservability(t *testing.T) {
 	b := postgresBackend()
 	db, table := b.fresh(t)
@@ -107,6 +108,20 @@ func TestRelayObservability(t *testing.T) {
 	}
 	if strings.Contains(log, "Handler returned error") {
 		t.Errorf("the router's duplicate line is logged:\n%s", log)
+	}
+	// Each failure line names the event once (its event_id field) and the table as given,
+	// with no quotes of SQL's inside the log's.
+	for _, l := range regexp.MustCompile(`(?m)^.* level=(WARN|ERROR) .*$`).FindAllString(log, -1) {
+		id := regexp.MustCompile(`event_id=(\S+)`).FindStringSubmatch(l)
+		if id == nil || strings.Count(l, id[1]) != 1 || !strings.Contains(l, " table="+table+" ") {
+			t.Errorf("failure line: want the event id once and table=%s:\n%s", table, l)
+		}
+	}
+	// Only the relay's own lines at INFO: the Router's start and stop lines are DEBUG.
+	for _, l := range regexp.MustCompile(`(?m)^.* level=INFO .*$`).FindAllString(log, -1) {
+		if !strings.Contains(l, `msg="outbox relay `) {
+			t.Errorf("INFO line not the relay's own:\n%s", l)
+		}
 	}
 	if count(`^time=\S+ level=INFO msg="outbox relay stopped" dead_lettered=1 delivered=3 failed=1 pending_at_stop=0 uptime=\d`) != 1 {
 		t.Errorf("no stop summary line:\n%s", log)

@@ -20,9 +20,48 @@ const DefaultCleanupBatch = 1000
 // "*".
 var ErrEmptyFilter = errors.New("outbox: empty dead-letter filter: give topics (\"*\" for all) or ids")
 
-// ErrTableNotFound is returned (wrapped) by CheckTable when the outbox table does not exist: run
-// Migrate (or the command `outbox migrate`).
+// ErrTableNotFound is matched (errors.Is) by every *TableNotFoundError: the outbox table does
+// not exist; run Migrate (or the command `outbox migrate`).
 var ErrTableNotFound = errors.New("outbox: outbox table not found")
+
+// TableNotFoundError is returned when the outbox table does not exist: by CheckTable, by
+// Subscriber.Subscribe and SubscribeBatches (which check before they start), and by the
+// Publisher when the database refuses an insert for it (PostgreSQL SQLSTATE 42P01, MySQL error
+// 1146, SQLite "no such table"). errors.Is(err, ErrTableNotFound) holds; Err, when not nil, is
+// the database's error, still reached by errors.Is/As through Unwrap.
+type TableNotFoundError struct {
+	// Table is the outbox table, quoted as the database sees it.
+	Table string
+	// Err is the error that told, nil when a lookup found no table.
+	Err error
+}
+
+func (e *TableNotFoundError) Error() string {
+	msg := fmt.Sprintf("outbox: outbox table %s does not exist: create it with Migrate (or `outbox migrate`)", e.Table)
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Is matches ErrTableNotFound.
+func (e *TableNotFoundError) Is(target error) bool { return target == ErrTableNotFound }
+
+// Unwrap returns the database's error, if any.
+func (e *TableNotFoundError) Unwrap() error { return e.Err }
+
+// tableExists returns a *TableNotFoundError when s's table does not exist in ex, or the
+// database error of the lookup.
+func tableExists(ctx context.Context, s *schema, ex execer) error {
+	found, err := s.d.TableExists(ctx, ex, s.t)
+	if err != nil {
+		return fmt.Errorf("outbox: look for table %s: %w", s.table, err)
+	}
+	if !found {
+		return &TableNotFoundError{Table: s.table}
+	}
+	return nil
+}
 
 // DeadLetterFilter selects dead-lettered events: those whose topic matches any of Topics or whose
 // id is in IDs (either condition selects), and, when OlderThan is above zero, only those
@@ -273,19 +312,12 @@ func (s *Subscriber) BacklogByTopic(ctx context.Context) ([]TopicBacklog, error)
 }
 
 // CheckTable reports whether the outbox table of cfg exists in db (any handle Migrate takes):
-// nil if it does, an error wrapping ErrTableNotFound if not, a *ConfigError for an invalid
+// nil if it does, a *TableNotFoundError if not, a *ConfigError for an invalid
 // config or handle, else the database error (an unreachable server, for one).
 func CheckTable(ctx context.Context, db any, cfg SchemaConfig) error {
 	s, ex, err := open(db, cfg)
 	if err != nil {
 		return err
 	}
-	found, err := s.d.TableExists(ctx, ex, s.t)
-	if err != nil {
-		return fmt.Errorf("outbox: look for table %s: %w", s.table, err)
-	}
-	if !found {
-		return fmt.Errorf("%w: %s (create it with Migrate or `outbox migrate`)", ErrTableNotFound, s.table)
-	}
-	return nil
+	return tableExists(ctx, s, ex)
 }

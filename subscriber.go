@@ -121,7 +121,8 @@ func NewSubscriber(db any, cfg SubscriberConfig, logger watermill.LoggerAdapter)
 // pattern ending in '*' ("library.*"), or "*" for every topic, minus
 // SubscriberConfig.ExcludeTopics. '_' and '%' are ordinary characters. The channel is closed
 // when ctx ends or the Subscriber closes. Each message must be acked or nacked; see Subscriber
-// for what each means. Errors: a *ConfigError for a bad pattern, ErrClosed after Close.
+// for what each means. Errors: a *ConfigError for a bad pattern, a *TableNotFoundError when
+// the outbox table does not exist (run Migrate), ErrClosed after Close.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	sub, err := s.newSubscription(ctx, topic)
 	if err != nil {
@@ -339,6 +340,14 @@ type leased struct {
 func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscription, error) {
 	sel, err := s.selection(topic)
 	if err != nil {
+		return nil, err
+	}
+	// A missing table fails here, not in every claim of the relay; a lookup that fails (a
+	// database down) leaves the relay to wait it out as it does for any outage.
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err = tableExists(cctx, s.s, s.db)
+	cancel()
+	if errors.Is(err, ErrTableNotFound) {
 		return nil, err
 	}
 	sub := &subscription{s: s, sel: sel, oldest: s.cfg.BatchSize, walked: -1}

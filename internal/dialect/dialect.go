@@ -192,6 +192,10 @@ type Dialect interface {
 	// starting with Name, not with TokenPrefix, followed by 12 hex digits, '#', digits.
 	TakeBack(ctx context.Context, ex Executor, t *Table, name, tokenPrefix string) (int64, error)
 
+	// MissingTable reports whether err, from one of the dialect's statements, says that a
+	// table it names does not exist (PostgreSQL 42P01, MySQL 1146, SQLite "no such table").
+	MissingTable(err error) bool
+
 	// Operations.
 
 	RetryDead(ctx context.Context, ex Executor, t *Table, f DeadFilter) (int64, error)

@@ -61,7 +61,7 @@ func TestFlagValueMessages(t *testing.T) {
 		{append(relay, "--batch-size", "abc"), `outbox: --batch-size "abc" is not a whole number: give e.g. --batch-size 100 (see outbox relay --help)`},
 		{append(relay, "--poll-interval", "5"), `outbox: --poll-interval "5" is not a Go duration (a number and a unit: 500ms, 90s, 15m, 168h): give e.g. --poll-interval 5s (see outbox relay --help)`},
 		{[]string{"dead", "list", "--db", "x.db", "--json=maybe"}, `outbox: --json "maybe" is not true or false: give e.g. --json=true (see outbox dead list --help)`},
-		{[]string{"demo", "--rate", "fast"}, `outbox: --rate "fast" is not a number: give e.g. --rate 0.5 (see outbox demo --help)`},
+		{[]string{"demo", "--rate", "fast"}, `outbox: --rate "fast" is not a number: give e.g. --rate 250 (see outbox demo --help)`},
 	} {
 		wantStderr(t, cli(t, nil, tc.args...), 2, tc.want)
 	}
@@ -249,5 +249,43 @@ func TestDemoRate(t *testing.T) {
 	}
 	if short := reached < 0.9*rate; short != (m[2] != "") {
 		t.Fatalf("rate line %q: the shortfall note does not match the rate reached", lines[i+1])
+	}
+}
+
+// atoi is s as a number, -1 when it is not one.
+func atoi(s string) int {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// TestDemoPacedByDefault: with no --rate the demo paces its writers (250 transactions/s), so
+// its latency is a relay keeping up (no "ran behind" note), and it times the relay on its own
+// on a backlog written with the relay stopped; --rate 0 runs unpaced. The summary line and its
+// checks cover both phases.
+func TestDemoPacedByDefault(t *testing.T) {
+	r := cli(t, []string{"TMPDIR=" + t.TempDir()}, "demo", "--quiet", "--transactions", "300", "--drain-transactions", "200")
+	checkDemo(t, r)
+	if !strings.Contains(r.stdout, "outbox demo: 4 writers, 300 transactions at 250/s (--rate) over 50 keys, ") {
+		t.Fatalf("header not paced:\n%s", r.stdout)
+	}
+	if strings.Contains(r.stdout, "ran behind") {
+		t.Fatalf("a paced default run reports a backlog:\n%s", r.stdout)
+	}
+	m := regexp.MustCompile(`(?m)^  relay throughput    (\d+) events/s: a backlog of (\d+) events \(200 transactions written with the relay stopped\) delivered in \S+$`).FindStringSubmatch(r.stdout)
+	if m == nil || m[1] == "0" {
+		t.Fatalf("no relay throughput line:\n%s", r.stdout)
+	}
+	// Keys: 50 per phase, each phase over its own (one without a committed event is not counted).
+	keys := regexp.MustCompile(`(?m)^  order               0 violations over (\d+) ordering keys$`).FindStringSubmatch(r.stdout)
+	if !regexp.MustCompile(`(?m)^  transactions        500 \(`).MatchString(r.stdout) || keys == nil || atoi(keys[1]) <= 50 {
+		t.Fatalf("the counts do not cover both phases:\n%s", r.stdout)
+	}
+	r = cli(t, []string{"TMPDIR=" + t.TempDir()}, "demo", "--quiet", "--transactions", "100", "--rate", "0", "--drain-transactions", "0")
+	checkDemo(t, r)
+	if !strings.Contains(r.stdout, " 100 transactions unpaced (--rate 0) over ") || strings.Contains(r.stdout, "relay throughput") {
+		t.Fatalf("--rate 0 --drain-transactions 0:\n%s", r.stdout)
 	}
 }

@@ -5,7 +5,10 @@
 //	outbox relay   --db URL --to URL             # deliver events to Kafka, RabbitMQ, Redis or a webhook
 //	outbox status  --db URL                      # backlog: pending, oldest pending age, dead letters
 //	outbox dead list|retry|purge --db URL …      # inspect and act on dead-lettered events
-//	outbox cleanup --db URL --published-older-than 168h
+//	outbox cleanup --db URL --published-older-than 168h --yes
+//
+// dead purge and cleanup count what they would delete first: without --yes they delete nothing
+// and exit 2 naming the count; --dry-run prints the count and exits 0.
 //	outbox inbox migrate|status|cleanup --db URL …  # the consumer inbox table (package inbox)
 //	outbox version                               # module version, VCS commit and Go version (also --version)
 //

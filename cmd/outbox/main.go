@@ -6,11 +6,11 @@
 //	outbox status  --db URL                      # backlog: pending, oldest pending age, dead letters
 //	outbox dead list|retry|purge --db URL …      # inspect and act on dead-lettered events
 //	outbox cleanup --db URL --published-older-than 168h --yes
+//	outbox inbox migrate|status|cleanup --db URL …  # the consumer inbox table (package inbox)
+//	outbox version                               # module version, VCS commit and Go version (also --version)
 //
 // dead purge and cleanup count what they would delete first: without --yes they delete nothing
 // and exit 2 naming the count; --dry-run prints the count and exits 0.
-//	outbox inbox migrate|status|cleanup --db URL …  # the consumer inbox table (package inbox)
-//	outbox version                               # module version, VCS commit and Go version (also --version)
 //
 // Database URLs: postgres://… or postgresql://… (PostgreSQL, through a pgx pool);
 // mysql://user:password@host:3306/dbname or mariadb://… (MariaDB 10.6+ or MySQL 8, through

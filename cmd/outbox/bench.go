@@ -76,7 +76,7 @@ comparable with each other. Run it on a database like production's, on a quiet m
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			for name, v := range map[string]int{"events": f.events, "rounds": f.rounds, "writers": f.writers, "tx": f.tx} {
 				if v <= 0 {
-					return &usageError{fmt.Errorf("--%s must be positive", name)}
+					return badFlag(name, " must be positive")
 				}
 			}
 			if f.rate <= 0 || f.duration <= 0 {
@@ -87,7 +87,7 @@ comparable with each other. Run it on a database like production's, on a quiet m
 			}
 			for _, m := range f.only {
 				if m != "write" && m != "drain" && m != "latency" {
-					return &usageError{fmt.Errorf("--only: unknown measurement %q (write, drain, latency)", m)}
+					return badFlag("only", fmt.Sprintf(": unknown measurement %q (write, drain, latency)", m))
 				}
 			}
 			u, err := parseDBURL(f.db)

@@ -201,7 +201,7 @@ type openOptions struct {
 func openDB(ctx context.Context, u dbURL, table string, opts openOptions) (*database, error) {
 	d := &database{url: u, schema: schemaFor(u.kind, table)}
 	if err := d.schema.Validate(); err != nil {
-		return nil, &usageError{fmt.Errorf("--table %q: %v", table, err)}
+		return nil, badFlag("table", fmt.Sprintf(" %q: %v", table, err))
 	}
 	switch u.kind {
 	case kindPostgres:

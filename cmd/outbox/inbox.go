@@ -45,7 +45,7 @@ func (f *inboxFlags) open(ctx context.Context, create bool) (*database, inbox.Sc
 		cfg.Dialect = outbox.DialectSQLite
 	}
 	if err := cfg.Validate(); err != nil {
-		return nil, cfg, &usageError{fmt.Errorf("--table %q: %v", f.table, err)}
+		return nil, cfg, badFlag("table", fmt.Sprintf(" %q: %v", f.table, err))
 	}
 	d, err := openDB(ctx, u, outbox.DefaultTable, openOptions{create: create})
 	if err != nil {
@@ -179,7 +179,7 @@ processed again: keep records longer than any redelivery can come.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if olderThan < 0 {
-				return &usageError{fmt.Errorf("--older-than %s is negative: give a duration such as 168h, or 0s for every record", olderThan)}
+				return badFlag("older-than", fmt.Sprintf(" %s is negative: give a duration such as 168h, or 0s for every record", olderThan))
 			}
 			ctx := cmd.Context()
 			d, cfg, err := f.open(ctx, false)

@@ -90,6 +90,11 @@ func TestEnvValueMessages(t *testing.T) {
 		{[]string{"OUTBOX_LIMIT=0"}, []string{"dead", "list", "--db", "x.db"}, `outbox: environment variable OUTBOX_LIMIT="0" (it sets --limit) 0: give 1..10000`},
 		{[]string{"OUTBOX_PUBLISHED_OLDER_THAN=-1h"}, []string{"cleanup", "--db", "x.db"},
 			`outbox: environment variable OUTBOX_PUBLISHED_OLDER_THAN="-1h" (it sets --published-older-than) -1h0m0s is negative: give a duration such as 168h, or 0s for every published event`},
+		{[]string{"OUTBOX_OLDER_THAN=-1h"}, []string{"inbox", "cleanup", "--db", "x.db"},
+			`outbox: environment variable OUTBOX_OLDER_THAN="-1h" (it sets --older-than) -1h0m0s is negative: give a duration such as 168h, or 0s for every record`},
+		{[]string{"OUTBOX_INBOX_TABLE=a.b.c.d"}, []string{"inbox", "status", "--db", "x.db"},
+			`outbox: environment variable OUTBOX_INBOX_TABLE="a.b.c.d" (it sets --table) "a.b.c.d": outbox: invalid configuration: inbox.SchemaConfig.Table: "a.b.c.d": at most schema.table`},
+		{[]string{"OUTBOX_ONLY=foo"}, []string{"bench", "--db", "x.db"}, `outbox: environment variable OUTBOX_ONLY="foo" (it sets --only): unknown measurement "foo" (write, drain, latency)`},
 		// The same values on the command line name the flag.
 		{nil, append(relay, "--max-attempts", "0"), "outbox: --max-attempts must be positive"},
 		{[]string{"OUTBOX_MAX_ATTEMPTS=3"}, append(relay, "--batch-size", "20000"), "outbox: --batch-size: 20000 outside 1..10000"},

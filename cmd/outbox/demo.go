@@ -38,6 +38,7 @@ type demoFlags struct {
 	rollbackRate   float64
 	rate           float64
 	drainTx        int
+	drainSet       bool // --drain-transactions was given
 	failRate       float64
 	deadline       time.Duration
 	quiet, keep    bool
@@ -75,7 +76,8 @@ what the relay delivers, so the latency from COMMIT to receipt is the one an app
 while the relay keeps up; --rate 0 runs them as fast as the database takes them (the latency
 then includes the relay's backlog). Then the relay's throughput is measured on its own: with
 the relay stopped, --drain-transactions more transactions are written (over keys of their
-own), and the relay is started again and times how long it takes to deliver that backlog.
+own), and the relay is started again and times how long it takes to deliver that backlog
+(with --to, only when --drain-transactions is given).
 
 The report says how many events were committed, rolled back and delivered, the duplicates,
 the per-key order violations, the latency from COMMIT to receipt, and the relay's throughput
@@ -100,6 +102,7 @@ and drops them at the end unless --keep is given.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			f.drainSet = cmd.Flags().Changed("drain-transactions")
 			err := runDemo(ctx, f, cmd.OutOrStdout(), cmd.ErrOrStderr())
 			if err != nil && ctx.Err() != nil && cmd.Context().Err() == nil {
 				if f.keep {
@@ -118,7 +121,7 @@ and drops them at the end unless --keep is given.`,
 	fl.IntVar(&f.transactions, "transactions", 2000, "transactions in all, spread over the writers")
 	fl.IntVar(&f.keys, "keys", 50, "customers (ordering keys), spread over the writers")
 	fl.Float64Var(&f.rate, "rate", defaultDemoRate, "transactions per second, all writers together (about 2 events each); 0 = as fast as the database takes them (latency then includes the relay's backlog)")
-	fl.IntVar(&f.drainTx, "drain-transactions", 1000, "transactions written with the relay stopped after the paced run, to time the relay on a backlog (at most --transactions); 0 = no drain phase")
+	fl.IntVar(&f.drainTx, "drain-transactions", 1000, "transactions written with the relay stopped after the paced run, to time the relay on a backlog (at most --transactions); 0 = no drain phase; with --to only when given")
 	fl.Float64Var(&f.rollbackRate, "rollback-rate", 0.1, "fraction of transactions rolled back on purpose after publishing, 0..1")
 	fl.Float64Var(&f.failRate, "fail-rate", 0.02, "fraction of requests the built-in receiver refuses with 500 on purpose (they are retried with backoff), 0..0.5")
 	fl.DurationVar(&f.deadline, "deadline", 30*time.Second, "how long to wait for delivery after the last commit, a Go duration")
@@ -267,7 +270,11 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 	// The drain: a backlog written with the relay stopped, then delivered by a new relay: the
 	// relay's throughput.
 	var drain *demoDrain
-	if n := min(f.drainTx, f.transactions); n > 0 && werr == nil && waitErr == nil {
+	n := min(f.drainTx, f.transactions)
+	if f.to != "" && !f.drainSet {
+		n = 0 // the drain phase runs with the built-in receiver, or when asked for
+	}
+	if n > 0 && werr == nil && waitErr == nil {
 		rel.stop()
 		df := f
 		df.rate, df.transactions = 0, n

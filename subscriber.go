@@ -106,7 +106,8 @@ func NewSubscriber(db any, cfg SubscriberConfig, logger watermill.LoggerAdapter)
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	scope := watermill.LogFields{"relay": cfg.RelayName, "table": s.table}
+	// The table as the user wrote it: s.table is quoted for SQL, and quoted again by loggers.
+	scope := watermill.LogFields{"relay": cfg.RelayName, "table": strings.Join(s.t.Parts, ".")}
 	var nonce [6]byte
 	_, _ = cryptorand.Read(nonce[:])
 	sub := &Subscriber{db: ex, s: s, cfg: cfg, excl: excl, logger: logger.With(scope), closing: make(chan struct{}),
@@ -128,7 +129,8 @@ func NewSubscriber(db any, cfg SubscriberConfig, logger watermill.LoggerAdapter)
 // pattern ending in '*' ("library.*"), or "*" for every topic, minus
 // SubscriberConfig.ExcludeTopics. '_' and '%' are ordinary characters. The channel is closed
 // when ctx ends or the Subscriber closes. Each message must be acked or nacked; see Subscriber
-// for what each means. Errors: a *ConfigError for a bad pattern, ErrClosed after Close.
+// for what each means. Errors: a *ConfigError for a bad pattern, a *TableNotFoundError when
+// the outbox table does not exist (run Migrate), ErrClosed after Close.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	sub, err := s.newSubscription(ctx, topic)
 	if err != nil {
@@ -346,6 +348,15 @@ type leased struct {
 func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscription, error) {
 	sel, err := s.selection(topic)
 	if err != nil {
+		return nil, err
+	}
+	// A missing or outdated table fails here, not in every claim or mark of the relay; a
+	// lookup that fails (a database down) leaves the relay to wait it out as it does for any
+	// outage.
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err = checkTable(cctx, s.s, s.db)
+	cancel()
+	if errors.Is(err, ErrTableNotFound) || errors.Is(err, ErrTableOutdated) {
 		return nil, err
 	}
 	sub := &subscription{s: s, sel: sel, oldest: s.cfg.BatchSize, walked: -1}
@@ -1761,11 +1772,17 @@ func (sub *subscription) reportMarks(results []markResult, byseq map[int64]*item
 			derr := &DeliveryError{EventID: ev.ID.String(), Topic: ev.Topic, Err: it.err}
 			info := FailedInfo{EventID: ev.ID.String(), Topic: ev.Topic, Attempts: r.Attempts, Err: derr, At: r.Now}
 			fields := watermill.LogFields{"event_id": ev.ID.String(), "topic": ev.Topic, "attempts": r.Attempts}
+			// The log line gives the event and topic as fields: its error is the cause alone
+			// (derr would repeat them).
+			logErr := error(derr)
+			if it.err != nil {
+				logErr = it.err
+			}
 			if r.Dead {
 				if it.perm {
 					fields["permanent"] = true
 				}
-				s.logger.Error("outbox: dead-lettered", derr, fields)
+				s.logger.Error("outbox: dead-lettered", logErr, fields)
 				if h := s.cfg.Hooks.OnDeadLettered; h != nil {
 					h(info)
 				}
@@ -1776,7 +1793,7 @@ func (sub *subscription) reportMarks(results []markResult, byseq map[int64]*item
 				fields["next_attempt_at"] = *r.Next
 				sub.noteRetry(r.Now, *r.Next)
 			}
-			s.logWarn("outbox: delivery failed, will retry", derr, fields)
+			s.logWarn("outbox: delivery failed, will retry", logErr, fields)
 			if h := s.cfg.Hooks.OnFailed; h != nil {
 				h(info)
 			}

@@ -18,6 +18,15 @@ import (
 // forwarder.New) a logger that does this; see newSlogLogger.
 const routerHandlerError = "Handler returned error"
 
+// quietInfo are the INFO messages of Watermill's Router (as each forwarder runs one) and of
+// the webhook publisher's Close that the command logs at DEBUG: the relay's own start, stop and
+// stopped lines say the same once. Their WARN and ERROR lines keep their levels.
+var quietInfo = map[string]bool{
+	"Adding handler": true, "Running router handlers": true, "Starting handler": true,
+	"Closing router": true, "Subscriber stopped": true, "Waiting for messages": true,
+	"All messages processed": true, "Router closed": true, "Webhook publisher closed": true,
+}
+
 // slogLogger is the command's watermill.LoggerAdapter on log/slog, with a real WARN level
 // (outbox.WarnLogger) and Watermill's trace level as slog level -8 ("TRACE"). Fields are
 // written sorted by name. Safe for concurrent use.
@@ -88,7 +97,12 @@ func (s slogLogger) Warn(msg string, err error, fields watermill.LogFields) {
 	s.log(slog.LevelWarn, msg, err, fields)
 }
 
+// Info logs at INFO, except the lines of quietInfo, at DEBUG.
 func (s slogLogger) Info(msg string, fields watermill.LogFields) {
+	if quietInfo[msg] {
+		s.log(slog.LevelDebug, msg, nil, fields)
+		return
+	}
 	s.log(slog.LevelInfo, msg, nil, fields)
 }
 func (s slogLogger) Debug(msg string, fields watermill.LogFields) {

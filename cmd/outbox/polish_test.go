@@ -134,7 +134,7 @@ func TestBacklogNote(t *testing.T) {
 }
 
 // demoHeader matches the demo's header line.
-var demoHeader = regexp.MustCompile(`^outbox demo: (\d+) writers?, (\d+) transactions? over (\d+) keys?, (.+) → (.+)$`)
+var demoHeader = regexp.MustCompile(`^outbox demo: (\d+) writers?, (\d+) transactions? (?:at [0-9.]+/s \(--rate\)|unpaced \(--rate 0\)) over (\d+) keys?, (.+) → (.+)$`)
 
 // quietDemoLines checks a demo run (checkDemo), that it wrote nothing to stderr and that its
 // first line is the header with these writer, transaction and key counts; it returns the
@@ -176,7 +176,7 @@ func TestDemoOutput(t *testing.T) {
 		if got := lines[len(lines)-4 : len(lines)-1]; strings.Join(got, "\n") != strings.Join(want, "\n") {
 			t.Fatalf("kept lines:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 		}
-		if l := lines[len(lines)-5]; !strings.HasPrefix(l, "  throughput ") && !strings.HasPrefix(l, "  note ") {
+		if l := lines[len(lines)-5]; !regexp.MustCompile(`^  (throughput|note|rate|relay throughput) `).MatchString(l) {
 			t.Fatalf("kept lines do not follow the report:\n%s", r.stdout)
 		}
 		s := status(t, path, "watermill_outbox")

@@ -103,20 +103,23 @@ func (f *relayFlags) config(schema outbox.SchemaConfig) (outbox.SubscriberConfig
 		"unavailable-backoff": int64(f.unavailable), "unavailable-backoff-max": int64(f.unavailableMax), "mark-interval": int64(f.markInterval),
 		"max-delivery-starts": int64(f.maxStarts)} {
 		if v <= 0 {
-			return cfg, &usageError{fmt.Errorf("--%s must be positive", name)}
+			return cfg, badFlag(name, " must be positive")
 		}
 	}
 	if err := cfg.Validate(); err != nil {
 		var ce *outbox.ConfigError
 		if errors.As(err, &ce) {
 			if flag := flagOfField(ce.Field); strings.HasPrefix(flag, "--") {
-				return cfg, &usageError{fmt.Errorf("%s: %s", flag, flagsInReason(ce.Reason))}
+				return cfg, badFlag(strings.TrimPrefix(flag, "--"), ": "+flagsInReason(ce.Reason))
 			}
 		}
 		return cfg, &usageError{errors.New(strings.TrimPrefix(err.Error(), "outbox: "))}
 	}
 	return cfg, nil
 }
+
+// topicPatternForm says what a topic pattern looks like, for checkList.
+const topicPatternForm = `a topic pattern (an exact topic, a prefix ending in '*' such as "orders.*", or '*' for all)`
 
 // fieldWord is a word of a ConfigError's reason that may name a SubscriberConfig field.
 var fieldWord = regexp.MustCompile(`\b[A-Z][A-Za-z]+\b`)
@@ -242,6 +245,12 @@ LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more emp
 			if err != nil {
 				return err
 			}
+			if err := checkList(cmd.Flags(), topics, topicPatternForm, "topics", "topic"); err != nil {
+				return err
+			}
+			if err := checkList(cmd.Flags(), rf.exclude, topicPatternForm, "exclude"); err != nil {
+				return err
+			}
 			if len(topics) == 0 && dest.kind == destAsynq {
 				topics = asynqDefaultTopics
 			}
@@ -314,6 +323,8 @@ LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more emp
 			}
 			fields := startFields(cmd, shown)
 			fields["traces"] = tracesSetting(tracer)
+			build := readBuildInfo()
+			fields["version"], fields["commit"] = build.version, build.commit
 			logger.Info("outbox relay starting", fields)
 			// Tracing outside the timing: the destination call's duration is the destination's.
 			running = true
@@ -326,6 +337,7 @@ LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more emp
 	fl := cmd.Flags()
 	fl.Lookup("table").Usage = "outbox table, optionally schema-qualified (PostgreSQL) or database-qualified (MariaDB/MySQL); or several, comma-separated, each possibly a pattern ('*', '?': \"tenant_*.watermill_outbox\") resolved once at start, relayed by one relay in fair turns"
 	fl.StringVar(&to, "to", "", "destination URL: "+destForms+" (required)")
+	markRequired(cmd, "to", "URL", destForms)
 	fl.StringSliceVar(&topics, "topics", nil, "topic pattern to relay (exact, \"prefix*\" or \"*\"); repeatable or comma-separated; default \"*\" (all)")
 	aliasFlag(cmd, "topics", "topic")
 	fl.StringVar(&secret, "secret", "", "webhook signing secret, at least 16 bytes: requests carry Outbox-Signature: sha256=<hex HMAC-SHA256 of the body>; empty = unsigned")

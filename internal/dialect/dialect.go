@@ -194,14 +194,23 @@ type Dialect interface {
 	// starting with Name, not with TokenPrefix, followed by 12 hex digits, '#', digits.
 	TakeBack(ctx context.Context, ex Executor, t *Table, name, tokenPrefix string) (int64, error)
 
+	// MissingTable reports whether err, from one of the dialect's statements, says that a
+	// table it names does not exist (PostgreSQL 42P01, MySQL 1146, SQLite "no such table").
+	MissingTable(err error) bool
+
 	// Operations.
 
 	RetryDead(ctx context.Context, ex Executor, t *Table, f DeadFilter) (int64, error)
 	PurgeDead(ctx context.Context, ex Executor, t *Table, f DeadFilter) (int64, error)
+	// CountDead returns how many dead-lettered events f selects: what PurgeDead would delete.
+	CountDead(ctx context.Context, ex Executor, t *Table, f DeadFilter) (int64, error)
 	ListDead(ctx context.Context, ex Executor, t *Table, f DeadFilter, limit int) ([]DeadRow, error)
 	// Cleanup deletes up to batch rows whose column (published_at or dead_lettered_at) is
 	// older than olderThan and returns how many it deleted.
 	Cleanup(ctx context.Context, ex Executor, t *Table, column string, olderThan time.Duration, batch int) (int64, error)
+	// CountOlder returns how many rows Cleanup of column and olderThan would delete, in all its
+	// batches.
+	CountOlder(ctx context.Context, ex Executor, t *Table, column string, olderThan time.Duration) (int64, error)
 	Backlog(ctx context.Context, ex Executor, t *Table) (BacklogRow, error)
 	BacklogByTopic(ctx context.Context, ex Executor, t *Table) ([]BacklogRow, error)
 }

@@ -18,13 +18,15 @@ import (
 // forwarder.New) a logger that does this; see newSlogLogger.
 const routerHandlerError = "Handler returned error"
 
-// quietInfo are the INFO messages of Watermill's Router (as each forwarder runs one) and of
-// the webhook publisher's Close that the command logs at DEBUG: the relay's own start, stop and
-// stopped lines say the same once. Their WARN and ERROR lines keep their levels.
+// quietInfo are the INFO messages of Watermill's Router (as each forwarder runs one), of the
+// webhook publisher's Close and of the Subscriber's wake probe that the command logs at DEBUG:
+// the relay's own start, wakeup, stop and stopped lines say the same once. Their WARN and ERROR
+// lines keep their levels.
 var quietInfo = map[string]bool{
 	"Adding handler": true, "Running router handlers": true, "Starting handler": true,
 	"Closing router": true, "Subscriber stopped": true, "Waiting for messages": true,
 	"All messages processed": true, "Router closed": true, "Webhook publisher closed": true,
+	"outbox: wake probe on: the relay claims within about one interval of any writer's commit (it probes the table's sequence; every idle interval after a second without writes)": true,
 }
 
 // slogLogger is the command's watermill.LoggerAdapter on log/slog, with a real WARN level

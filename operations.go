@@ -21,18 +21,71 @@ const DefaultCleanupBatch = 1000
 // "*".
 var ErrEmptyFilter = errors.New("outbox: empty dead-letter filter: give topics (\"*\" for all) or ids")
 
-// ErrTableNotFound is returned (wrapped) by CheckTable when the outbox table does not exist: run
-// Migrate (or the command `outbox migrate`).
+// ErrTableNotFound is matched (errors.Is) by every *TableNotFoundError: the outbox table does
+// not exist; run Migrate (or the command `outbox migrate`).
 var ErrTableNotFound = errors.New("outbox: outbox table not found")
 
-// ErrTableOutdated is returned (wrapped) by CheckTable when the outbox table lacks a column the
-// relay writes (one added by a later release, such as last_error_class): run Migrate (or the
-// command `outbox migrate`), or add the columns the error names with your migration tool.
+// ErrTableOutdated is returned (wrapped) by CheckTable and Subscribe when the outbox table lacks a
+// column the relay writes (one added by a later release, such as last_error_class): run Migrate
+// (or the command `outbox migrate`), or add the columns the error names with your migration tool.
 var ErrTableOutdated = errors.New("outbox: outbox table lacks columns the relay writes")
 
 // relayColumns are the columns added after the first release that the relay writes; CheckTable
-// requires them.
+// and Subscribe require them.
 var relayColumns = []string{"delivery_starts", "last_error_class"}
+
+// TableNotFoundError is returned when the outbox table does not exist: by CheckTable, by
+// Subscriber.Subscribe and SubscribeBatches (which check before they start), and by the
+// Publisher when the database refuses an insert for it (PostgreSQL SQLSTATE 42P01, MySQL error
+// 1146, SQLite "no such table"). errors.Is(err, ErrTableNotFound) holds; Err, when not nil, is
+// the database's error, still reached by errors.Is/As through Unwrap.
+type TableNotFoundError struct {
+	// Table is the outbox table, quoted as the database sees it.
+	Table string
+	// Err is the error that told, nil when a lookup found no table.
+	Err error
+}
+
+func (e *TableNotFoundError) Error() string {
+	msg := fmt.Sprintf("outbox: outbox table %s does not exist: create it with Migrate (or `outbox migrate`)", e.Table)
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Is matches ErrTableNotFound.
+func (e *TableNotFoundError) Is(target error) bool { return target == ErrTableNotFound }
+
+// Unwrap returns the database's error, if any.
+func (e *TableNotFoundError) Unwrap() error { return e.Err }
+
+// checkTable returns a *TableNotFoundError when s's table does not exist in ex, an error
+// wrapping ErrTableOutdated naming the relay columns it lacks, or the database error of the
+// lookup. Two catalog queries.
+func checkTable(ctx context.Context, s *schema, ex execer) error {
+	found, err := s.d.TableExists(ctx, ex, s.t)
+	if err != nil {
+		return fmt.Errorf("outbox: look for table %s: %w", s.table, err)
+	}
+	if !found {
+		return &TableNotFoundError{Table: s.table}
+	}
+	have, err := s.d.Columns(ctx, ex, s.t)
+	if err != nil {
+		return fmt.Errorf("outbox: read the columns of %s: %w", s.table, err)
+	}
+	var missing []string
+	for _, c := range relayColumns {
+		if !have[c] {
+			missing = append(missing, c)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: %s lacks %s (add them with Migrate or `outbox migrate`, or see SchemaSQL)", ErrTableOutdated, s.table, strings.Join(missing, ", "))
+	}
+	return nil
+}
 
 // DeadLetterFilter selects dead-lettered events: those whose topic matches any of Topics or whose
 // id is in IDs (either condition selects), and, when OlderThan is above zero, only those
@@ -74,7 +127,8 @@ func deadFilter(f DeadLetterFilter) (dialect.DeadFilter, error) {
 
 // RetryDeadLettered gives the selected dead-lettered events fresh attempts (attempts = 0, due
 // now; last_error is kept) and returns how many. The events of their ordering keys that waited
-// behind them then follow in order. Errors: ErrEmptyFilter, a *ConfigError for a bad pattern
+// behind them then follow in order. On PostgreSQL it then advances the table's sequence by one,
+// so that relays with a wake probe (SubscriberConfig.WakeProbeInterval) claim them at once. Errors: ErrEmptyFilter, a *ConfigError for a bad pattern
 // or a negative OlderThan, or the database error. Safe for concurrent use, also after Close.
 func (s *Subscriber) RetryDeadLettered(ctx context.Context, f RetryFilter) (int64, error) {
 	df, err := deadFilter(f)
@@ -85,11 +139,15 @@ func (s *Subscriber) RetryDeadLettered(ctx context.Context, f RetryFilter) (int6
 	if err != nil {
 		return 0, fmt.Errorf("outbox: retry dead letters in %s: %w", s.s.table, err)
 	}
+	if n > 0 {
+		s.announce(ctx)
+	}
 	return n, nil
 }
 
 // PurgeDeadLettered deletes the selected dead-lettered events and returns how many. Their
-// ordering keys are then no longer held: the next event of each key is delivered. Errors as
+// ordering keys are then no longer held: the next event of each key is delivered (on
+// PostgreSQL at once by relays with a wake probe, as RetryDeadLettered). Errors as
 // RetryDeadLettered.
 func (s *Subscriber) PurgeDeadLettered(ctx context.Context, f DeadLetterFilter) (int64, error) {
 	df, err := deadFilter(f)
@@ -99,6 +157,24 @@ func (s *Subscriber) PurgeDeadLettered(ctx context.Context, f DeadLetterFilter) 
 	n, err := s.s.d.PurgeDead(ctx, s.db, s.s.t, df)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: purge dead letters in %s: %w", s.s.table, err)
+	}
+	if n > 0 {
+		s.announce(ctx)
+	}
+	return n, nil
+}
+
+// CountDeadLettered returns how many dead-lettered events f selects: what PurgeDeadLettered
+// with the same filter would delete now. Errors as RetryDeadLettered. Safe for concurrent use,
+// also after Close.
+func (s *Subscriber) CountDeadLettered(ctx context.Context, f DeadLetterFilter) (int64, error) {
+	df, err := deadFilter(f)
+	if err != nil {
+		return 0, err
+	}
+	n, err := s.s.d.CountDead(ctx, s.db, s.s.t, df)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: count dead letters in %s: %w", s.s.table, err)
 	}
 	return n, nil
 }
@@ -156,6 +232,30 @@ func (s *Subscriber) CleanupPublished(ctx context.Context, olderThan time.Durati
 // CleanupPublished. Their ordering keys are then no longer held.
 func (s *Subscriber) CleanupDeadLettered(ctx context.Context, olderThan time.Duration) (int64, error) {
 	return s.cleanup(ctx, "dead_lettered_at", olderThan)
+}
+
+// CountPublished returns how many events were published more than olderThan ago (database
+// clock): what CleanupPublished with the same olderThan would delete now. Errors as
+// CleanupPublished. Safe for concurrent use, also after Close.
+func (s *Subscriber) CountPublished(ctx context.Context, olderThan time.Duration) (int64, error) {
+	return s.countOlder(ctx, "published_at", olderThan)
+}
+
+// CountDeadLetteredOlder returns how many events were dead-lettered more than olderThan ago:
+// what CleanupDeadLettered with the same olderThan would delete now.
+func (s *Subscriber) CountDeadLetteredOlder(ctx context.Context, olderThan time.Duration) (int64, error) {
+	return s.countOlder(ctx, "dead_lettered_at", olderThan)
+}
+
+func (s *Subscriber) countOlder(ctx context.Context, col string, olderThan time.Duration) (int64, error) {
+	if olderThan < 0 {
+		return 0, &ConfigError{Field: "olderThan", Reason: "must not be negative"}
+	}
+	n, err := s.s.d.CountOlder(ctx, s.db, s.s.t, col, olderThan)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: count %s in %s: %w", col, s.s.table, err)
+	}
+	return n, nil
 }
 
 func (s *Subscriber) cleanup(ctx context.Context, col string, olderThan time.Duration) (int64, error) {
@@ -247,34 +347,14 @@ func (s *Subscriber) BacklogByTopic(ctx context.Context) ([]TopicBacklog, error)
 }
 
 // CheckTable reports whether the outbox table of cfg exists in db (any handle Migrate takes)
-// with the columns the relay writes: nil if it does, an error wrapping ErrTableNotFound if it
-// does not exist, one wrapping ErrTableOutdated (naming the columns) if it lacks columns a
-// later release added, a *ConfigError for an invalid config or handle, else the database
-// error (an unreachable server, for one). Two catalog queries.
+// with the columns the relay writes: nil if it does, a *TableNotFoundError if it does not
+// exist, an error wrapping ErrTableOutdated (naming the columns) if it lacks columns a later
+// release added, a *ConfigError for an invalid config or handle, else the database error (an
+// unreachable server, for one). Two catalog queries.
 func CheckTable(ctx context.Context, db any, cfg SchemaConfig) error {
 	s, ex, err := open(db, cfg)
 	if err != nil {
 		return err
 	}
-	found, err := s.d.TableExists(ctx, ex, s.t)
-	if err != nil {
-		return fmt.Errorf("outbox: look for table %s: %w", s.table, err)
-	}
-	if !found {
-		return fmt.Errorf("%w: %s (create it with Migrate or `outbox migrate`)", ErrTableNotFound, s.table)
-	}
-	have, err := s.d.Columns(ctx, ex, s.t)
-	if err != nil {
-		return fmt.Errorf("outbox: read the columns of %s: %w", s.table, err)
-	}
-	var missing []string
-	for _, c := range relayColumns {
-		if !have[c] {
-			missing = append(missing, c)
-		}
-	}
-	if len(missing) > 0 {
-		return fmt.Errorf("%w: %s lacks %s (add them with Migrate or `outbox migrate`, or see SchemaSQL)", ErrTableOutdated, s.table, strings.Join(missing, ", "))
-	}
-	return nil
+	return checkTable(ctx, s, ex)
 }

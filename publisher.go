@@ -542,6 +542,8 @@ func (p *Publisher) insert(ctx context.Context, rows []row, events bool) ([]Even
 	switch {
 	case errors.As(err, &conflict):
 		return nil, &IdempotencyConflictError{Index: conflict.Index, Key: conflict.Key}
+	case err != nil && p.s.d.MissingTable(err):
+		return nil, &TableNotFoundError{Table: p.s.table, Err: err}
 	case err != nil:
 		return nil, fmt.Errorf("outbox: insert into %s: %w", p.s.table, err)
 	case in.NoReturn:

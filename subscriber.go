@@ -56,6 +56,7 @@ type Subscriber struct {
 	tokenPrefix string
 	outagesMu   sync.Mutex
 	outages     map[*subscription][]Outage // see Outages
+	probe       *wakeProbe                 // nil without a wake probe (wakeprobe.go)
 }
 
 // NewSubscriber returns a Subscriber reading the outbox table through db: a *pgxpool.Pool,
@@ -105,13 +106,21 @@ func NewSubscriber(db any, cfg SubscriberConfig, logger watermill.LoggerAdapter)
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	scope := watermill.LogFields{"relay": cfg.RelayName, "table": s.table}
+	// The table as the user wrote it: s.table is quoted for SQL, and quoted again by loggers.
+	scope := watermill.LogFields{"relay": cfg.RelayName, "table": strings.Join(s.t.Parts, ".")}
 	var nonce [6]byte
 	_, _ = cryptorand.Read(nonce[:])
 	sub := &Subscriber{db: ex, s: s, cfg: cfg, excl: excl, logger: logger.With(scope), closing: make(chan struct{}),
 		tokenPrefix: cfg.RelayName + "#" + hex.EncodeToString(nonce[:]) + "#"}
 	if w, ok := logger.(WarnLogger); ok {
 		sub.warn = func(msg string, err error, fields watermill.LogFields) { w.Warn(msg, err, scope.Add(fields)) }
+	}
+	if p, ok := s.d.(dialect.WakeProber); ok && cfg.WakeProbeInterval > 0 {
+		pex, err := newExecer(db)
+		if err != nil {
+			return nil, err
+		}
+		sub.probe = &wakeProbe{s: sub, p: p, ex: pex, interval: cfg.WakeProbeInterval, subs: map[chan struct{}]struct{}{}}
 	}
 	return sub, nil
 }
@@ -120,7 +129,8 @@ func NewSubscriber(db any, cfg SubscriberConfig, logger watermill.LoggerAdapter)
 // pattern ending in '*' ("library.*"), or "*" for every topic, minus
 // SubscriberConfig.ExcludeTopics. '_' and '%' are ordinary characters. The channel is closed
 // when ctx ends or the Subscriber closes. Each message must be acked or nacked; see Subscriber
-// for what each means. Errors: a *ConfigError for a bad pattern, ErrClosed after Close.
+// for what each means. Errors: a *ConfigError for a bad pattern, a *TableNotFoundError when
+// the outbox table does not exist (run Migrate), ErrClosed after Close.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	sub, err := s.newSubscription(ctx, topic)
 	if err != nil {
@@ -340,6 +350,15 @@ func (s *Subscriber) newSubscription(ctx context.Context, topic string) (*subscr
 	if err != nil {
 		return nil, err
 	}
+	// A missing or outdated table fails here, not in every claim or mark of the relay; a
+	// lookup that fails (a database down) leaves the relay to wait it out as it does for any
+	// outage.
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err = checkTable(cctx, s.s, s.db)
+	cancel()
+	if errors.Is(err, ErrTableNotFound) || errors.Is(err, ErrTableOutdated) {
+		return nil, err
+	}
 	sub := &subscription{s: s, sel: sel, oldest: s.cfg.BatchSize, walked: -1}
 	if s.s.caps.Floors {
 		sub.lows, sub.sweep = &keyLows{}, &sweeper{every: sweepInterval}
@@ -414,6 +433,10 @@ func (sub *subscription) run() {
 	if s.cfg.Wakeup != nil {
 		wake = s.cfg.Wakeup.Listen(sub.ctx, sub.sel.match)
 	}
+	var probed <-chan struct{}
+	if s.probe != nil {
+		probed = s.probe.listen(sub.ctx)
+	}
 	sub.takeBack()
 	if sw, ok := sub.relay.(dialect.Sweeper); ok && sub.sweep != nil {
 		var wg sync.WaitGroup
@@ -468,6 +491,8 @@ func (sub *subscription) run() {
 		case <-timer.C:
 			sub.woken = false
 		case <-wake:
+			sub.woken = true
+		case <-probed:
 			sub.woken = true
 		}
 		timer.Stop()
@@ -1747,11 +1772,17 @@ func (sub *subscription) reportMarks(results []markResult, byseq map[int64]*item
 			derr := &DeliveryError{EventID: ev.ID.String(), Topic: ev.Topic, Err: it.err}
 			info := FailedInfo{EventID: ev.ID.String(), Topic: ev.Topic, Attempts: r.Attempts, Err: derr, At: r.Now}
 			fields := watermill.LogFields{"event_id": ev.ID.String(), "topic": ev.Topic, "attempts": r.Attempts}
+			// The log line gives the event and topic as fields: its error is the cause alone
+			// (derr would repeat them).
+			logErr := error(derr)
+			if it.err != nil {
+				logErr = it.err
+			}
 			if r.Dead {
 				if it.perm {
 					fields["permanent"] = true
 				}
-				s.logger.Error("outbox: dead-lettered", derr, fields)
+				s.logger.Error("outbox: dead-lettered", logErr, fields)
 				if h := s.cfg.Hooks.OnDeadLettered; h != nil {
 					h(info)
 				}
@@ -1762,7 +1793,7 @@ func (sub *subscription) reportMarks(results []markResult, byseq map[int64]*item
 				fields["next_attempt_at"] = *r.Next
 				sub.noteRetry(r.Now, *r.Next)
 			}
-			s.logWarn("outbox: delivery failed, will retry", derr, fields)
+			s.logWarn("outbox: delivery failed, will retry", logErr, fields)
 			if h := s.cfg.Hooks.OnFailed; h != nil {
 				h(info)
 			}

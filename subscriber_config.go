@@ -33,6 +33,11 @@ const (
 	DefaultMaxDeliveryStarts = 5
 	// MaxBatchSize is the largest BatchSize.
 	MaxBatchSize = 10000
+	// DefaultWakeProbeInterval is WakeProbeInterval's default.
+	DefaultWakeProbeInterval = 5 * time.Millisecond
+	// WakeProbeIdleFactor: after a second without writes the wake probe runs every
+	// WakeProbeIdleFactor × WakeProbeInterval (50ms by default) until the next write.
+	WakeProbeIdleFactor = 10
 )
 
 // SubscriberConfig configures a Subscriber. The zero value is valid: a zero field means the
@@ -162,6 +167,29 @@ type SubscriberConfig struct {
 	// relay that stops gracefully does not count the deliveries it leaves unanswered, nor those
 	// cut short by the stop. Default 5; at least 1.
 	MaxDeliveryStarts int
+	// WakeProbeInterval is how often a PostgreSQL Subscriber probes the table's identity
+	// sequence (behind "sequence"), to claim within about one interval of a commit — by any
+	// writer, in any process, with no signal from it — instead of waiting for PollInterval.
+	// A probe is one statement that reads no table rows, so its cost does not grow with the
+	// backlog, dead row versions or a snapshot held open elsewhere. A sequence value is taken
+	// before its writer commits, so when the sequence moves the probe also watches the
+	// transactions then in progress (the snapshot and the backends' transaction ids) and the
+	// relay claims again as each of them ends; otherwise a probe claims nothing. After a second
+	// without writes the probe runs every WakeProbeIdleFactor intervals (50ms by default) until
+	// the next write: each probe wakes a database backend, which costs it CPU whatever the
+	// statement, and an idle relay's probes cost the database under 1% of one core that way.
+	// It works through a transaction pooler (PgBouncer in transaction mode). Writes served
+	// from a sequence cache above 1 do not move it (the schema's sequence has CACHE 1; a larger
+	// cache is logged at start). RetryDeadLettered and PurgeDeadLettered advance the sequence
+	// by one, so that probing relays act on them at once. One probe runs per Subscriber while
+	// it has subscriptions (a MultiSubscriber: one per table, each costing an idle database as
+	// much). Default 5ms; at least 1ms. Setting it for SQLite or MariaDB/MySQL
+	// is a configuration error (no probe there).
+	WakeProbeInterval time.Duration
+	// DisableWakeProbe turns the wake probe off: the relay then learns of new events only
+	// through Wakeup or at each PollInterval. Setting it with WakeProbeInterval is a
+	// configuration error.
+	DisableWakeProbe bool
 
 	takeBack bool // RelayName was set explicitly (see setDefaults)
 }
@@ -305,6 +333,9 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.MaxDeliveryStarts == 0 {
 		c.MaxDeliveryStarts = DefaultMaxDeliveryStarts
 	}
+	if c.WakeProbeInterval == 0 && !c.DisableWakeProbe && c.Schema.Dialect == DialectPostgreSQL {
+		c.WakeProbeInterval = DefaultWakeProbeInterval
+	}
 	c.takeBack = c.RelayName != ""
 	if c.RelayName == "" {
 		host, _ := os.Hostname()
@@ -358,6 +389,14 @@ func (c SubscriberConfig) Validate() error {
 		return bad("MarkInterval", "must be at least 1ms")
 	case c.MaxDeliveryStarts < 1:
 		return bad("MaxDeliveryStarts", "must be at least 1")
+	case c.WakeProbeInterval < 0:
+		return bad("WakeProbeInterval", "must not be negative")
+	case c.DisableWakeProbe && c.WakeProbeInterval != 0:
+		return bad("WakeProbeInterval", "set with DisableWakeProbe: choose one")
+	case c.WakeProbeInterval != 0 && c.WakeProbeInterval < time.Millisecond:
+		return bad("WakeProbeInterval", "must be at least 1ms")
+	case c.WakeProbeInterval != 0 && c.Schema.Dialect != DialectPostgreSQL:
+		return bad("WakeProbeInterval", "the wake probe is PostgreSQL-only")
 	}
 	for i, p := range c.ExcludeTopics {
 		if _, err := parseTopicPattern(fmt.Sprintf("SubscriberConfig.ExcludeTopics[%d]", i), p); err != nil {

@@ -142,6 +142,16 @@ func TestOperations(t *testing.T) {
 		if bl.Pending != 200 || bl.DeadLettered != 200 || bl.Held != 133 || bl.OldestPendingAge < time.Hour || bl.OldestPendingAge > time.Hour+time.Minute {
 			t.Fatalf("backlog %+v", bl)
 		}
+		// The counts are what the cleanups then delete.
+		if n, err := sub.CountPublished(ctx, time.Hour); err != nil || n != 2100 {
+			t.Fatalf("count published: %d %v", n, err)
+		}
+		if n, err := sub.CountDeadLetteredOlder(ctx, time.Hour); err != nil || n != 150 {
+			t.Fatalf("count dead: %d %v", n, err)
+		}
+		if _, err := sub.CountPublished(ctx, -time.Second); !errors.Is(err, outbox.ErrConfig) {
+			t.Fatalf("count with a negative age: %v", err)
+		}
 		n, err := sub.CleanupPublished(ctx, time.Hour)
 		if err != nil || n != 2100 {
 			t.Fatalf("cleanup published: %d %v", n, err)
@@ -195,6 +205,21 @@ func TestOperations(t *testing.T) {
 		if got := fmt.Sprint(byTopic); got != fmt.Sprintf("[{t {200 %s 50 0 133}} {u.a {0 0s 1 0 0}} {u.b {0 0s 2 0 0}} {v {0 0s 1 0 0}}]", byTopic[0].OldestPendingAge) ||
 			byTopic[0].OldestPendingAge < time.Hour {
 			t.Fatalf("backlog by topic %v", got)
+		}
+		for _, tc := range []struct {
+			f    outbox.DeadLetterFilter
+			want int64
+		}{
+			{outbox.DeadLetterFilter{IDs: []uuid.UUID{evs[1].ID}, Topics: []string{"v"}}, 2},
+			{outbox.DeadLetterFilter{Topics: []string{"*"}, OlderThan: 5 * time.Minute}, 3},
+			{outbox.DeadLetterFilter{Topics: []string{"*"}}, 54},
+		} {
+			if n, err := sub.CountDeadLettered(ctx, tc.f); err != nil || n != tc.want {
+				t.Fatalf("count dead letters %+v: %d %v, want %d", tc.f, n, err, tc.want)
+			}
+		}
+		if _, err := sub.CountDeadLettered(ctx, outbox.DeadLetterFilter{}); !errors.Is(err, outbox.ErrEmptyFilter) {
+			t.Fatalf("count with an empty filter: %v", err)
 		}
 		n, err = sub.PurgeDeadLettered(ctx, outbox.DeadLetterFilter{IDs: []uuid.UUID{evs[1].ID}, Topics: []string{"v"}})
 		if err != nil || n != 2 {

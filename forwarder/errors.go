@@ -35,9 +35,10 @@ type PublishError struct {
 	Err   error
 }
 
-// Error names the event, the destination topic and the cause.
+// Error names the destination topic and the cause. The event id is left out: the relay's log
+// line and last_error already belong to the event, and the destination's error often names it.
 func (e *PublishError) Error() string {
-	return fmt.Sprintf("forwarder: publish event %s to %q: %v", e.EventID, e.Topic, e.Err)
+	return fmt.Sprintf("forwarder: publish to %q: %v", e.Topic, e.Err)
 }
 
 // Unwrap returns the destination's error.

@@ -2,6 +2,11 @@
 // their next poll. Polling stays the safety net: a lost signal only delays delivery
 // until the relay's next PollInterval.
 //
+// On PostgreSQL a Subscriber needs none of these to claim within milliseconds of a commit by
+// any writer: by default it probes the table's sequence (SubscriberConfig.WakeProbeInterval).
+// A wakeup adds topic-aware signals (a relay wakes only for the topics it serves) and serves
+// SQLite (sqlitewal) and MariaDB/MySQL relays.
+//
 // One value serves both sides. The writer side signals the topics a transaction wrote, after
 // COMMIT (RunInTx, RunInSQLTx or a Collector do that, since Go's database drivers have no
 // after-commit hook); the relay side is an outbox.Wakeup given to SubscriberConfig.Wakeup, so

@@ -170,16 +170,13 @@ type DeliveryError struct {
 	Err error
 }
 
-// Error names the message (index and event id), the redacted URL, the status (with the
-// redirect target for a 3xx), up to 256 characters of the response body, and the cause. It is
-// one line.
+// Error names the message (its index in the Publish call), the redacted URL, the status (with
+// the redirect target for a 3xx), up to 256 characters of the response body, and the cause. It
+// is one line. The event id is left out (it is EventID): the relay logs it beside the error.
 func (e *DeliveryError) Error() string {
 	var b strings.Builder
 	b.WriteString("webhook: deliver message ")
 	b.WriteString(strconv.Itoa(e.Index))
-	b.WriteString(" (event ")
-	b.WriteString(strconv.Quote(e.EventID))
-	b.WriteString(")")
 	if e.URL != "" {
 		b.WriteString(" to ")
 		b.WriteString(e.URL)

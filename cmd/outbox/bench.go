@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -75,7 +76,7 @@ comparable with each other. Run it on a database like production's, on a quiet m
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			for name, v := range map[string]int{"events": f.events, "rounds": f.rounds, "writers": f.writers, "tx": f.tx} {
 				if v <= 0 {
-					return &usageError{fmt.Errorf("--%s must be positive", name)}
+					return badFlag(name, " must be positive")
 				}
 			}
 			if f.rate <= 0 || f.duration <= 0 {
@@ -86,7 +87,7 @@ comparable with each other. Run it on a database like production's, on a quiet m
 			}
 			for _, m := range f.only {
 				if m != "write" && m != "drain" && m != "latency" {
-					return &usageError{fmt.Errorf("--only: unknown measurement %q (write, drain, latency)", m)}
+					return badFlag("only", fmt.Sprintf(": unknown measurement %q (write, drain, latency)", m))
 				}
 			}
 			u, err := parseDBURL(f.db)
@@ -107,6 +108,7 @@ comparable with each other. Run it on a database like production's, on a quiet m
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.db, "db", "", "database URL: "+dbFlagForms+" (required)")
+	markRequired(cmd, "db", "URL", dbFlagForms)
 	fl.IntVar(&f.events, "events", 100000, "backlog of each drain")
 	fl.IntVar(&f.rounds, "rounds", 3, "rounds of the write path and drains; medians are printed")
 	fl.IntVar(&f.writers, "writers", 8, "concurrent writers of the write path and the latency run")
@@ -195,7 +197,7 @@ func runBench(ctx context.Context, out io.Writer, d *database, f benchFlags) err
 			_ = d.dropTables(cctx, d.outboxTables(t)...)
 		}
 	}()
-	fmt.Fprintf(out, "outbox bench: %s, tables %s_*, %d rounds (medians), %d events per drain\n", d.where(), b.base, f.rounds, f.events)
+	fmt.Fprintf(out, "outbox bench: %s, tables %s_*, %s (medians), %d events per drain\n", d.where(), b.base, plural(int64(f.rounds), "round", "rounds"), f.events)
 
 	var runs, heldRuns []*benchRun
 	type shape struct {
@@ -284,16 +286,17 @@ func runBench(ctx context.Context, out io.Writer, d *database, f benchFlags) err
 		}
 	}
 
-	fmt.Fprintf(out, "\n%-46s %12s %12s %7s\n", "measure", "outbox", "raw loop", "ratio")
+	var tb benchTable
+	tb.row("measure", "outbox", "raw loop", "ratio")
 	for _, r := range runs {
 		o, t := median(r.ours), median(r.theirs)
-		fmt.Fprintf(out, "%-46s %12.0f %12.0f %7.2f\n", r.name+" ("+r.unit+")", o, t, o/t)
+		tb.row(r.name+" ("+r.unit+")", fmt.Sprintf("%.0f", o), fmt.Sprintf("%.0f", t), fmt.Sprintf("%.2f", o/t))
 	}
 	if len(heldRuns) > 0 {
-		fmt.Fprintf(out, "%-46s %12s %12s %7s\n", "with a snapshot held open", "outbox", "without", "ratio")
+		tb.row("with a snapshot held open", "outbox", "without", "ratio")
 		for _, r := range heldRuns {
 			o, t := median(r.ours), median(r.theirs)
-			fmt.Fprintf(out, "%-46s %12.0f %12.0f %7.2f\n", r.name+" ("+r.unit+")", o, t, o/t)
+			tb.row(r.name+" ("+r.unit+")", fmt.Sprintf("%.0f", o), fmt.Sprintf("%.0f", t), fmt.Sprintf("%.2f", o/t))
 		}
 	}
 	if latency {
@@ -304,18 +307,50 @@ func runBench(ctx context.Context, out io.Writer, d *database, f benchFlags) err
 		title := fmt.Sprintf("latency at %.0f/s, %s, p50/p99/worst (ms)", f.rate, shape)
 		if f.heldOnly {
 			// No run without the snapshot to compare with: the held run's figures alone.
-			fmt.Fprintf(out, "%-46s %12s\n", title+", held snapshot", held)
+			tb.row(title+", held snapshot", held.String())
 		} else {
-			fmt.Fprintf(out, "%-46s %12s\n", title, lat)
+			tb.row(title, lat.String())
 		}
 		if f.held && !f.heldOnly {
-			fmt.Fprintf(out, "%-46s %12s %12s %7.2f\n", "  with a held snapshot (ms)", held, "p99 ratio", held.p99/lat.p99)
+			tb.row("  with a held snapshot (ms)", held.String(), "p99 ratio", fmt.Sprintf("%.2f", held.p99/lat.p99))
 		}
 	}
 	if len(runs) > 0 {
-		fmt.Fprintf(out, "%-46s %12.0f\n", "peak RSS after the drains (MiB)", peak)
+		tb.row("peak RSS after the drains (MiB)", fmt.Sprintf("%.0f", peak))
 	}
-	return nil
+	_, err := io.WriteString(out, "\n"+tb.String())
+	return err
+}
+
+// benchTable is bench's result table: the first column left-aligned, the others right-aligned,
+// each as wide as its widest cell, so that every row's figures line up under the headers.
+type benchTable struct{ rows [][]string }
+
+func (t *benchTable) row(cells ...string) { t.rows = append(t.rows, cells) }
+
+func (t *benchTable) String() string {
+	var width []int
+	for _, r := range t.rows {
+		for i, c := range r {
+			if i == len(width) {
+				width = append(width, 0)
+			}
+			width[i] = max(width[i], utf8.RuneCountInString(c))
+		}
+	}
+	var b strings.Builder
+	for _, r := range t.rows {
+		for i, c := range r {
+			pad := strings.Repeat(" ", width[i]-utf8.RuneCountInString(c))
+			if i == 0 {
+				b.WriteString(c + pad)
+				continue
+			}
+			b.WriteString("  " + pad + c)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
 }
 
 // seed writes n events (keys = 0: unordered; else over that many keys) with EnqueueMany, 1,000

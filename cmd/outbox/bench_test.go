@@ -64,8 +64,57 @@ func TestBench(t *testing.T) {
 			if !strings.Contains(out, "2 rounds (medians), 1500 events per drain") {
 				t.Fatalf("header: %s", out)
 			}
+			checkBenchColumns(t, out)
 		})
 	}
+}
+
+// benchCell is one cell of a bench table row: a run of text whose words are one space apart,
+// cells being two or more spaces apart.
+var benchCell = regexp.MustCompile(`\S+(?: \S+)*`)
+
+// checkBenchColumns checks that the result table of a bench output lines up: in every row
+// after the "measure" header, each figure ends where its column's header ends.
+func checkBenchColumns(t *testing.T, out string) {
+	t.Helper()
+	_, table, ok := strings.Cut(out, "\nmeasure ")
+	if !ok {
+		t.Fatalf("no table in:\n%s", out)
+	}
+	lines := strings.Split(strings.TrimRight("measure "+table, "\n"), "\n")
+	var ends []int
+	for _, m := range benchCell.FindAllStringIndex(lines[0], -1)[1:] {
+		ends = append(ends, m[1])
+	}
+	if len(ends) != 3 {
+		t.Fatalf("header %q: want 3 columns after the first", lines[0])
+	}
+	for _, l := range lines[1:] {
+		cells := benchCell.FindAllStringIndex(l, -1)
+		if len(cells) < 2 || len(cells) > 4 {
+			t.Errorf("row %q: %d cells", l, len(cells))
+			continue
+		}
+		for i, c := range cells[1:] {
+			if c[1] != ends[i] {
+				t.Errorf("misaligned row: column %d ends at %d, its header at %d:\n%s\n%s", i+2, c[1], ends[i], lines[0], l)
+			}
+		}
+	}
+}
+
+// TestBenchOneRound: a one-round bench says "1 round", and its table lines up, the latency
+// rows (wider figures, a longer title) included.
+func TestBenchOneRound(t *testing.T) {
+	db, _ := sqliteBackend().fresh(t)
+	out := mustRun(t, nil, "bench", "--db", db, "--events", "300", "--rounds", "1", "--tx", "50", "--writers", "2", "--rate", "100", "--duration", "1s")
+	if !strings.Contains(out, ", 1 round (medians), 300 events per drain\n") {
+		t.Fatalf("header: %s", out)
+	}
+	if !regexp.MustCompile(`(?m)^  with a held snapshot \(ms\)`).MatchString(out) {
+		t.Fatalf("no held latency row in:\n%s", out)
+	}
+	checkBenchColumns(t, out)
 }
 
 // TestBenchWindows: --windows prints every 10 s window of a latency run, with the run's

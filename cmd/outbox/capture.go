@@ -27,6 +27,8 @@ func (f *captureFlags) register(cmd *cobra.Command, declaration bool) {
 	cmd.Flags().StringVar(&f.db, "db", "", "database URL: postgres://user:password@host:5432/dbname, sqlite://PATH or a path ending in .db (required)")
 	cmd.Flags().StringVar(&f.outboxTable, "outbox-table", outbox.DefaultTable, "outbox table name, optionally schema-qualified on PostgreSQL")
 	cmd.Flags().StringSliceVar(&f.tables, "table", nil, "captured table, optionally schema-qualified (repeat or comma-separate; required)")
+	markRequired(cmd, "db", "URL", "postgres://user:password@host:5432/dbname, sqlite://PATH or a path ending in .db")
+	markRequired(cmd, "table", "orders", "")
 	if !declaration {
 		return
 	}
@@ -113,6 +115,9 @@ func captureSubCmd(use, short string, decl, optionalTables bool, fn func(cmd *co
 		Use:   use,
 		Short: short,
 		Args:  cobra.NoArgs,
+		// capture reads no environment: its required flags are checked here (withEnv does it
+		// for the other commands).
+		PreRunE: func(cmd *cobra.Command, _ []string) error { return checkRequired(cmd, false) },
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return f.run(cmd, func(d *database, tables []capture.Table) error { return fn(cmd, &f, d, tables) })
 		},

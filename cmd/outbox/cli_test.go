@@ -202,13 +202,14 @@ type receiver struct {
 	ids      []string
 	order    map[string][]int // n per key, in arrival order (first arrivals only)
 	seen     map[string]bool
+	at       map[string]time.Time // first arrival per event id
 	badSig   int
 	requests int
 }
 
 // newReceiver answers every request with status after checking its signature.
-func newReceiver(t *testing.T, status int) *receiver {
-	r := &receiver{secret: "test-secret-" + randomHex(8), status: status, order: map[string][]int{}, seen: map[string]bool{}}
+func newReceiver(t testing.TB, status int) *receiver {
+	r := &receiver{secret: "test-secret-" + randomHex(8), status: status, order: map[string][]int{}, seen: map[string]bool{}, at: map[string]time.Time{}}
 	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		body, _ := io.ReadAll(req.Body)
 		r.mu.Lock()
@@ -227,6 +228,7 @@ func newReceiver(t *testing.T, status int) *receiver {
 		id := req.Header.Get(webhook.HeaderEventID)
 		if !r.seen[id] {
 			r.seen[id] = true
+			r.at[id] = time.Now()
 			r.ids = append(r.ids, id)
 			var p struct {
 				Key string `json:"key"`
@@ -239,6 +241,14 @@ func newReceiver(t *testing.T, status int) *receiver {
 	}))
 	t.Cleanup(r.Close)
 	return r
+}
+
+// arrived returns when id first arrived, and whether it has.
+func (r *receiver) arrived(id string) (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	at, ok := r.at[id]
+	return at, ok
 }
 
 func (r *receiver) received() []string {
@@ -350,7 +360,8 @@ func TestDatabaseErrors(t *testing.T) {
 // TestRelay: migrate, status on the empty table, events written with the library, a relay
 // (excluding one topic through the environment) to a signature-checking receiver until status
 // shows only the excluded topic pending, SIGTERM (exit 0), a second relay for the rest, and
-// cleanup of exactly the published events.
+// cleanup of exactly the published events (counted first: nothing without --yes, the counts
+// printed with --dry-run).
 func TestRelay(t *testing.T) {
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) { relayScenario(t, b) })
@@ -359,7 +370,7 @@ func TestRelay(t *testing.T) {
 
 // wakeupLines is the log line in which a relay on each backend says how it finds new events.
 var wakeupLines = map[string]string{
-	"postgres": `msg="outbox relay polls every --poll-interval" poll-interval=50ms wakeup=none`,
+	"postgres": `msg="outbox relay claims as soon as any writer commits: it probes the table's sequence every --wake-probe (every wake-probe-idle after a second without writes; no signal from writers needed, works through PgBouncer), and polls every --poll-interval" poll-interval=50ms wake-probe=5ms wake-probe-idle=50ms wakeup=probe`,
 	"sqlite":   `msg="outbox relay wakes on each commit to the SQLite file, and polls every --poll-interval" poll-interval=50ms wakeup=sqlite-wal`,
 	"mariadb":  `msg="outbox relay polls every --poll-interval: MariaDB/MySQL has no LISTEN/NOTIFY to wake it (lower --poll-interval for lower latency)" poll-interval=50ms wakeup=none`,
 }
@@ -469,7 +480,14 @@ func relayScenario(t *testing.T, b backend) {
 	rcv.mu.Unlock()
 	_ = auditIDs
 
-	out = mustRun(t, nil, "cleanup", "--db", db, "--table", table, "--published-older-than", "0s", "--dead-older-than", "0s")
+	cleanup := []string{"cleanup", "--db", db, "--table", table, "--published-older-than", "0s", "--dead-older-than", "0s"}
+	wantStderr(t, cli(t, nil, cleanup...), 2, "outbox: cleanup would delete 47 published events older than 0s and delete 0 dead-lettered events older than 0s; "+
+		"nothing was deleted: pass --yes to delete, or --dry-run to only count")
+	if out := mustRun(t, nil, append(cleanup, "--dry-run")...); out != "would delete 47 published events older than 0s (dry run: nothing deleted)\n"+
+		"would delete 0 dead-lettered events older than 0s (dry run: nothing deleted)\n" {
+		t.Fatalf("cleanup --dry-run said %q", out)
+	}
+	out = mustRun(t, nil, append(cleanup, "--yes")...)
 	if want := "deleted 47 published events older than 0s\ndeleted 0 dead-lettered events older than 0s\n"; out != want {
 		t.Fatalf("cleanup said %q, want %q", out, want)
 	}
@@ -509,7 +527,8 @@ func deadList(t *testing.T, db, table string, args ...string) []string {
 }
 
 // TestDeadLetters: events dead-lettered by a relay whose receiver answers 500 with
-// --max-attempts 1; list, retry and purge act exactly on what the filters select.
+// --max-attempts 1; list, retry and purge act exactly on what the filters select; purge
+// deletes only with --yes, naming the count without it and printing it with --dry-run.
 func TestDeadLetters(t *testing.T) {
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
@@ -569,14 +588,23 @@ func TestDeadLetters(t *testing.T) {
 			}
 			check("list after retry", deadList(t, db, table), append(slices.Clone(payA), ship))
 
-			if out := mustRun(t, nil, "dead", "purge", "--db", db, "--table", table, "--id", ship); out != "purged 1 dead-lettered event\n" {
+			if out := mustRun(t, nil, "dead", "purge", "--db", db, "--table", table, "--id", ship, "--yes"); out != "purged 1 dead-lettered event\n" {
 				t.Fatalf("purge --id said %q", out)
 			}
-			if out := mustRun(t, nil, "dead", "purge", "--db", db, "--table", table, "--topic", "pay.a", "--older-than", "1h"); out != "purged 0 dead-lettered events\n" {
+			if out := mustRun(t, nil, "dead", "purge", "--db", db, "--table", table, "--topic", "pay.a", "--older-than", "1h", "--yes"); out != "purged 0 dead-lettered events\n" {
 				t.Fatalf("purge --older-than said %q", out)
 			}
 			check("list after purge", deadList(t, db, table), payA)
-			if out := mustRun(t, nil, "dead", "purge", "--db", db, "--table", table, "--topic", "*"); out != "purged 3 dead-lettered events\n" {
+			// Without --yes nothing is deleted: the count is named; --dry-run only prints it.
+			purgeAll := []string{"dead", "purge", "--db", db, "--table", table, "--topic", "*"}
+			wantStderr(t, cli(t, nil, purgeAll...), 2, "outbox: dead purge would purge 3 dead-lettered events; nothing was deleted: pass --yes to delete, or --dry-run to only count")
+			wantStderr(t, cli(t, []string{"OUTBOX_YES=true"}, purgeAll...), 2, "outbox: dead purge would purge 3 dead-lettered events; nothing was deleted: pass --yes to delete, or --dry-run to only count")
+			if out := mustRun(t, nil, append(purgeAll, "--dry-run")...); out != "would purge 3 dead-lettered events (dry run: nothing deleted)\n" {
+				t.Fatalf("purge --dry-run said %q", out)
+			}
+			wantStderr(t, cli(t, nil, append(purgeAll, "--dry-run", "--yes")...), 2, "outbox: --yes and --dry-run do not go together: --dry-run only counts, --yes deletes")
+			check("list after purge without --yes", deadList(t, db, table), payA)
+			if out := mustRun(t, nil, append(purgeAll, "--yes")...); out != "purged 3 dead-lettered events\n" {
 				t.Fatalf("purge --topic * said %q", out)
 			}
 			if s := status(t, db, table); s.Pending != 2 || s.DeadLettered != 0 {

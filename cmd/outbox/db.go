@@ -201,7 +201,7 @@ type openOptions struct {
 func openDB(ctx context.Context, u dbURL, table string, opts openOptions) (*database, error) {
 	d := &database{url: u, schema: schemaFor(u.kind, table)}
 	if err := d.schema.Validate(); err != nil {
-		return nil, &usageError{fmt.Errorf("--table %q: %v", table, err)}
+		return nil, badFlag("table", fmt.Sprintf(" %q: %v", table, err))
 	}
 	switch u.kind {
 	case kindPostgres:
@@ -248,7 +248,7 @@ func (d *database) connectError(err error) error {
 	where := d.hostPort()
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return fmt.Errorf("PostgreSQL at %s refused the connection (%s, SQLSTATE %s): check the user, password and database name in --db %s", where, pgErr.Message, pgErr.Code, d.url.shown)
+		return &connectFailure{fmt.Errorf("PostgreSQL at %s refused the connection (%s, SQLSTATE %s): check the user, password and database name in --db %s", where, pgErr.Message, pgErr.Code, d.url.shown)}
 	}
 	return d.unreachable("PostgreSQL", where, errText(err), err)
 }
@@ -263,8 +263,14 @@ func (d *database) unreachable(server, where, cause string, err error) error {
 	} else if errors.Is(err, context.DeadlineExceeded) {
 		cause = "timed out"
 	}
-	return fmt.Errorf("cannot connect to %s at %s (%s): check that the server runs and that --db %s names the right host, port and database", server, where, oneLine(cause), d.url.shown)
+	return &connectFailure{fmt.Errorf("cannot connect to %s at %s (%s): check that the server runs and that --db %s names the right host, port and database", server, where, oneLine(cause), d.url.shown)}
 }
+
+// connectFailure is a failure to connect to the database server (down, unreachable, or
+// refusing the connection): one that may pass, which status --watch retries.
+type connectFailure struct{ error }
+
+func (e *connectFailure) Unwrap() error { return e.error }
 
 // hostPort is the server's address as host:port (or the PostgreSQL socket path); the SQLite
 // file's path.

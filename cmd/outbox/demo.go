@@ -37,12 +37,19 @@ type demoFlags struct {
 	keys           int
 	rollbackRate   float64
 	rate           float64
+	drainTx        int
+	drainSet       bool // --drain-transactions was given
 	failRate       float64
 	deadline       time.Duration
 	quiet, keep    bool
 	secret         string
 	allow          []string
 }
+
+// defaultDemoRate is the demo's default --rate in transactions per second (about 500 events/s):
+// well below what the relay delivers on any of the databases, so the latency shown is the one
+// of a relay that keeps up.
+const defaultDemoRate = 250
 
 // demoEvents are the topics a demo order goes through; a transaction writes the first 1–3.
 var demoEvents = []string{"demo.order.placed", "demo.order.paid", "demo.order.shipped"}
@@ -64,9 +71,17 @@ database is an SQLite file in a temporary directory and the sink is an HTTP rece
 127.0.0.1 that verifies every request's HMAC signature and refuses some requests on purpose
 (--fail-rate), so the relay retries them.
 
+The writers are paced at --rate transactions per second (about two events each), well below
+what the relay delivers, so the latency from COMMIT to receipt is the one an application sees
+while the relay keeps up; --rate 0 runs them as fast as the database takes them (the latency
+then includes the relay's backlog). Then the relay's throughput is measured on its own: with
+the relay stopped, --drain-transactions more transactions are written (over keys of their
+own), and the relay is started again and times how long it takes to deliver that backlog
+(with --to, only when --drain-transactions is given).
+
 The report says how many events were committed, rolled back and delivered, the duplicates,
-the per-key order violations, the latency from COMMIT to receipt and the throughput. Its last
-line is
+the per-key order violations, the latency from COMMIT to receipt, and the relay's throughput
+on the backlog. Its last line is
 
   delivered=N committed=N duplicates=D reordered=0 rolled_back_delivered=0
 
@@ -87,6 +102,7 @@ and drops them at the end unless --keep is given.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			f.drainSet = cmd.Flags().Changed("drain-transactions")
 			err := runDemo(ctx, f, cmd.OutOrStdout(), cmd.ErrOrStderr())
 			if err != nil && ctx.Err() != nil && cmd.Context().Err() == nil {
 				if f.keep {
@@ -104,7 +120,8 @@ and drops them at the end unless --keep is given.`,
 	fl.IntVar(&f.writers, "writers", 4, "concurrent writers")
 	fl.IntVar(&f.transactions, "transactions", 2000, "transactions in all, spread over the writers")
 	fl.IntVar(&f.keys, "keys", 50, "customers (ordering keys), spread over the writers")
-	fl.Float64Var(&f.rate, "rate", 0, "transactions per second, all writers together; 0 = as fast as the database takes them (latency then includes the relay's backlog)")
+	fl.Float64Var(&f.rate, "rate", defaultDemoRate, "transactions per second, all writers together (about 2 events each); 0 = as fast as the database takes them (latency then includes the relay's backlog)")
+	fl.IntVar(&f.drainTx, "drain-transactions", 1000, "transactions written with the relay stopped after the paced run, to time the relay on a backlog (at most --transactions); 0 = no drain phase; with --to only when given")
 	fl.Float64Var(&f.rollbackRate, "rollback-rate", 0.1, "fraction of transactions rolled back on purpose after publishing, 0..1")
 	fl.Float64Var(&f.failRate, "fail-rate", 0.02, "fraction of requests the built-in receiver refuses with 500 on purpose (they are retried with backoff), 0..0.5")
 	fl.DurationVar(&f.deadline, "deadline", 30*time.Second, "how long to wait for delivery after the last commit, a Go duration")
@@ -127,6 +144,8 @@ func (f demoFlags) validate() error {
 		return &usageError{fmt.Errorf("--rollback-rate %g: give 0..1", f.rollbackRate)}
 	case f.failRate < 0 || f.failRate > 0.5:
 		return &usageError{fmt.Errorf("--fail-rate %g: give 0..0.5", f.failRate)}
+	case f.drainTx < 0:
+		return &usageError{fmt.Errorf("--drain-transactions %d: give 0 (no drain phase) or more", f.drainTx)}
 	case f.rate < 0:
 		return &usageError{fmt.Errorf("--rate %g: give 0 (unlimited) or more", f.rate)}
 	case f.deadline <= 0:
@@ -221,57 +240,60 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 
 	w := wakeup.NewInProcess()
 	defer w.Close()
-	sub, err := outbox.NewSubscriber(d.handle(), outbox.SubscriberConfig{
-		Schema:       d.schema,
-		PollInterval: 200 * time.Millisecond,
-		BatchSize:    500,
-		MaxAttempts:  10,
-		RetryBase:    50 * time.Millisecond,
-		RetryMax:     time.Second,
-		Concurrency:  32,
-		Wakeup:       w,
-		Hooks:        outbox.Hooks{OnDelivered: func(outbox.DeliveredInfo) { tr.marked.Add(1) }},
-	}, logger)
-	if err != nil {
-		return err
-	}
 	var fcfg forwarder.Config
 	if s.fixedTopic != "" {
 		fcfg.Topic = func(string, *message.Message) string { return s.fixedTopic }
 	}
-	fwd, err := forwarder.New(sub, s.pub, fcfg, logger)
+	rel, err := startDemoRelay(ctx, d, w, s, fcfg, tr, logger)
 	if err != nil {
 		return err
 	}
-	relayCtx, stopRelay := context.WithCancel(ctx)
-	var relayErr error // set before relayDone is closed
-	relayDone := make(chan struct{})
-	go func() { relayErr = fwd.Run(relayCtx); close(relayDone) }()
-	stopped := false
-	stop := func() {
-		if !stopped {
-			stopped = true
-			stopRelay()
-			_ = fwd.Close()
-			<-relayDone
-		}
-	}
-	defer stop()
+	defer func() { rel.stop() }()
 
-	fmt.Fprintf(stdout, "outbox demo: %s, %s over %s, %s → %s\n", plural(int64(f.writers), "writer", "writers"),
-		plural(int64(f.transactions), "transaction", "transactions"), plural(int64(f.keys), "key", "keys"), d.where(), s.name)
+	pace := "unpaced (--rate 0)"
+	if f.rate > 0 {
+		pace = fmt.Sprintf("at %g/s (--rate)", f.rate)
+	}
+	fmt.Fprintf(stdout, "outbox demo: %s, %s %s over %s, %s → %s\n", plural(int64(f.writers), "writer", "writers"),
+		plural(int64(f.transactions), "transaction", "transactions"), pace, plural(int64(f.keys), "key", "keys"), d.where(), s.name)
 	bar := startProgress(stderr, f.quiet, tr)
 
-	// The writers.
+	// The writers, paced, with the relay running: the latency.
 	tr.writing.Store(true)
-	werr := writeDemo(ctx, d, business, w, f, tr)
+	werr := writeDemo(ctx, d, business, w, f, tr, demoPhase{keyPrefix: "customer-"})
 	tr.writing.Store(false)
 	var waitErr error
 	if werr == nil {
-		waitErr = waitDelivered(ctx, sub, tr, f.deadline, relayDone, &relayErr)
+		waitErr = waitDelivered(ctx, rel, tr, f.deadline)
+	}
+	paced := tr.report()
+	// The drain: a backlog written with the relay stopped, then delivered by a new relay: the
+	// relay's throughput.
+	var drain *demoDrain
+	n := min(f.drainTx, f.transactions)
+	if f.to != "" && !f.drainSet {
+		n = 0 // the drain phase runs with the built-in receiver, or when asked for
+	}
+	if n > 0 && werr == nil && waitErr == nil {
+		rel.stop()
+		df := f
+		df.rate, df.transactions = 0, n
+		tr.writing.Store(true)
+		werr = writeDemo(ctx, d, business, w, df, tr, demoPhase{keyPrefix: "backlog-customer-", firstOrder: f.transactions})
+		tr.writing.Store(false)
+		if werr == nil {
+			before := tr.nReceived.Load()
+			started := time.Now()
+			if rel, err = startDemoRelay(ctx, d, w, s, fcfg, tr, logger); err != nil {
+				return err
+			}
+			if waitErr = waitDelivered(ctx, rel, tr, f.deadline); waitErr == nil {
+				drain = &demoDrain{transactions: n, events: tr.nReceived.Load() - before, took: tr.lastReceipt().Sub(started)}
+			}
+		}
 	}
 	bar.stop()
-	stop()
+	rel.stop()
 	s.close()
 	if werr != nil {
 		return werr
@@ -284,6 +306,8 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 	}
 
 	r := tr.report()
+	// Latency and the write rate are the paced run's; the counts and checks cover both phases.
+	r.P50, r.P99, r.Max, r.Throughput, r.Elapsed, r.WriteRate, r.TxRate, r.Drain = paced.P50, paced.P99, paced.Max, paced.Throughput, paced.Elapsed, paced.WriteRate, paced.TxRate, paced.Drain
 	var extra []string
 	if s.receiver {
 		extra = append(extra, signaturesLine(tr.verified.Load(), tr.rejected.Load(), tr.refused.Load()))
@@ -296,6 +320,9 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 	if note := backlogNote(f.rate, r); note != "" {
 		after = append(after, note)
 	}
+	if drain != nil {
+		after = append(after, drain.line())
+	}
 	if f.keep {
 		after = append(after, keptLines(d, u, tempDir, table, business)...)
 	}
@@ -304,6 +331,76 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 		return &failedError{msg}
 	}
 	return nil
+}
+
+// demoRelay is one run of the demo's relay: a Subscriber and a forwarder into the sink.
+type demoRelay struct {
+	sub     *outbox.Subscriber
+	fwd     *forwarder.Forwarder
+	cancel  context.CancelFunc
+	done    chan struct{}
+	err     error // the forwarder's Run result, set before done is closed
+	stopped bool
+}
+
+// startDemoRelay starts a relay of d's outbox table into the sink s.
+func startDemoRelay(ctx context.Context, d *database, w *wakeup.InProcess, s *demoSink, fcfg forwarder.Config, tr *tracker, logger watermill.LoggerAdapter) (*demoRelay, error) {
+	sub, err := outbox.NewSubscriber(d.handle(), outbox.SubscriberConfig{
+		Schema:       d.schema,
+		PollInterval: 200 * time.Millisecond,
+		BatchSize:    500,
+		MaxAttempts:  10,
+		RetryBase:    50 * time.Millisecond,
+		RetryMax:     time.Second,
+		Concurrency:  32,
+		Wakeup:       w,
+		Hooks:        outbox.Hooks{OnDelivered: func(outbox.DeliveredInfo) { tr.marked.Add(1) }},
+	}, logger)
+	if err != nil {
+		return nil, err
+	}
+	fwd, err := forwarder.New(sub, s.pub, fcfg, logger)
+	if err != nil {
+		_ = sub.Close()
+		return nil, err
+	}
+	r := &demoRelay{sub: sub, fwd: fwd, done: make(chan struct{})}
+	var rctx context.Context
+	rctx, r.cancel = context.WithCancel(ctx)
+	go func() { r.err = fwd.Run(rctx); close(r.done) }()
+	return r, nil
+}
+
+// stop stops the relay and waits for it; idempotent.
+func (r *demoRelay) stop() {
+	if r.stopped {
+		return
+	}
+	r.stopped = true
+	r.cancel()
+	_ = r.fwd.Close()
+	<-r.done
+}
+
+// demoPhase tells the writers their customers (keyPrefix and a number) and the number of
+// their first order: the drain phase writes over keys and orders of its own.
+type demoPhase struct {
+	keyPrefix  string
+	firstOrder int
+}
+
+// demoDrain is the drain phase's outcome: the backlog and how long a new relay took to
+// deliver it, from its start to the last receipt.
+type demoDrain struct {
+	transactions int
+	events       int64
+	took         time.Duration
+}
+
+// line is the report's line on the drain phase.
+func (d demoDrain) line() string {
+	return fmt.Sprintf("relay throughput    %.0f events/s: a backlog of %s (%s written with the relay stopped) delivered in %s",
+		float64(d.events)/max(d.took.Seconds(), 1e-3), plural(d.events, "event", "events"), plural(int64(d.transactions), "transaction", "transactions"), d.took.Round(time.Millisecond))
 }
 
 // signaturesLine is the report's line on the built-in receiver's checks.
@@ -371,7 +468,7 @@ func keptLines(d *database, u dbURL, tempDir, table, business string) []string {
 }
 
 // writeDemo runs the writers and returns the first error other than a purposeful rollback.
-func writeDemo(ctx context.Context, d *database, business string, w *wakeup.InProcess, f demoFlags, tr *tracker) error {
+func writeDemo(ctx context.Context, d *database, business string, w *wakeup.InProcess, f demoFlags, tr *tracker, ph demoPhase) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
@@ -408,7 +505,7 @@ func writeDemo(ctx context.Context, d *database, business string, w *wakeup.InPr
 			defer wg.Done()
 			var own []string
 			for k := wr; k < f.keys; k += f.writers {
-				own = append(own, fmt.Sprintf("customer-%03d", k))
+				own = append(own, fmt.Sprintf("%s%03d", ph.keyPrefix, k))
 			}
 			seq := map[string]int{}
 			rng := rand.New(rand.NewPCG(rand.Uint64(), uint64(wr)))
@@ -419,7 +516,7 @@ func writeDemo(ctx context.Context, d *database, business string, w *wakeup.InPr
 				cust := own[rng.IntN(len(own))]
 				events := 1 + rng.IntN(len(demoEvents))
 				rollback := rng.Float64() < f.rollbackRate
-				order := fmt.Sprintf("order-%06d", n)
+				order := fmt.Sprintf("order-%06d", ph.firstOrder+n)
 				amount := 100 + rng.IntN(100000)
 				var (
 					ids  []string
@@ -478,7 +575,8 @@ func writeDemo(ctx context.Context, d *database, business string, w *wakeup.InPr
 // waitDelivered waits until every committed event has arrived and nothing is pending, or
 // deadline passes (context.DeadlineExceeded).
 // A relay that stops by itself (it could not subscribe) ends the wait with its error.
-func waitDelivered(ctx context.Context, sub *outbox.Subscriber, tr *tracker, deadline time.Duration, relayDone <-chan struct{}, relayErr *error) error {
+func waitDelivered(ctx context.Context, rel *demoRelay, tr *tracker, deadline time.Duration) error {
+	sub := rel.sub
 	ctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
 	tick := time.NewTicker(20 * time.Millisecond)
@@ -496,8 +594,8 @@ func waitDelivered(ctx context.Context, sub *outbox.Subscriber, tr *tracker, dea
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-relayDone:
-			return fmt.Errorf("the relay stopped: %v", *relayErr)
+		case <-rel.done:
+			return fmt.Errorf("the relay stopped: %v", rel.err)
 		case <-tick.C:
 		}
 	}

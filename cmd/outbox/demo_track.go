@@ -142,6 +142,19 @@ func (t *tracker) receive(id string, payload []byte, at time.Time) {
 	}
 }
 
+// lastReceipt is when the last first receipt of an event happened (zero before any).
+func (t *tracker) lastReceipt() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var last time.Time
+	for _, at := range t.received {
+		if at.After(last) {
+			last = at
+		}
+	}
+	return last
+}
+
 // missing counts committed events not received yet.
 func (t *tracker) missing() int {
 	t.mu.Lock()

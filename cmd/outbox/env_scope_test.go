@@ -42,7 +42,7 @@ func TestPurgeByIDNotWidenedByEnv(t *testing.T) {
 	ids := b.publish(t, db, table, []testEvent{{"orders.a", "k1", 1}, {"orders.b", "k2", 1}, {"pay.x", "k3", 1}})
 	deadLetterAll(t, db, table)
 
-	r := cli(t, []string{"OUTBOX_TOPICS=orders.*"}, "dead", "purge", "--db", db, "--table", table, "--id", ids[2])
+	r := cli(t, []string{"OUTBOX_TOPICS=orders.*"}, "dead", "purge", "--db", db, "--table", table, "--id", ids[2], "--yes")
 	left := deadList(t, db, table)
 	if r.code != 0 || r.stdout != "purged 1 dead-lettered event\n" || len(left) != 2 {
 		t.Fatalf("dead purge --id %s with OUTBOX_TOPICS=orders.* in the environment: exit %d, said %q; dead letters left %d, want 2 (only the one id purged)",

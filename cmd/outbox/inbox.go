@@ -25,6 +25,7 @@ type inboxFlags struct {
 
 func (f *inboxFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.db, "db", "", "database URL: postgres://user:password@host:5432/dbname, sqlite://PATH or a path ending in .db (required)")
+	markRequired(cmd, "db", "URL", "postgres://user:password@host:5432/dbname, sqlite://PATH or a path ending in .db")
 	cmd.Flags().StringVar(&f.table, "table", inbox.DefaultTable, "inbox table name, optionally schema-qualified on PostgreSQL")
 	// OUTBOX_TABLE names the outbox table of the other commands, never the inbox.
 	_ = cmd.Flags().SetAnnotation("table", envAnnotation, []string{envPrefix + "INBOX_TABLE"})
@@ -44,7 +45,7 @@ func (f *inboxFlags) open(ctx context.Context, create bool) (*database, inbox.Sc
 		cfg.Dialect = outbox.DialectSQLite
 	}
 	if err := cfg.Validate(); err != nil {
-		return nil, cfg, &usageError{fmt.Errorf("--table %q: %v", f.table, err)}
+		return nil, cfg, badFlag("table", fmt.Sprintf(" %q: %v", f.table, err))
 	}
 	d, err := openDB(ctx, u, outbox.DefaultTable, openOptions{create: create})
 	if err != nil {
@@ -177,11 +178,8 @@ given), in batches so no lock is held long. A message redelivered after its reco
 processed again: keep records longer than any redelivery can come.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if !cmd.Flags().Changed("older-than") {
-				return &usageError{fmt.Errorf("--older-than is required, e.g. --older-than 168h (7 days)")}
-			}
 			if olderThan < 0 {
-				return &usageError{fmt.Errorf("--older-than %s is negative: give a duration such as 168h, or 0s for every record", olderThan)}
+				return badFlag("older-than", fmt.Sprintf(" %s is negative: give a duration such as 168h, or 0s for every record", olderThan))
 			}
 			ctx := cmd.Context()
 			d, cfg, err := f.open(ctx, false)
@@ -203,6 +201,7 @@ processed again: keep records longer than any redelivery can come.`,
 	}
 	f.register(cmd)
 	cmd.Flags().DurationVar(&olderThan, "older-than", 0, "delete records processed more than this long ago, a Go duration (\"168h\"); required")
+	markRequired(cmd, "older-than", "168h", "")
 	cmd.Flags().StringVar(&consumer, "consumer", "", "only this consumer's records; empty = every consumer")
 	return withEnv(cmd)
 }

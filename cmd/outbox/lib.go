@@ -52,6 +52,11 @@ func purgeDead(ctx context.Context, _ *database, sub *outbox.Subscriber, f deadF
 	return sub.PurgeDeadLettered(ctx, f)
 }
 
+// countDead counts the selected dead letters (what purgeDead would delete).
+func countDead(ctx context.Context, _ *database, sub *outbox.Subscriber, f deadFilter) (int64, error) {
+	return sub.CountDeadLettered(ctx, f)
+}
+
 // retryDead gives the selected dead letters fresh attempts.
 func retryDead(ctx context.Context, _ *database, sub *outbox.Subscriber, f deadFilter) (int64, error) {
 	return sub.RetryDeadLettered(ctx, f)

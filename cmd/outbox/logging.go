@@ -18,6 +18,17 @@ import (
 // forwarder.New) a logger that does this; see newSlogLogger.
 const routerHandlerError = "Handler returned error"
 
+// quietInfo are the INFO messages of Watermill's Router (as each forwarder runs one), of the
+// webhook publisher's Close and of the Subscriber's wake probe that the command logs at DEBUG:
+// the relay's own start, wakeup, stop and stopped lines say the same once. Their WARN and ERROR
+// lines keep their levels.
+var quietInfo = map[string]bool{
+	"Adding handler": true, "Running router handlers": true, "Starting handler": true,
+	"Closing router": true, "Subscriber stopped": true, "Waiting for messages": true,
+	"All messages processed": true, "Router closed": true, "Webhook publisher closed": true,
+	"outbox: wake probe on: the relay claims within about one interval of any writer's commit (it probes the table's sequence; every idle interval after a second without writes)": true,
+}
+
 // slogLogger is the command's watermill.LoggerAdapter on log/slog, with a real WARN level
 // (outbox.WarnLogger) and Watermill's trace level as slog level -8 ("TRACE"). Fields are
 // written sorted by name. Safe for concurrent use.
@@ -88,7 +99,12 @@ func (s slogLogger) Warn(msg string, err error, fields watermill.LogFields) {
 	s.log(slog.LevelWarn, msg, err, fields)
 }
 
+// Info logs at INFO, except the lines of quietInfo, at DEBUG.
 func (s slogLogger) Info(msg string, fields watermill.LogFields) {
+	if quietInfo[msg] {
+		s.log(slog.LevelDebug, msg, nil, fields)
+		return
+	}
 	s.log(slog.LevelInfo, msg, nil, fields)
 }
 func (s slogLogger) Debug(msg string, fields watermill.LogFields) {

@@ -5,8 +5,12 @@
 //	outbox relay   --db URL --to URL             # deliver events to Kafka, RabbitMQ, Redis or a webhook
 //	outbox status  --db URL                      # backlog: pending, oldest pending age, dead letters
 //	outbox dead list|retry|purge --db URL …      # inspect and act on dead-lettered events
-//	outbox cleanup --db URL --published-older-than 168h
+//	outbox cleanup --db URL --published-older-than 168h --yes
 //	outbox inbox migrate|status|cleanup --db URL …  # the consumer inbox table (package inbox)
+//	outbox version                               # module version, VCS commit and Go version (also --version)
+//
+// dead purge and cleanup count what they would delete first: without --yes they delete nothing
+// and exit 2 naming the count; --dry-run prints the count and exits 0.
 //
 // Database URLs: postgres://… or postgresql://… (PostgreSQL, through a pgx pool);
 // mysql://user:password@host:3306/dbname or mariadb://… (MariaDB 10.6+ or MySQL 8, through
@@ -105,6 +109,8 @@ OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environme
 		SilenceUsage:  true,
 	}
 	root.CompletionOptions.HiddenDefaultCmd = true
+	root.Version = readBuildInfo().String()
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
@@ -131,6 +137,7 @@ OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environme
 		newBenchCmd(),
 		newInboxCmd(),
 		newCaptureCmd(),
+		newVersionCmd(),
 	)
 	return root
 }
@@ -247,6 +254,110 @@ func plural(n int64, one, many string) string {
 	return fmt.Sprintf("%d %s", n, many)
 }
 
+// flagError is a bad value of one flag, a usage error. Error is "--name" and reason; when the
+// value came from the environment (withEnv fills env), it names the variable instead:
+// `environment variable OUTBOX_NAME="value" (it sets --name)` and reason.
+type flagError struct {
+	flag   string // the flag's name, without dashes
+	reason string // what follows the flag's name, with its separator: " must be positive", ": …"
+	env    string // `OUTBOX_NAME="value"` when the value came from the environment
+}
+
+func (e *flagError) Error() string {
+	if e.env == "" {
+		return "--" + e.flag + e.reason
+	}
+	return fmt.Sprintf("environment variable %s (it sets --%s)%s", e.env, e.flag, e.reason)
+}
+
+// badFlag returns the usage error of a bad value of flag name (see flagError).
+func badFlag(name, reason string) error {
+	return &usageError{&flagError{flag: name, reason: reason}}
+}
+
+// checkList returns a usage error when a list flag (names: its spellings, the documented one
+// first) was given, on the command line or through the environment, with no value or a blank
+// one: an empty --topics must not mean the same as leaving the flag out (all topics).
+func checkList(fs *pflag.FlagSet, list []string, what string, names ...string) error {
+	for _, n := range names {
+		if !fs.Changed(n) {
+			continue
+		}
+		for _, v := range list {
+			if strings.TrimSpace(v) == "" {
+				return badFlag(n, fmt.Sprintf(" has a blank entry: give %s, or leave the flag out", what))
+			}
+		}
+		if len(list) == 0 {
+			return badFlag(n, fmt.Sprintf(" is empty: give %s, or leave the flag out", what))
+		}
+	}
+	return nil
+}
+
+// flagEnv is the environment variable of f under withEnv: envName, or the variable f's
+// envAnnotation names.
+func flagEnv(f *pflag.Flag) string {
+	if len(f.Annotations[envAnnotation]) == 1 {
+		return f.Annotations[envAnnotation][0]
+	}
+	return envName(f.Name)
+}
+
+// requiredAnnotation marks a flag a command cannot run without; its values are an example
+// value for the message ("URL", "168h") and what the value may look like ("" for nothing to
+// say). See markRequired and checkRequired.
+const requiredAnnotation = "outbox_required"
+
+// markRequired marks cmd's flag name required, with example as its value in the message and
+// forms ("" for none) saying what values it accepts.
+func markRequired(cmd *cobra.Command, name, example, forms string) {
+	_ = cmd.Flags().SetAnnotation(name, requiredAnnotation, []string{example, forms})
+}
+
+// checkRequired returns one usage error naming every required flag (markRequired) of cmd that
+// was not given, or given empty; with env, the command reads the environment (withEnv) and the
+// message names the variables too. Cobra's own check (MarkFlagRequired) runs before withEnv
+// fills the flags from the environment, and names the missing flags without an example.
+func checkRequired(cmd *cobra.Command, env bool) error {
+	var names, examples, vars, forms []string
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		ann := f.Annotations[requiredAnnotation]
+		if len(ann) != 2 || f.Changed && f.Value.String() != "" && f.Value.String() != "[]" {
+			return
+		}
+		names = append(names, "--"+f.Name)
+		examples = append(examples, "--"+f.Name+" "+ann[0])
+		vars = append(vars, flagEnv(f))
+		if ann[1] != "" {
+			forms = append(forms, "--"+f.Name+": "+ann[1])
+		}
+	})
+	if len(names) == 0 {
+		return nil
+	}
+	verb := "is"
+	if len(names) > 1 {
+		verb = "are"
+	}
+	msg := fmt.Sprintf("%s %s required: pass %s", andList(names), verb, strings.Join(examples, " "))
+	if env {
+		msg += ", or set " + andList(vars)
+	}
+	if len(forms) > 0 {
+		msg += " (" + strings.Join(forms, "; ") + ")"
+	}
+	return &usageError{fmt.Errorf("%s (see %s --help)", msg, cmd.CommandPath())}
+}
+
+// andList joins s as "a", "a and b", "a, b and c".
+func andList(s []string) string {
+	if len(s) < 2 {
+		return strings.Join(s, "")
+	}
+	return strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
+}
+
 // envName returns the environment variable of flag name.
 func envName(name string) string {
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
@@ -260,27 +371,29 @@ const selectAnnotation = "outbox_select"
 // envAnnotation names a flag's environment variable when it is not envName's.
 const envAnnotation = "outbox_env"
 
+// noEnvAnnotation marks a flag that only the command line sets (--yes): a confirmation left
+// in the environment would confirm every later run.
+const noEnvAnnotation = "outbox_no_env"
+
 // withEnv makes every flag of cmd settable through its environment variable (envName) when it
 // is not given on the command line, and appends "(env NAME)" to each flag's usage. It wraps
-// cmd's PreRunE.
+// cmd's PreRunE, and its RunE so that a flagError of a flag the environment set names the
+// variable.
 // Hidden spellings (aliasFlag) have no variable: OUTBOX_TOPICS is relay --topics' alone. A flag
-// annotated with envAnnotation uses the variable it names.
+// annotated with envAnnotation uses the variable it names; one annotated with noEnvAnnotation
+// has none.
 func withEnv(cmd *cobra.Command) *cobra.Command {
-	// flagEnv is envName, or the variable a flag's envAnnotation names.
-	flagEnv := func(f *pflag.Flag) string {
-		if len(f.Annotations[envAnnotation]) == 1 {
-			return f.Annotations[envAnnotation][0]
-		}
-		return envName(f.Name)
-	}
 	cmd.Flags().VisitAll(func(f *pflag.Flag) {
-		if f.Name == "help" {
+		if f.Name == "help" || f.Annotations[noEnvAnnotation] != nil {
 			return
 		}
 		f.Usage += " (env " + flagEnv(f) + ")"
 	})
+	// fromEnv maps each flag the environment set to `NAME="value"`, for flagError.
+	fromEnv := map[string]string{}
 	prev := cmd.PreRunE
 	cmd.PreRunE = func(c *cobra.Command, args []string) error {
+		clear(fromEnv)
 		var errs []error
 		// A flag and its hidden alias (aliasFlag) share one Value: the environment fills it only
 		// when neither was given, and only once.
@@ -293,7 +406,7 @@ func withEnv(cmd *cobra.Command) *cobra.Command {
 			}
 		})
 		c.Flags().VisitAll(func(f *pflag.Flag) {
-			if f.Changed || f.Name == "help" || f.Hidden || set[f.Value] || selected && f.Annotations[selectAnnotation] != nil {
+			if f.Changed || f.Name == "help" || f.Hidden || set[f.Value] || selected && f.Annotations[selectAnnotation] != nil || f.Annotations[noEnvAnnotation] != nil {
 				return
 			}
 			v, ok := os.LookupEnv(flagEnv(f))
@@ -307,14 +420,28 @@ func withEnv(cmd *cobra.Command) *cobra.Command {
 			}
 			f.Changed = true
 			set[f.Value] = true
+			fromEnv[f.Name] = fmt.Sprintf("%s=%q", flagEnv(f), v)
 		})
 		if err := errors.Join(errs...); err != nil {
 			return &usageError{err}
+		}
+		if err := checkRequired(c, true); err != nil {
+			return err
 		}
 		if prev != nil {
 			return prev(c, args)
 		}
 		return nil
+	}
+	if run := cmd.RunE; run != nil {
+		cmd.RunE = func(c *cobra.Command, args []string) error {
+			err := run(c, args)
+			var fe *flagError
+			if errors.As(err, &fe) {
+				fe.env = fromEnv[fe.flag]
+			}
+			return err
+		}
 	}
 	return cmd
 }

@@ -149,8 +149,10 @@ type process struct {
 	waitEr error
 }
 
-// start runs the binary in the background; the test's cleanup kills it if still running.
-func start(t *testing.T, env []string, args ...string) *process {
+// start runs the binary in the background; the test's cleanup kills it if still running. When
+// the test failed, the cleanup prints the process's stdout and stderr (the relay's log), so that
+// every failure of a test with a relay process shows what the relay did.
+func start(t testing.TB, env []string, args ...string) *process {
 	t.Helper()
 	p := &process{cmd: exec.Command(binary, args...), done: make(chan struct{})}
 	p.cmd.Env = cleanEnv(env)
@@ -159,6 +161,11 @@ func start(t *testing.T, env []string, args ...string) *process {
 		t.Fatal(err)
 	}
 	go func() { p.waitEr = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() { // runs after the kill below
+		if t.Failed() {
+			t.Logf("outbox %s\n--- its stdout:\n%s\n--- its stderr:\n%s", strings.Join(args, " "), p.out.String(), p.errb.String())
+		}
+	})
 	t.Cleanup(func() {
 		select {
 		case <-p.done:
@@ -197,7 +204,7 @@ func (p *process) runUntil(t *testing.T, what string, cond func() bool) {
 
 // stop sends SIGTERM and returns the exit status (failing the test when it does not exit
 // within 30 s).
-func (p *process) stop(t *testing.T) int {
+func (p *process) stop(t testing.TB) int {
 	t.Helper()
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		t.Fatal(err)

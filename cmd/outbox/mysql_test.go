@@ -276,10 +276,10 @@ func TestMariaDBEndToEnd(t *testing.T) {
 	if out := mustRun(t, nil, "dead", "list", "--db", db, "--table", table); out != "no dead letters\n" {
 		t.Fatalf("dead list said %q", out)
 	}
-	if out := mustRun(t, nil, "dead", "purge", "--db", db, "--table", table, "--topic", "*"); out != "purged 0 dead-lettered events\n" {
+	if out := mustRun(t, nil, "dead", "purge", "--db", db, "--table", table, "--topic", "*", "--yes"); out != "purged 0 dead-lettered events\n" {
 		t.Fatalf("dead purge said %q", out)
 	}
-	out := mustRun(t, nil, "cleanup", "--db", db, "--table", table, "--published-older-than", "0s")
+	out := mustRun(t, nil, "cleanup", "--db", db, "--table", table, "--published-older-than", "0s", "--yes")
 	if want := fmt.Sprintf("deleted %d published events older than 0s\n", committed); out != want {
 		t.Fatalf("cleanup said %q, want %q", out, want)
 	}

@@ -58,15 +58,15 @@ func newRelayStats(f obsFlags) (*relayStats, error) {
 	if err := mcfg.Validate(); err != nil {
 		var ce *outbox.ConfigError
 		if errors.As(err, &ce) && ce.Field == "metrics.Config.BacklogInterval" {
-			return nil, &usageError{fmt.Errorf("--backlog-interval: %s", ce.Reason)}
+			return nil, badFlag("backlog-interval", fmt.Sprintf(": %s", ce.Reason))
 		}
-		return nil, &usageError{fmt.Errorf("--metrics-topic: %s", ce.Reason)}
+		return nil, badFlag("metrics-topic", fmt.Sprintf(": %s", ce.Reason))
 	}
 	if f.httpAddr == "" {
 		return s, nil
 	}
 	s.reg = prometheus.NewRegistry()
-	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), readBuildInfo().collector())
 	var err error
 	if s.rec, err = prom.New(s.reg); err != nil {
 		return nil, err
@@ -75,7 +75,7 @@ func newRelayStats(f obsFlags) (*relayStats, error) {
 		return nil, err
 	}
 	if s.ln, err = net.Listen("tcp", f.httpAddr); err != nil {
-		return nil, &usageError{fmt.Errorf("--http-addr: %w", err)}
+		return nil, badFlag("http-addr", fmt.Sprintf(": %v", err))
 	}
 	return s, nil
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -13,7 +14,9 @@ import (
 // TestRelayObservability runs the relay with --http-addr against a webhook that refuses one
 // event: /metrics counts 3 delivered, 1 failed and 1 dead-lettered, /healthz and /readyz answer
 // 200, the log has exactly one WARN line (the retry) and one ERROR line (the dead letter), no
-// router "Handler returned error" line, and a stop line with the summary.
+// router "Handler returned error" line, and a stop line with the summary; outbox_build_info
+// names the binary's version, commit and Go version. Each failure line gives the event id once
+// and the table as given; the INFO lines are the relay's own (the Router's are DEBUG).
 func TestRelayObservability(t *testing.T) {
 	b := postgresBackend()
 	db, table := b.fresh(t)
@@ -57,7 +60,8 @@ func TestRelayObservability(t *testing.T) {
 		return true
 	})
 	for series, want := range map[string]float64{`outbox_failed_total{topic="bad"}`: 1, `outbox_unavailable_total{topic="bad"}`: -1, `outbox_mark_failures_total`: 0,
-		`outbox_destination_call_duration_seconds_count{destination="webhook",outcome="ok"}`: 3, `outbox_destination_call_duration_seconds_count{destination="webhook",outcome="error"}`: 2} {
+		`outbox_destination_call_duration_seconds_count{destination="webhook",outcome="ok"}`:          3,
+		`outbox_build_info{commit="unknown",goversion="` + runtime.Version() + `",version="(devel)"}`: 1, `outbox_destination_call_duration_seconds_count{destination="webhook",outcome="error"}`: 2} {
 		if got := metric(body, series); got != want {
 			t.Errorf("%s = %v, want %v", series, got, want)
 		}
@@ -76,6 +80,20 @@ func TestRelayObservability(t *testing.T) {
 	}
 	if strings.Contains(log, "Handler returned error") {
 		t.Errorf("the router's duplicate line is logged:\n%s", log)
+	}
+	// Each failure line names the event once (its event_id field) and the table as given,
+	// with no quotes of SQL's inside the log's.
+	for _, l := range regexp.MustCompile(`(?m)^.* level=(WARN|ERROR) .*$`).FindAllString(log, -1) {
+		id := regexp.MustCompile(`event_id=(\S+)`).FindStringSubmatch(l)
+		if id == nil || strings.Count(l, id[1]) != 1 || !strings.Contains(l, " table="+table+" ") {
+			t.Errorf("failure line: want the event id once and table=%s:\n%s", table, l)
+		}
+	}
+	// Only the relay's own lines at INFO: the Router's start and stop lines are DEBUG.
+	for _, l := range regexp.MustCompile(`(?m)^.* level=INFO .*$`).FindAllString(log, -1) {
+		if !strings.Contains(l, `msg="outbox relay `) {
+			t.Errorf("INFO line not the relay's own:\n%s", l)
+		}
 	}
 	if count(`^time=\S+ level=INFO msg="outbox relay stopped" dead_lettered=1 delivered=3 failed=1 pending_at_stop=0 uptime=\d`) != 1 {
 		t.Errorf("no stop summary line:\n%s", log)

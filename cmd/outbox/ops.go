@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os/signal"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/watermill-outbox/outbox"
 )
@@ -24,6 +26,7 @@ type dbFlags struct {
 
 func (f *dbFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.db, "db", "", "database URL: "+dbFlagForms+" (required)")
+	markRequired(cmd, "db", "URL", dbFlagForms)
 	cmd.Flags().StringVar(&f.table, "table", outbox.DefaultTable, "outbox table name, optionally schema-qualified (PostgreSQL) or database-qualified (MariaDB/MySQL)")
 }
 
@@ -119,12 +122,14 @@ pending and no dead letters are left out).`,
 			if watch < 0 || watch > 0 && asJSON {
 				return &usageError{fmt.Errorf("--watch takes a positive interval and does not go with --json")}
 			}
+			if watch > 0 {
+				wctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+				defer stop()
+				r := &watchReader{f: &f}
+				defer r.close()
+				return watchStatus(wctx, cmd.OutOrStdout(), watch, r.read)
+			}
 			return f.withSubscriber(ctx, func(d *database, sub *outbox.Subscriber) error {
-				if watch > 0 {
-					wctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
-					defer stop()
-					return watchStatus(wctx, cmd.OutOrStdout(), watch, func(ctx context.Context) ([]topicBacklog, error) { return backlogByTopic(ctx, d, sub) })
-				}
 				topics, err := backlogByTopic(ctx, d, sub)
 				if err != nil {
 					return d.queryError("reading the backlog per topic", err)
@@ -137,6 +142,47 @@ pending and no dead letters are left out).`,
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
 	cmd.Flags().DurationVar(&watch, "watch", 0, "refresh the table every INTERVAL (e.g. 2s) until Ctrl-C, with each topic's pending change per second; 0 = print once")
 	return withEnv(cmd)
+}
+
+// watchReader reads the backlog for status --watch. It opens the database at its first read,
+// and again at the next read after an open that could not connect: a database down when the
+// watch starts is shown, and waited for, like one that goes down during it. Any other failed
+// open (a bad --db, a missing table) ends the watch (stopWatch).
+type watchReader struct {
+	f   *dbFlags
+	d   *database
+	sub *outbox.Subscriber
+}
+
+func (r *watchReader) read(ctx context.Context) ([]topicBacklog, error) {
+	if r.d == nil {
+		d, err := r.f.open(ctx, false)
+		var cf *connectFailure
+		switch {
+		case errors.As(err, &cf):
+			return nil, err
+		case err != nil:
+			return nil, &stopWatch{err}
+		}
+		sub, err := outbox.NewSubscriber(d.handle(), outbox.SubscriberConfig{Schema: d.schema}, nil)
+		if err != nil {
+			d.Close()
+			return nil, &stopWatch{err}
+		}
+		r.d, r.sub = d, sub
+	}
+	topics, err := backlogByTopic(ctx, r.d, r.sub)
+	if err != nil {
+		return nil, r.d.queryError("reading the backlog", err)
+	}
+	return topics, nil
+}
+
+func (r *watchReader) close() {
+	if r.d != nil {
+		_ = r.sub.Close()
+		r.d.Close()
+	}
 }
 
 // statusJSON is status --json's output.
@@ -227,6 +273,7 @@ func formatAge(d time.Duration) string {
 // deadFlags are the filter flags of the dead subcommands.
 type deadFlags struct {
 	dbFlags
+	fs        *pflag.FlagSet // the command's flags
 	topics    []string
 	ids       []string
 	olderThan time.Duration
@@ -234,6 +281,7 @@ type deadFlags struct {
 
 func (f *deadFlags) register(cmd *cobra.Command) {
 	f.dbFlags.register(cmd)
+	f.fs = cmd.Flags()
 	cmd.Flags().StringSliceVar(&f.topics, "topic", nil, "select dead letters whose topic matches PATTERN: exact, a prefix ending in '*' (\"orders.*\"), or '*' for all; repeatable or comma-separated")
 	aliasFlag(cmd, "topic", "topics")
 	cmd.Flags().StringSliceVar(&f.ids, "id", nil, "select the dead letter with this event id (UUID); repeatable or comma-separated")
@@ -246,21 +294,27 @@ func (f *deadFlags) register(cmd *cobra.Command) {
 // filter builds the dead-letter filter; with all set and no --topic/--id it selects every topic.
 func (f *deadFlags) filter(all bool) (deadFilter, error) {
 	var flt deadFilter
+	if err := checkList(f.fs, f.topics, topicPatternForm, "topic", "topics"); err != nil {
+		return flt, err
+	}
+	if err := checkList(f.fs, f.ids, "an event id (UUID) as `outbox dead list` shows it", "id"); err != nil {
+		return flt, err
+	}
 	for _, t := range f.topics {
 		if _, err := outbox.ParseTopicPattern(t); err != nil {
-			return flt, &usageError{fmt.Errorf("--topic %q is not a topic pattern: use an exact topic, a prefix ending in '*' (\"orders.*\") or '*' for all", t)}
+			return flt, badFlag("topic", fmt.Sprintf(" %q is not a topic pattern: use an exact topic, a prefix ending in '*' (\"orders.*\") or '*' for all", t))
 		}
 		flt.Topics = append(flt.Topics, t)
 	}
 	for _, s := range f.ids {
 		id, err := uuid.Parse(strings.TrimSpace(s))
 		if err != nil {
-			return flt, &usageError{fmt.Errorf("--id %q is not a UUID: give event ids as shown by `outbox dead list`", s)}
+			return flt, badFlag("id", fmt.Sprintf(" %q is not a UUID: give event ids as shown by `outbox dead list`", s))
 		}
 		flt.IDs = append(flt.IDs, id)
 	}
 	if f.olderThan < 0 {
-		return flt, &usageError{fmt.Errorf("--older-than %s is negative: give a duration such as 24h, or 0 for any age", f.olderThan)}
+		return flt, badFlag("older-than", fmt.Sprintf(" %s is negative: give a duration such as 24h, or 0 for any age", f.olderThan))
 	}
 	flt.OlderThan = f.olderThan
 	if len(flt.Topics) == 0 && len(flt.IDs) == 0 {
@@ -307,7 +361,7 @@ or "outbox dead purge".`,
 				return err
 			}
 			if limit < 1 || limit > outbox.MaxBatchSize {
-				return &usageError{fmt.Errorf("--limit %d: give 1..%d", limit, outbox.MaxBatchSize)}
+				return badFlag("limit", fmt.Sprintf(" %d: give 1..%d", limit, outbox.MaxBatchSize))
 			}
 			ctx := cmd.Context()
 			return f.withSubscriber(ctx, func(d *database, sub *outbox.Subscriber) error {
@@ -396,6 +450,42 @@ func clipFront(s string, n int) string {
 	return "…" + string(r[len(r)-n+1:])
 }
 
+// confirmFlags are --yes and --dry-run of a command that deletes: it counts what it would
+// delete first, deletes only with --yes, and with --dry-run only prints the count.
+type confirmFlags struct{ yes, dryRun bool }
+
+func (c *confirmFlags) register(cmd *cobra.Command) {
+	cmd.Flags().BoolVar(&c.yes, "yes", false, "delete: without it the command only counts what it would delete and fails, naming the count (command line only, no environment variable)")
+	_ = cmd.Flags().SetAnnotation("yes", noEnvAnnotation, []string{"true"})
+	cmd.Flags().BoolVar(&c.dryRun, "dry-run", false, "only count what would be deleted, print it and exit 0")
+}
+
+// check refuses --yes with --dry-run.
+func (c *confirmFlags) check() error {
+	if c.yes && c.dryRun {
+		return &usageError{errors.New("--yes and --dry-run do not go together: --dry-run only counts, --yes deletes")}
+	}
+	return nil
+}
+
+// counted reports whether the command may delete now that it has counted: with --dry-run it
+// prints each of would ("purge 3 dead-lettered events") on w and returns false; without --yes
+// it returns a usage error naming them; with --yes it returns true.
+func (c *confirmFlags) counted(w io.Writer, cmd string, would []string) (bool, error) {
+	if c.dryRun {
+		for _, s := range would {
+			if _, err := fmt.Fprintf(w, "would %s (dry run: nothing deleted)\n", s); err != nil {
+				return false, err
+			}
+		}
+		return false, nil
+	}
+	if !c.yes {
+		return false, &usageError{fmt.Errorf("%s would %s; nothing was deleted: pass --yes to delete, or --dry-run to only count", cmd, strings.Join(would, " and "))}
+	}
+	return true, nil
+}
+
 // deadAction is a dead subcommand that acts on the selected dead letters (at least one filter
 // is required) and reports how many it acted on.
 type deadAction struct {
@@ -404,12 +494,22 @@ type deadAction struct {
 	doing       string // what a failed act was doing, for queryError
 	done        string // the past tense that leads the report, e.g. "retried"
 	act         func(ctx context.Context, d *database, sub *outbox.Subscriber, f deadFilter) (int64, error)
+	// count, when set, makes the action destructive: it counts first and acts only with
+	// --yes (confirmFlags).
+	count func(ctx context.Context, d *database, sub *outbox.Subscriber, f deadFilter) (int64, error)
 }
 
 func (a deadAction) command() *cobra.Command {
-	var f deadFlags
+	var (
+		f deadFlags
+		c confirmFlags
+	)
+	use := a.name + " --db URL (--topic PATTERN | --id UUID)… [--older-than DURATION]"
+	if a.count != nil {
+		use += " (--yes | --dry-run)"
+	}
 	cmd := &cobra.Command{
-		Use:   a.name + " --db URL (--topic PATTERN | --id UUID)… [--older-than DURATION]",
+		Use:   use,
 		Short: a.short,
 		Long:  a.long,
 		Args:  noArgs,
@@ -418,8 +518,20 @@ func (a deadAction) command() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := c.check(); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			return f.withSubscriber(ctx, func(d *database, sub *outbox.Subscriber) error {
+				if a.count != nil {
+					n, err := a.count(ctx, d, sub, flt)
+					if err != nil {
+						return d.queryError("counting dead letters", err)
+					}
+					if ok, err := c.counted(cmd.OutOrStdout(), strings.TrimPrefix(cmd.CommandPath(), "outbox "), []string{a.name + " " + plural(n, "dead-lettered event", "dead-lettered events")}); !ok {
+						return err
+					}
+				}
 				n, err := a.act(ctx, d, sub, flt)
 				if err != nil {
 					return d.queryError(a.doing, err)
@@ -430,6 +542,9 @@ func (a deadAction) command() *cobra.Command {
 		},
 	}
 	f.register(cmd)
+	if a.count != nil {
+		c.register(cmd)
+	}
 	return withEnv(cmd)
 }
 
@@ -450,44 +565,70 @@ func newDeadPurgeCmd() *cobra.Command {
 		name:  "purge",
 		short: "Delete the selected dead letters for good (--topic '*' for all)",
 		long: `purge deletes the selected dead-lettered events. Their ordering keys are then no longer held:
-later events of those keys are delivered. This cannot be undone.`,
+later events of those keys are delivered. This cannot be undone.
+
+It counts the selected dead letters first. Without --yes it deletes nothing and fails (exit
+status 2), naming the count; --dry-run prints the count and exits 0; --yes deletes and prints
+how many it deleted.`,
 		doing: "purging dead letters",
 		done:  "purged",
 		act:   purgeDead,
+		count: countDead,
 	}.command()
 }
 
 func newCleanupCmd() *cobra.Command {
 	var (
 		f                         dbFlags
+		c                         confirmFlags
 		publishedOlder, deadOlder time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "cleanup --db URL --published-older-than DURATION [--dead-older-than DURATION]",
+		Use:   "cleanup --db URL --published-older-than DURATION [--dead-older-than DURATION] (--yes | --dry-run)",
 		Short: "Delete delivered (and optionally dead-lettered) events older than a duration",
 		Long: `cleanup deletes events published more than --published-older-than ago and, when
 --dead-older-than is given, events dead-lettered more than that long ago, in small batches so no
 lock is held long. Deleting an event frees its idempotency key: keep events at least as long as
-a producer may retry with the same key. The relay never cleans up by itself.`,
+a producer may retry with the same key. The relay never cleans up by itself.
+
+It counts what it would delete first. Without --yes it deletes nothing and fails (exit status
+2), naming the counts; --dry-run prints them and exits 0; --yes deletes and prints how many it
+deleted.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if !cmd.Flags().Changed("published-older-than") {
-				return &usageError{fmt.Errorf("--published-older-than is required, e.g. --published-older-than 168h (7 days)")}
-			}
 			if publishedOlder < 0 {
-				return &usageError{fmt.Errorf("--published-older-than %s is negative: give a duration such as 168h, or 0s for every published event", publishedOlder)}
+				return badFlag("published-older-than", fmt.Sprintf(" %s is negative: give a duration such as 168h, or 0s for every published event", publishedOlder))
 			}
 			if deadOlder < 0 {
-				return &usageError{fmt.Errorf("--dead-older-than %s is negative: give a duration such as 720h, or 0s for every dead letter", deadOlder)}
+				return badFlag("dead-older-than", fmt.Sprintf(" %s is negative: give a duration such as 720h, or 0s for every dead letter", deadOlder))
+			}
+			if err := c.check(); err != nil {
+				return err
 			}
 			ctx := cmd.Context()
+			withDead := cmd.Flags().Changed("dead-older-than")
 			return f.withSubscriber(ctx, func(d *database, sub *outbox.Subscriber) error {
-				n, err := sub.CleanupPublished(ctx, publishedOlder)
+				n, err := sub.CountPublished(ctx, publishedOlder)
+				if err != nil {
+					return d.queryError("counting published events", err)
+				}
+				would := []string{fmt.Sprintf("delete %s older than %s", plural(n, "published event", "published events"), publishedOlder)}
+				if withDead {
+					n, err := sub.CountDeadLetteredOlder(ctx, deadOlder)
+					if err != nil {
+						return d.queryError("counting dead-lettered events", err)
+					}
+					would = append(would, fmt.Sprintf("delete %s older than %s", plural(n, "dead-lettered event", "dead-lettered events"), deadOlder))
+				}
+				if ok, err := c.counted(cmd.OutOrStdout(), strings.TrimPrefix(cmd.CommandPath(), "outbox "), would); !ok {
+					return err
+				}
+				n, err = sub.CleanupPublished(ctx, publishedOlder)
 				if err != nil {
 					return d.queryError("deleting published events", err)
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "deleted %s older than %s\n", plural(n, "published event", "published events"), publishedOlder)
-				if cmd.Flags().Changed("dead-older-than") {
+				if withDead {
 					n, err := sub.CleanupDeadLettered(ctx, deadOlder)
 					if err != nil {
 						return d.queryError("deleting dead-lettered events", err)
@@ -501,5 +642,7 @@ a producer may retry with the same key. The relay never cleans up by itself.`,
 	f.register(cmd)
 	cmd.Flags().DurationVar(&publishedOlder, "published-older-than", 0, "delete events published more than this long ago, a Go duration (\"168h\"); required")
 	cmd.Flags().DurationVar(&deadOlder, "dead-older-than", 0, "also delete events dead-lettered more than this long ago (\"720h\"); unset = keep dead letters")
+	markRequired(cmd, "published-older-than", "168h", "")
+	c.register(cmd)
 	return withEnv(cmd)
 }

@@ -39,6 +39,7 @@ type relayFlags struct {
 	unavailableDead time.Duration
 	markInterval    time.Duration
 	maxStarts       int
+	wakeProbe       time.Duration
 }
 
 func (f *relayFlags) register(cmd *cobra.Command) {
@@ -57,6 +58,7 @@ func (f *relayFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.unavailableMax, "unavailable-backoff-max", outbox.DefaultUnavailableBackoffMax, "longest wait between probes of an unavailable destination, at least --unavailable-backoff")
 	fl.DurationVar(&f.unavailableDead, "unavailable-dead-letter-after", 0, "dead-letter the events of a destination unavailable for this long without a break; 0 = never")
 	fl.DurationVar(&f.markInterval, "mark-interval", outbox.DefaultMarkInterval, "how often the acks of a batch still out are written (a killed relay repeats at most those since the last write)")
+	fl.DurationVar(&f.wakeProbe, "wake-probe", outbox.DefaultWakeProbeInterval, "PostgreSQL: how often the relay probes the table's sequence to claim within milliseconds of any writer's commit (one tiny statement, no table rows read); 0 = off (poll only)")
 	fl.IntVar(&f.maxStarts, "max-delivery-starts", outbox.DefaultMaxDeliveryStarts, "dead-letter an event whose delivery started this many times without an outcome (the relay crashed on it each time)")
 }
 
@@ -82,6 +84,18 @@ func (f *relayFlags) config(schema outbox.SchemaConfig) (outbox.SubscriberConfig
 		MarkInterval:               f.markInterval,
 		MaxDeliveryStarts:          f.maxStarts,
 	}
+	switch {
+	case schema.Dialect != outbox.DialectPostgreSQL:
+		// No probe there: the flag's default is not an error (the start log says how the
+		// relay wakes); a value given explicitly is refused below by Validate.
+		if f.wakeProbe != outbox.DefaultWakeProbeInterval {
+			cfg.WakeProbeInterval = f.wakeProbe
+		}
+	case f.wakeProbe == 0:
+		cfg.DisableWakeProbe = true
+	default:
+		cfg.WakeProbeInterval = f.wakeProbe
+	}
 	// Zero means "default" in SubscriberConfig; on the command line 0 is a mistake, except for
 	// --delivery-timeout whose default is derived from --lease.
 	for name, v := range map[string]int64{"batch-size": int64(f.batchSize), "poll-interval": int64(f.pollInterval), "max-attempts": int64(f.maxAttempts),
@@ -89,20 +103,23 @@ func (f *relayFlags) config(schema outbox.SchemaConfig) (outbox.SubscriberConfig
 		"unavailable-backoff": int64(f.unavailable), "unavailable-backoff-max": int64(f.unavailableMax), "mark-interval": int64(f.markInterval),
 		"max-delivery-starts": int64(f.maxStarts)} {
 		if v <= 0 {
-			return cfg, &usageError{fmt.Errorf("--%s must be positive", name)}
+			return cfg, badFlag(name, " must be positive")
 		}
 	}
 	if err := cfg.Validate(); err != nil {
 		var ce *outbox.ConfigError
 		if errors.As(err, &ce) {
 			if flag := flagOfField(ce.Field); strings.HasPrefix(flag, "--") {
-				return cfg, &usageError{fmt.Errorf("%s: %s", flag, flagsInReason(ce.Reason))}
+				return cfg, badFlag(strings.TrimPrefix(flag, "--"), ": "+flagsInReason(ce.Reason))
 			}
 		}
 		return cfg, &usageError{errors.New(strings.TrimPrefix(err.Error(), "outbox: "))}
 	}
 	return cfg, nil
 }
+
+// topicPatternForm says what a topic pattern looks like, for checkList.
+const topicPatternForm = `a topic pattern (an exact topic, a prefix ending in '*' such as "orders.*", or '*' for all)`
 
 // fieldWord is a word of a ConfigError's reason that may name a SubscriberConfig field.
 var fieldWord = regexp.MustCompile(`\b[A-Z][A-Za-z]+\b`)
@@ -167,7 +184,7 @@ func flagOfField(field string) string {
 		"SubscriberConfig.RelayName": "--relay-name", "SubscriberConfig.ExcludeTopics": "--exclude",
 		"SubscriberConfig.UnavailableBackoff": "--unavailable-backoff", "SubscriberConfig.UnavailableBackoffMax": "--unavailable-backoff-max",
 		"SubscriberConfig.UnavailableDeadLetterAfter": "--unavailable-dead-letter-after", "SubscriberConfig.MarkInterval": "--mark-interval",
-		"SubscriberConfig.MaxDeliveryStarts": "--max-delivery-starts",
+		"SubscriberConfig.MaxDeliveryStarts": "--max-delivery-starts", "SubscriberConfig.WakeProbeInterval": "--wake-probe",
 	}
 	if f, ok := m[field]; ok {
 		return f
@@ -212,9 +229,11 @@ Destinations (--to):
 The destination topic (Kafka topic, routing key, stream) is the event's topic unless --dest-topic
 names one for all.
 
-How the relay finds new events (its log says which at start): on SQLite it wakes on each commit
-to the file (it watches the write-ahead log) and also polls every --poll-interval; on
-PostgreSQL and MariaDB/MySQL it polls every --poll-interval (MariaDB/MySQL has no
+How the relay finds new events (its log says which at start): on PostgreSQL it probes the
+table's sequence every --wake-probe (5ms: one tiny statement that reads no rows) and claims
+within milliseconds of any writer's commit, with no signal from the writers and through
+PgBouncer too; on SQLite it wakes on each commit to the file (it watches the write-ahead log);
+both also poll every --poll-interval. MariaDB/MySQL relays poll every --poll-interval (no
 LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more empty claims).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) (err error) {
@@ -224,6 +243,12 @@ LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more emp
 			}
 			prefixes, err := parsePrefixes(allow)
 			if err != nil {
+				return err
+			}
+			if err := checkList(cmd.Flags(), topics, topicPatternForm, "topics", "topic"); err != nil {
+				return err
+			}
+			if err := checkList(cmd.Flags(), rf.exclude, topicPatternForm, "exclude"); err != nil {
 				return err
 			}
 			if len(topics) == 0 && dest.kind == destAsynq {
@@ -292,9 +317,14 @@ LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more emp
 				return err
 			}
 			defer tracer.close(logger)
-			fields := startFields(cmd, map[string]string{"db": d.url.shown, "to": dest.shown,
-				"delivery-timeout": effectiveDeliveryTimeout(cfg).String()})
+			shown := map[string]string{"db": d.url.shown, "to": dest.shown, "delivery-timeout": effectiveDeliveryTimeout(cfg).String()}
+			if d.url.kind != kindPostgres {
+				shown["wake-probe"] = "0s" // PostgreSQL only
+			}
+			fields := startFields(cmd, shown)
 			fields["traces"] = tracesSetting(tracer)
+			build := readBuildInfo()
+			fields["version"], fields["commit"] = build.version, build.commit
 			logger.Info("outbox relay starting", fields)
 			// Tracing outside the timing: the destination call's duration is the destination's.
 			running = true
@@ -307,6 +337,7 @@ LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more emp
 	fl := cmd.Flags()
 	fl.Lookup("table").Usage = "outbox table, optionally schema-qualified (PostgreSQL) or database-qualified (MariaDB/MySQL); or several, comma-separated, each possibly a pattern ('*', '?': \"tenant_*.watermill_outbox\") resolved once at start, relayed by one relay in fair turns"
 	fl.StringVar(&to, "to", "", "destination URL: "+destForms+" (required)")
+	markRequired(cmd, "to", "URL", destForms)
 	fl.StringSliceVar(&topics, "topics", nil, "topic pattern to relay (exact, \"prefix*\" or \"*\"); repeatable or comma-separated; default \"*\" (all)")
 	aliasFlag(cmd, "topics", "topic")
 	fl.StringVar(&secret, "secret", "", "webhook signing secret, at least 16 bytes: requests carry Outbox-Signature: sha256=<hex HMAC-SHA256 of the body>; empty = unsigned")
@@ -327,7 +358,7 @@ func runRelay(ctx context.Context, d *database, cfg outbox.SubscriberConfig, tab
 		fwds []*forwarder.Forwarder
 		subs []relaySubscriber
 	)
-	if w := relayWakeup(d, cfg.PollInterval, logger); w != nil {
+	if w := relayWakeup(d, cfg, logger); w != nil {
 		defer w.Close()
 		cfg.Wakeup = w
 	}
@@ -399,12 +430,14 @@ func runRelay(ctx context.Context, d *database, cfg outbox.SubscriberConfig, tab
 	return nil
 }
 
-// relayWakeup returns what wakes the relay between polls, nil for nothing, and logs which it
-// is. The writers run in other processes: on SQLite the relay watches the file's write-ahead
-// log (wakeup/sqlitewal); PostgreSQL and MariaDB/MySQL relays poll every --poll-interval
-// (MariaDB/MySQL has no LISTEN/NOTIFY).
-func relayWakeup(d *database, poll time.Duration, logger watermill.LoggerAdapter) *sqlitewal.Watcher {
-	fields := watermill.LogFields{"poll-interval": poll.String()}
+// relayWakeup returns what wakes the relay between polls besides the Subscriber itself, nil
+// for nothing, and logs how the relay wakes. The writers run in other processes: on SQLite the
+// relay watches the file's write-ahead log (wakeup/sqlitewal); on PostgreSQL the Subscriber
+// probes the table's sequence (SubscriberConfig.WakeProbeInterval, --wake-probe), which needs
+// nothing from the writers and works through a transaction pooler; MariaDB/MySQL relays poll
+// every --poll-interval (no LISTEN/NOTIFY, no probe).
+func relayWakeup(d *database, cfg outbox.SubscriberConfig, logger watermill.LoggerAdapter) *sqlitewal.Watcher {
+	fields := watermill.LogFields{"poll-interval": cfg.PollInterval.String()}
 	switch d.url.kind {
 	case kindSQLite:
 		w, err := sqlitewal.New(d.url.path, logger)
@@ -420,8 +453,19 @@ func relayWakeup(d *database, poll time.Duration, logger watermill.LoggerAdapter
 		fields["wakeup"] = "none"
 		logger.Info("outbox relay polls every --poll-interval: MariaDB/MySQL has no LISTEN/NOTIFY to wake it (lower --poll-interval for lower latency)", fields)
 	default:
-		fields["wakeup"] = "none"
-		logger.Info("outbox relay polls every --poll-interval", fields)
+		if cfg.DisableWakeProbe {
+			fields["wakeup"] = "none"
+			logger.Info("outbox relay polls every --poll-interval: --wake-probe=0 turned the probe off", fields)
+			return nil
+		}
+		interval := cfg.WakeProbeInterval
+		if interval == 0 {
+			interval = outbox.DefaultWakeProbeInterval
+		}
+		fields["wakeup"] = "probe"
+		fields["wake-probe"] = interval.String()
+		fields["wake-probe-idle"] = (outbox.WakeProbeIdleFactor * interval).String()
+		logger.Info("outbox relay claims as soon as any writer commits: it probes the table's sequence every --wake-probe (every wake-probe-idle after a second without writes; no signal from writers needed, works through PgBouncer), and polls every --poll-interval", fields)
 	}
 	return nil
 }

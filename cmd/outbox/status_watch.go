@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -16,7 +17,8 @@ import (
 // unavailable and the pending count's change per second since the previous refresh (negative
 // while the relays drain faster than writers add). On a terminal each refresh replaces the
 // previous screen; otherwise refreshes are appended, each starting with a time line. A failed
-// refresh prints its error and keeps watching.
+// refresh prints one line, the time and the error, and the watch goes on; an error wrapped in
+// stopWatch ends it and is returned.
 func watchStatus(ctx context.Context, w io.Writer, interval time.Duration, read func(context.Context) ([]topicBacklog, error)) error {
 	clear := false
 	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
@@ -32,13 +34,17 @@ func watchStatus(ctx context.Context, w io.Writer, interval time.Duration, read 
 		if ctx.Err() != nil {
 			return nil
 		}
+		var sw *stopWatch
+		if errors.As(err, &sw) {
+			return sw.err
+		}
 		if clear {
 			fmt.Fprint(w, "\x1b[H\x1b[2J")
 		}
-		fmt.Fprintf(w, "%s  every %s, Ctrl-C to stop\n", now.UTC().Format("15:04:05"), interval)
 		if err != nil {
-			fmt.Fprintf(w, "reading the backlog failed: %s\n", oneLine(err.Error()))
+			fmt.Fprintf(w, "%s  reading the backlog failed (retrying every %s, Ctrl-C to stop): %s\n", now.UTC().Format("15:04:05"), interval, oneLine(err.Error()))
 		} else {
+			fmt.Fprintf(w, "%s  every %s, Ctrl-C to stop\n", now.UTC().Format("15:04:05"), interval)
 			printWatch(w, topics, prev, now.Sub(prevAt), !prevAt.IsZero())
 			prev = map[string]int64{}
 			for _, tb := range topics {
@@ -53,6 +59,12 @@ func watchStatus(ctx context.Context, w io.Writer, interval time.Duration, read 
 		}
 	}
 }
+
+// stopWatch is an error of watchStatus's read that ends the watch.
+type stopWatch struct{ err error }
+
+func (e *stopWatch) Error() string { return e.err.Error() }
+func (e *stopWatch) Unwrap() error { return e.err }
 
 func printWatch(w io.Writer, topics []topicBacklog, prev map[string]int64, since time.Duration, havePrev bool) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)

@@ -44,7 +44,7 @@ func (f *dbFlags) openTables(ctx context.Context, elems []string) (*database, []
 			one.schema.Table = e
 			if err := one.schema.Validate(); err != nil {
 				d.Close()
-				return nil, nil, &usageError{fmt.Errorf("--table %q: %v", e, err)}
+				return nil, nil, badFlag("table", fmt.Sprintf(" %q: %v", e, err))
 			}
 			if err := one.requireTable(ctx); err != nil {
 				d.Close()

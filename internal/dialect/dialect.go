@@ -194,14 +194,23 @@ type Dialect interface {
 	// starting with Name, not with TokenPrefix, followed by 12 hex digits, '#', digits.
 	TakeBack(ctx context.Context, ex Executor, t *Table, name, tokenPrefix string) (int64, error)
 
+	// MissingTable reports whether err, from one of the dialect's statements, says that a
+	// table it names does not exist (PostgreSQL 42P01, MySQL 1146, SQLite "no such table").
+	MissingTable(err error) bool
+
 	// Operations.
 
 	RetryDead(ctx context.Context, ex Executor, t *Table, f DeadFilter) (int64, error)
 	PurgeDead(ctx context.Context, ex Executor, t *Table, f DeadFilter) (int64, error)
+	// CountDead returns how many dead-lettered events f selects: what PurgeDead would delete.
+	CountDead(ctx context.Context, ex Executor, t *Table, f DeadFilter) (int64, error)
 	ListDead(ctx context.Context, ex Executor, t *Table, f DeadFilter, limit int) ([]DeadRow, error)
 	// Cleanup deletes up to batch rows whose column (published_at or dead_lettered_at) is
 	// older than olderThan and returns how many it deleted.
 	Cleanup(ctx context.Context, ex Executor, t *Table, column string, olderThan time.Duration, batch int) (int64, error)
+	// CountOlder returns how many rows Cleanup of column and olderThan would delete, in all its
+	// batches.
+	CountOlder(ctx context.Context, ex Executor, t *Table, column string, olderThan time.Duration) (int64, error)
 	Backlog(ctx context.Context, ex Executor, t *Table) (BacklogRow, error)
 	BacklogByTopic(ctx context.Context, ex Executor, t *Table) ([]BacklogRow, error)
 }
@@ -486,4 +495,34 @@ type IdempotencyConflict struct {
 // Error names the key.
 func (e *IdempotencyConflict) Error() string {
 	return "idempotency key " + e.Key + " is stored with other extra column values"
+}
+
+// WakeProber is implemented by dialects whose relays can learn of new events without any help
+// from the writers, by probing a counter that every write advances (PostgreSQL: the identity
+// sequence behind "sequence"). Each method is one short statement that reads no table rows.
+type WakeProber interface {
+	// ProbeTarget resolves the counter of t: an id for Probe, and the sequence's cache size (a
+	// cache above 1 lets writers take values without advancing the counter).
+	ProbeTarget(ctx context.Context, ex Executor, t *Table) (target int64, cache int64, err error)
+	// Probe reads the counter; when it differs from last, or when full is true, it also reads
+	// the database's snapshot and lists the transactions in progress (ProbeState.Xmax,
+	// InProgress, Running; otherwise they are zero and Running nil).
+	Probe(ctx context.Context, ex Executor, target, last int64, full bool) (ProbeState, error)
+	// Announce advances t's counter by one (a value no event will have), so that probing
+	// relays claim at once: for operations that make events claimable without writing one.
+	Announce(ctx context.Context, ex Executor, t *Table) error
+}
+
+// ProbeState is one reading of a WakeProber. Transaction ids are their low 32 bits (compare
+// them modulo 2^32: running transactions lie within 2^31 of each other).
+type ProbeState struct {
+	// Counter is the counter's value (0 before its first advance).
+	Counter int64
+	// Xmax and InProgress are the snapshot's: every transaction below Xmax that is not in
+	// InProgress (ascending) has ended; none at or above Xmax has.
+	Xmax       uint32
+	InProgress []uint32
+	// Running lists the transactions in progress that have an id, when Probe was asked to
+	// (nil otherwise); it includes those at or above Xmax, which the snapshot does not list.
+	Running []uint32
 }

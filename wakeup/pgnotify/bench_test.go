@@ -43,7 +43,9 @@ func (noWakeup) Signal(...string) {}
 // (Subscribe, defaults) hands each message to a handler that records now − the time its
 // COMMIT returned. Variants in one run: LISTEN/NOTIFY after commit (the default, relay poll
 // interval 60 s), LISTEN/NOTIFY in the transaction (same), polling only at 1 s, and the
-// in-process wakeup (no transport at all: the floor set by the relay itself on this machine).
+// in-process wakeup (no transport at all: the floor set by the relay itself on this machine),
+// and the relay's own wake probe with no wakeup (probe-default: the Subscriber's defaults,
+// PollInterval 5s; the other variants turn the probe off).
 // Reports p50/p95/p99/max in ms, and p50/p99 of the first and the last minute of the run
 // (each minute's are logged). OUTBOX_BENCH_WAKEUP_VARIANT runs one variant only (e.g.
 // listen-aftercommit).
@@ -52,15 +54,17 @@ func BenchmarkCommitToHandlerLatency(b *testing.B) {
 	seconds := envInt("OUTBOX_BENCH_WAKEUP_SECONDS", 30)
 	rate := envInt("OUTBOX_BENCH_WAKEUP_RATE", 1000)
 	for _, v := range []struct {
-		name string
-		mode pgnotify.Mode
-		poll time.Duration
-		wake bool
+		name  string
+		mode  pgnotify.Mode
+		poll  time.Duration
+		wake  bool
+		probe bool
 	}{
-		{"listen-aftercommit", pgnotify.AfterCommit, time.Minute, true},
-		{"listen-intransaction", pgnotify.InTransaction, time.Minute, true},
-		{"poll-1s", 0, time.Second, false},
-		{"inprocess-floor", -1, time.Minute, true},
+		{"listen-aftercommit", pgnotify.AfterCommit, time.Minute, true, false},
+		{"listen-intransaction", pgnotify.InTransaction, time.Minute, true, false},
+		{"poll-1s", 0, time.Second, false, false},
+		{"inprocess-floor", -1, time.Minute, true, false},
+		{"probe-default", 0, 0, false, true},
 	} {
 		if only := os.Getenv("OUTBOX_BENCH_WAKEUP_VARIANT"); only != "" && only != v.name {
 			continue
@@ -73,7 +77,7 @@ func BenchmarkCommitToHandlerLatency(b *testing.B) {
 				} else if v.wake {
 					w = newBenchWakeup(b, v.mode)
 				}
-				lat, byMinute := measureLatency(b, w, v.wake, v.poll, rate, time.Duration(seconds)*time.Second)
+				lat, byMinute := measureLatency(b, w, v.wake, v.probe, v.poll, rate, time.Duration(seconds)*time.Second)
 				_ = w.Close()
 				logMinutes(b, byMinute)
 				p := func(q float64) float64 { return float64(lat[int(q*float64(len(lat)-1))]) / float64(time.Millisecond) }
@@ -132,7 +136,7 @@ func logMinutes(b *testing.B, byMinute [][]time.Duration) {
 
 // measureLatency returns the commit → handler delays of the run, sorted, and the same grouped
 // by the minute of the run in which each event was committed.
-func measureLatency(b *testing.B, w wakeup.Wakeup, wake bool, poll time.Duration, rate int, d time.Duration) ([]time.Duration, [][]time.Duration) {
+func measureLatency(b *testing.B, w wakeup.Wakeup, wake, probe bool, poll time.Duration, rate int, d time.Duration) ([]time.Duration, [][]time.Duration) {
 	pool := pgtest.Require(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -140,7 +144,8 @@ func measureLatency(b *testing.B, w wakeup.Wakeup, wake bool, poll time.Duration
 	if err := outbox.Migrate(ctx, pool, schema); err != nil {
 		b.Fatal(err)
 	}
-	cfg := outbox.SubscriberConfig{Schema: schema, PollInterval: poll, SyncCommit: os.Getenv("OUTBOX_BENCH_SYNC_COMMIT") != "", KeyScan: envInt("OUTBOX_BENCH_KEYSCAN", 0)}
+	cfg := outbox.SubscriberConfig{Schema: schema, PollInterval: poll, SyncCommit: os.Getenv("OUTBOX_BENCH_SYNC_COMMIT") != "", KeyScan: envInt("OUTBOX_BENCH_KEYSCAN", 0),
+		DisableWakeProbe: !probe}
 	if wake {
 		cfg.Wakeup = w
 	}

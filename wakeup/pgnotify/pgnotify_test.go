@@ -219,7 +219,7 @@ func TestWakeupWithPoolThroughPgBouncer(t *testing.T) {
 			if err := outbox.Migrate(ctx, pool, schema); err != nil {
 				t.Fatal(err)
 			}
-			sub, err := outbox.NewSubscriber(pool, outbox.SubscriberConfig{Schema: schema, PollInterval: time.Minute, Wakeup: w}, nil)
+			sub, err := outbox.NewSubscriber(pool, outbox.SubscriberConfig{Schema: schema, PollInterval: time.Minute, Wakeup: w, DisableWakeProbe: true}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -27,19 +27,32 @@
 //   - In another journal mode (DELETE, TRUNCATE) the database file itself is written at every
 //     commit; writes to it wake the listeners too.
 //
+// A writer appends its commit's frames to the log first and publishes the commit in the
+// log's index (shared memory) right after; file notifications see only the first step. A relay
+// woken by the frames may poll before the commit is visible and find nothing. So after each
+// write to the log the watcher asks SQLite, on a connection of its own, whether a commit
+// became visible since its last wake-up (PRAGMA data_version, modernc.org/sqlite); when none
+// did yet, it asks again every millisecond (for up to settleFor) and wakes the listeners again
+// as soon as one did. (It never opens the "-shm" file itself: closing any descriptor of a file
+// drops every POSIX lock the process holds on it, SQLite's included.)
+//
 // Polling stays the safety net: a notification lost (the watch queue overflowed) only delays
 // delivery until the next PollInterval, and such an overflow also wakes every listener.
 package sqlitewal
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/fsnotify/fsnotify"
+	_ "modernc.org/sqlite" // the watcher's own connection (PRAGMA data_version)
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/wakeup"
@@ -51,6 +64,13 @@ type Watcher struct {
 	fw      *fsnotify.Watcher
 	db, wal string
 	logger  watermill.LoggerAdapter
+	// conn is the watcher's own connection, opened at the first write to the log (the
+	// database may not exist before); seen is its data_version at the last wake-up. Only the
+	// run goroutine uses them.
+	conn *sql.DB
+	seen int64
+	// versionFn replaces version when set (tests).
+	versionFn atomic.Pointer[func() (int64, bool)]
 
 	closeOnce sync.Once
 	done      chan struct{}
@@ -95,9 +115,42 @@ func New(path string, logger watermill.LoggerAdapter) (*Watcher, error) {
 	return w, nil
 }
 
+// Settling: after a write to the log whose commit the index does not show yet, the index
+// data_version is read every settleEvery until it changes, for at most settleFor.
+const (
+	settleEvery = time.Millisecond
+	settleFor   = 2 * time.Second
+)
+
+// version returns the database's data_version on the watcher's connection (it changes when
+// another connection's commit became visible), or false when it cannot be read.
+func (w *Watcher) version() (int64, bool) {
+	if f := w.versionFn.Load(); f != nil {
+		return (*f)()
+	}
+	if w.conn == nil {
+		c, err := sql.Open("sqlite", outbox.SQLiteDSN(w.db))
+		if err != nil {
+			return 0, false
+		}
+		c.SetMaxOpenConns(1)
+		w.conn = c
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var v int64
+	if err := w.conn.QueryRowContext(ctx, "PRAGMA data_version").Scan(&v); err != nil {
+		return 0, false
+	}
+	return v, true
+}
+
 // run turns file notifications into wake-ups until Close.
 func (w *Watcher) run() {
 	defer close(w.done)
+	settle := time.NewTimer(time.Hour)
+	settle.Stop()
+	var settleUntil time.Time // zero: not settling
 	for {
 		select {
 		case ev, ok := <-w.fw.Events:
@@ -105,7 +158,30 @@ func (w *Watcher) run() {
 				return
 			}
 			if (ev.Name == w.wal || ev.Name == w.db) && ev.Op&(fsnotify.Write|fsnotify.Create) != 0 {
+				if v, ok := w.version(); !ok || v != w.seen {
+					w.seen = v
+					settleUntil = time.Time{}
+				} else {
+					// The commit is not in the index yet: wake now (it may be by the time a
+					// relay reads it) and again when the index shows it.
+					settle.Reset(settleEvery)
+					settleUntil = time.Now().Add(settleFor)
+				}
 				w.hub.DispatchAll()
+			}
+		case <-settle.C:
+			if settleUntil.IsZero() {
+				// A later notification found the commit meanwhile.
+				continue
+			}
+			if v, ok := w.version(); ok && v != w.seen {
+				w.seen = v
+				settleUntil = time.Time{}
+				w.hub.DispatchAll()
+			} else if time.Now().Before(settleUntil) {
+				settle.Reset(settleEvery)
+			} else {
+				settleUntil = time.Time{}
 			}
 		case err, ok := <-w.fw.Errors:
 			if !ok {
@@ -134,6 +210,9 @@ func (w *Watcher) Close() error {
 	w.closeOnce.Do(func() {
 		err = w.fw.Close()
 		<-w.done
+		if w.conn != nil {
+			err = errors.Join(err, w.conn.Close())
+		}
 	})
 	return err
 }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -363,4 +364,66 @@ func TestTwoRelaysTwoWriterProcesses(t *testing.T) {
 		}
 	}
 	t.Logf("events per relay: %v", perRelay)
+}
+
+// TestWakesAgainWhenTheCommitBecomesVisible reproduces a writer that appends its commit's
+// frames to the log, is descheduled, and publishes the commit in the log's index only later:
+// the watcher wakes at the frames (a relay polling then finds nothing yet) and again as soon as
+// SQLite shows the commit (data_version changes), although no file notification marks that
+// moment. The database's data_version is played by the test.
+func TestWakesAgainWhenTheCommitBecomesVisible(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "outbox.db")
+	w, err := sqlitewal.New(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	var version atomic.Int64
+	sqlitewal.SetVersionFunc(w, func() (int64, bool) { return version.Load(), true })
+	ch := w.Listen(context.Background(), nil)
+	recv := func(what string) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: no wake-up within 10s", what)
+		}
+	}
+	// drain takes the wake-ups of a write to the log (one per notification: a create, a
+	// write) until none came for 100 ms.
+	drain := func() {
+		t.Helper()
+		for {
+			select {
+			case <-ch:
+			case <-time.After(100 * time.Millisecond):
+				return
+			}
+		}
+	}
+	appendLog := func(b string) {
+		t.Helper()
+		f, err := os.OpenFile(path+"-wal", os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteString(b); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recv("first value")
+	version.Store(1)
+	appendLog("frames of commit 1")
+	recv("commit 1's frames, already visible")
+	drain()
+
+	appendLog("frames of commit 2")
+	recv("commit 2's frames")
+	drain() // commit 2 is not visible yet
+	version.Store(2)
+	recv("commit 2 visible")
 }

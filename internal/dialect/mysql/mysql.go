@@ -191,6 +191,12 @@ const deadlockRetries = 5
 // deadlocks counts the transactions inTx ran again after a deadlock (observed by tests).
 var deadlocks atomic.Int64
 
+// MissingTable implements dialect.Dialect: error 1146, ER_NO_SUCH_TABLE.
+func (*Dialect) MissingTable(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1146
+}
+
 // isDeadlock reports whether err is InnoDB's deadlock error (1213): the transaction was rolled
 // back.
 func isDeadlock(err error) bool {

@@ -48,6 +48,22 @@ func (*Dialect) PurgeDead(ctx context.Context, ex dialect.Executor, t *dialect.T
 	return execRC(ctx, ex, "DELETE o FROM "+namesOf(t).table+" o WHERE "+w, args...)
 }
 
+// CountDead returns how many dead-lettered events f selects.
+func (*Dialect) CountDead(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.DeadFilter) (int64, error) {
+	var args []any
+	w := deadWhere(f, &args)
+	return countOne(ctx, ex, "SELECT COUNT(*) FROM "+namesOf(t).table+" o WHERE "+w, args...)
+}
+
+// countOne runs a statement that returns one count.
+func countOne(ctx context.Context, ex dialect.Executor, stmt string, args ...any) (int64, error) {
+	rs, err := ex.Query(ctx, stmt, args...)
+	if err != nil {
+		return 0, err
+	}
+	return dialect.ScanOne[int64](rs)
+}
+
 // ListDead returns up to limit selected dead-lettered events, oldest dead letter first.
 func (*Dialect) ListDead(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.DeadFilter, limit int) ([]dialect.DeadRow, error) {
 	var args []any
@@ -87,6 +103,14 @@ func (*Dialect) Cleanup(ctx context.Context, ex dialect.Executor, t *dialect.Tab
 	c := ident(column)
 	stmt := "DELETE FROM " + namesOf(t).table + " WHERE " + c + " < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND ORDER BY " + c + " LIMIT " + itoa(batch)
 	return execRC(ctx, ex, stmt, olderThan.Microseconds())
+}
+
+// CountOlder returns how many rows Cleanup of column and olderThan would delete.
+func (*Dialect) CountOlder(ctx context.Context, ex dialect.Executor, t *dialect.Table, column string, olderThan time.Duration) (int64, error) {
+	if column != "published_at" && column != "dead_lettered_at" {
+		return 0, fmt.Errorf("mysql: count: unknown column %q", column)
+	}
+	return countOne(ctx, ex, "SELECT COUNT(*) FROM "+namesOf(t).table+" WHERE "+ident(column)+" < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND", olderThan.Microseconds())
 }
 
 // failedHeads selects each key whose head (its lowest unpublished event) failed: dead-lettered

@@ -49,6 +49,16 @@ touched AS (UPDATE ` + q + ` SET "next_attempt_at" = now() WHERE "sequence" = AN
 DELETE FROM ` + q + ` WHERE "sequence" = ANY(ARRAY(SELECT "sequence" FROM doomed)) AND ` + where
 }
 
+// CountDead implements dialect.Dialect.
+func (Dialect) CountDead(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.DeadFilter) (int64, error) {
+	p := params{}
+	rs, err := query(ctx, ex, `SELECT count(*) FROM `+dialect.DoubleQuote(t.Parts...)+` WHERE `+deadWhere(f, p), p, false)
+	if err != nil {
+		return 0, err
+	}
+	return dialect.ScanOne[int64](rs)
+}
+
 // ListDead implements dialect.Dialect.
 func (Dialect) ListDead(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.DeadFilter, limit int) ([]dialect.DeadRow, error) {
 	p := params{}
@@ -76,6 +86,22 @@ func (Dialect) Cleanup(ctx context.Context, ex dialect.Executor, t *dialect.Tabl
 	q := fmt.Sprintf(`DELETE FROM %[1]s WHERE "sequence" = ANY(ARRAY(SELECT "sequence" FROM %[1]s WHERE %[2]s < now() - @ago * interval '1 microsecond' ORDER BY %[2]s LIMIT %[3]d))`,
 		dialect.DoubleQuote(t.Parts...), dialect.DoubleQuote(column), batch)
 	return exec(ctx, ex, q, params{"ago": olderThan.Microseconds()}, false)
+}
+
+// CountOlder implements dialect.Dialect.
+func (Dialect) CountOlder(ctx context.Context, ex dialect.Executor, t *dialect.Table, column string, olderThan time.Duration) (int64, error) {
+	if column != "published_at" && column != "dead_lettered_at" {
+		return 0, fmt.Errorf("postgres: count: unknown column %q", column)
+	}
+	q := fmt.Sprintf(`SELECT count(*) FROM %s WHERE %s < now() - @ago * interval '1 microsecond'`, dialect.DoubleQuote(t.Parts...), dialect.DoubleQuote(column))
+	if column == "dead_lettered_at" {
+		q += ` AND "published_at" IS NULL`
+	}
+	rs, err := query(ctx, ex, q, params{"ago": olderThan.Microseconds()}, false)
+	if err != nil {
+		return 0, err
+	}
+	return dialect.ScanOne[int64](rs)
 }
 
 // Backlog implements dialect.Dialect.

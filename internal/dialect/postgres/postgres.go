@@ -6,7 +6,10 @@ package postgres
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"strconv"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/watermill-outbox/outbox/internal/dialect"
 )
@@ -18,6 +21,12 @@ var _ dialect.Dialect = Dialect{}
 
 // Name implements dialect.Dialect.
 func (Dialect) Name() string { return "postgresql" }
+
+// MissingTable implements dialect.Dialect: SQLSTATE 42P01, undefined_table.
+func (Dialect) MissingTable(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "42P01"
+}
 
 // Capabilities implements dialect.Dialect.
 func (Dialect) Capabilities() dialect.Capabilities {

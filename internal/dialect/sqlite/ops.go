@@ -42,6 +42,16 @@ func (Dialect) PurgeDead(ctx context.Context, ex dialect.Executor, t *dialect.Ta
 	return execInTurn(ctx, ex, `DELETE FROM `+quote(t)+` WHERE `+deadWhere(f, &args), args...)
 }
 
+// CountDead implements dialect.Dialect.
+func (Dialect) CountDead(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.DeadFilter) (int64, error) {
+	var args []any
+	rs, err := ex.Query(ctx, `SELECT count(*) FROM `+quote(t)+` WHERE `+deadWhere(f, &args), args...)
+	if err != nil {
+		return 0, err
+	}
+	return dialect.ScanOne[int64](rs)
+}
+
 // ListDead implements dialect.Dialect.
 func (Dialect) ListDead(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.DeadFilter, limit int) ([]dialect.DeadRow, error) {
 	var args []any
@@ -59,6 +69,18 @@ func (Dialect) Cleanup(ctx context.Context, ex dialect.Executor, t *dialect.Tabl
 	q := fmt.Sprintf(`DELETE FROM %[1]s WHERE "sequence" IN (SELECT "sequence" FROM %[1]s WHERE %[2]s < $1 ORDER BY %[2]s LIMIT %[3]d)`,
 		quote(t), dialect.DoubleQuote(column), batch)
 	return execInTurn(ctx, ex, q, micros(time.Now().Add(-olderThan)))
+}
+
+// CountOlder implements dialect.Dialect.
+func (Dialect) CountOlder(ctx context.Context, ex dialect.Executor, t *dialect.Table, column string, olderThan time.Duration) (int64, error) {
+	if column != "published_at" && column != "dead_lettered_at" {
+		return 0, fmt.Errorf("sqlite: count: unknown column %q", column)
+	}
+	rs, err := ex.Query(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE %s < $1`, quote(t), dialect.DoubleQuote(column)), micros(time.Now().Add(-olderThan)))
+	if err != nil {
+		return 0, err
+	}
+	return dialect.ScanOne[int64](rs)
 }
 
 // Backlog implements dialect.Dialect.

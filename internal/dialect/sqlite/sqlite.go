@@ -23,6 +23,12 @@ var _ dialect.Dialect = Dialect{}
 // Name implements dialect.Dialect.
 func (Dialect) Name() string { return "sqlite" }
 
+// MissingTable implements dialect.Dialect: SQLite reports a missing table only in its message
+// ("no such table: t", result code SQLITE_ERROR).
+func (Dialect) MissingTable(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "no such table")
+}
+
 // Capabilities implements dialect.Dialect: one writer, so no flush beside the marks, no
 // continuations and no SKIP LOCKED; the writers' and the relay's clocks.
 func (Dialect) Capabilities() dialect.Capabilities {

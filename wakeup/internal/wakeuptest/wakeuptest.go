@@ -266,6 +266,8 @@ func (e *Env) StartRelay(topic string) *Relay {
 		Schema:       e.Schema,
 		PollInterval: RelayPollInterval,
 		Wakeup:       countingWakeup{Wakeup: e.W, r: r},
+		// Only the wakeup under test may wake the relay (the probe wakes every subscription).
+		DisableWakeProbe: true,
 	}, claimLogger{n: &r.claims, lastErr: &r.lastErr})
 	if err != nil {
 		e.T.Fatal(err)

@@ -3,6 +3,7 @@ package dialecttest
 import (
 	"bytes"
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -228,5 +229,69 @@ func (s *suite) expiredLease(t *testing.T) {
 	res := s.mark(t, r, &dialect.MarkParams{Token: "late", Acked: seq[1:]})
 	if len(res) != 1 || !s.get(t, tb, seq[1]).Published {
 		t.Fatalf("ack after expiry = %+v, want the event published", res)
+	}
+}
+
+// wakeProbe (dialect.WakeProber): the counter is 0 before the first write and every write or
+// Announce advances it; the snapshot and the running transactions are read only when it moved
+// or when asked, and name an open writer.
+func (s *suite) wakeProbe(t *testing.T) {
+	wp, ok := s.h.Dialect.(dialect.WakeProber)
+	if !ok {
+		t.Skip("the dialect is no dialect.WakeProber")
+	}
+	if s.h.CurrentTx == nil {
+		t.Fatal("the dialect is a dialect.WakeProber but the harness has no CurrentTx")
+	}
+	ctx := context.Background()
+	tb := s.table(t)
+	target, cache, err := wp.ProbeTarget(ctx, s.h.Ex, tb)
+	if err != nil || target == 0 || cache != 1 {
+		t.Fatalf("ProbeTarget = %d, %d, %v; want a target and cache 1", target, cache, err)
+	}
+	probe := func(last int64, full bool) dialect.ProbeState {
+		t.Helper()
+		st, err := wp.Probe(ctx, s.h.Ex, target, last, full)
+		if err != nil {
+			t.Fatalf("Probe(%d, %v): %v", last, full, err)
+		}
+		return st
+	}
+	st, err := wp.Probe(ctx, s.h.Ex, target, 0, false)
+	if s.expect(t, "WakeProbe", err == nil, "Probe: %v", err); err != nil {
+		return
+	}
+	if st.Counter != 0 || st.Xmax != 0 || st.Running != nil {
+		t.Fatalf("Probe before any write = %+v, want counter 0 and nothing read", st)
+	}
+	seq := s.insertN(t, tb, 2)
+	if st := probe(0, false); st.Counter != seq[1] || st.Xmax == 0 || st.Running == nil {
+		t.Fatalf("Probe after two writes = %+v, want counter %d with the snapshot read", st, seq[1])
+	}
+	if st := probe(seq[1], false); st.Counter != seq[1] || st.Xmax != 0 || st.InProgress != nil || st.Running != nil {
+		t.Fatalf("Probe of an unchanged counter = %+v, want counter %d and nothing else read", st, seq[1])
+	}
+	if err := wp.Announce(ctx, s.h.Ex, tb); err != nil {
+		t.Fatal(err)
+	}
+	if st := probe(seq[1], false); st.Counter != seq[1]+1 {
+		t.Fatalf("Probe after Announce = %+v, want counter %d", st, seq[1]+1)
+	}
+	err = s.inTx(ctx, func(ex dialect.Executor) error {
+		if _, err := s.h.Dialect.Insert(ctx, ex, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{ev("a", "", "")}}); err != nil {
+			return err
+		}
+		x, err := s.h.CurrentTx(ctx, ex)
+		if err != nil {
+			return err
+		}
+		st := probe(seq[1]+2, true)
+		if !slices.Contains(st.Running, x) || (!slices.Contains(st.InProgress, x) && int32(x-st.Xmax) < 0) {
+			t.Errorf("Probe beside open writer %d = xmax %d, in progress %v, running %v; want it running and not ended", x, st.Xmax, st.InProgress, st.Running)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -52,9 +52,12 @@ type Harness struct {
 	// (SQLite), whose transactions commit in the order they began.
 	Session func(ctx context.Context, ex dialect.Executor) (int64, error)
 	Waiting func(ctx context.Context, session int64) (bool, error)
+	// CurrentTx returns the id (low 32 bits) of the transaction ex runs, for a dialect that is
+	// a dialect.WakeProber.
+	CurrentTx func(ctx context.Context, ex dialect.Executor) (uint32, error)
 	// Deviations are the suite's checks (by name) this dialect is known to fail, each with
 	// the reason: such a check logs its failure instead of failing, and fails once it passes
-	// (remove the entry then). Names: "ClaimLimit".
+	// (remove the entry then). Names: "ClaimLimit", "WakeProbe".
 	Deviations map[string]string
 }
 
@@ -127,4 +130,6 @@ func Run(t *testing.T, h Harness) {
 	t.Run("PurgeDeadReleasesKey", s.purgeKeyed)
 	t.Run("Cleanup", s.cleanup)
 	t.Run("Backlog", s.backlog)
+	t.Run("MissingTable", s.missingTable)
+	t.Run("WakeProbe", s.wakeProbe)
 }

@@ -69,6 +69,12 @@ func (s *suite) deadLetters(t *testing.T) {
 		if got := list(c.f, c.limit); !slices.Equal(got, c.want) {
 			t.Errorf("ListDead %s = %v, want %v", c.name, got, c.want)
 		}
+		if c.limit < 10 {
+			continue
+		}
+		if n, err := d.CountDead(ctx, s.h.Ex, tb, c.f); err != nil || n != int64(len(c.want)) {
+			t.Errorf("CountDead %s = %d, %v; want %d", c.name, n, err, len(c.want))
+		}
 	}
 	full, err := d.ListDead(ctx, s.h.Ex, tb, dialect.DeadFilter{IDs: []string{rows[0].ID}}, 10)
 	if err != nil || len(full) != 1 {
@@ -96,6 +102,9 @@ func (s *suite) deadLetters(t *testing.T) {
 	wantSeqs(t, "retried events are due at once", s.claim(t, r, 10, "after-retry"), seq[0], seq[1], live)
 	if n, err = d.PurgeDead(ctx, s.h.Ex, tb, dialect.DeadFilter{Topics: []dialect.Topic{prefix("d.")}, OlderThan: 90 * time.Minute}); err != nil || n != 0 {
 		t.Fatalf("PurgeDead of recent d.* = %d, %v; want 0", n, err)
+	}
+	if n, err = d.CountDead(ctx, s.h.Ex, tb, dialect.DeadFilter{IDs: []string{rows[2].ID, rows[0].ID}}); err != nil || n != 1 {
+		t.Fatalf("CountDead by id = %d, %v; want 1 (the other is no longer dead)", n, err)
 	}
 	if n, err = d.PurgeDead(ctx, s.h.Ex, tb, dialect.DeadFilter{IDs: []string{rows[2].ID, rows[0].ID}}); err != nil || n != 1 {
 		t.Fatalf("PurgeDead by id = %d, %v; want 1 (the other is no longer dead)", n, err)
@@ -163,6 +172,15 @@ func (s *suite) cleanup(t *testing.T) {
 	pending := s.insert(t, tb, ev("a", "", ""))
 	s.backdate(t, tb, "published_at", 2*time.Hour, pub[:3]...)
 	s.backdate(t, tb, "dead_lettered_at", 2*time.Hour, dead[:2]...)
+	for _, c := range []struct {
+		column string
+		older  time.Duration
+		want   int64
+	}{{"published_at", time.Hour, 3}, {"published_at", 0, 4}, {"published_at", 3 * time.Hour, 0}, {"dead_lettered_at", time.Hour, 2}, {"dead_lettered_at", 0, 3}} {
+		if n, err := d.CountOlder(ctx, s.h.Ex, tb, c.column, c.older); err != nil || n != c.want {
+			t.Fatalf("CountOlder(%s, %v) = %d, %v; want %d", c.column, c.older, n, err, c.want)
+		}
+	}
 	for _, step := range []struct {
 		column string
 		batch  int
@@ -249,5 +267,27 @@ func (s *suite) backlog(t *testing.T) {
 	}
 	if bb.Pending != 2 || bb.DeadLettered != 1 || bb.Unavailable != 0 || bb.Held != 1 {
 		t.Errorf("topic b = %+v; want pending 2, dead 1, unavailable 0, held 1", bb)
+	}
+}
+
+// missingTable: MissingTable recognises the error of a statement on a table that does not exist,
+// and no other.
+func (s *suite) missingTable(t *testing.T) {
+	ctx := context.Background()
+	d := s.h.Dialect
+	missing := s.h.Table(t)
+	if _, err := d.ListDead(ctx, s.h.Ex, missing, dialect.DeadFilter{Topics: []dialect.Topic{{All: true}}}, 10); err == nil || !d.MissingTable(err) {
+		t.Fatalf("ListDead on a missing table: %v; MissingTable %v, want true", err, d.MissingTable(err))
+	}
+	if _, err := d.Backlog(ctx, s.h.Ex, missing); err == nil || !d.MissingTable(err) {
+		t.Fatalf("Backlog on a missing table: %v; MissingTable %v, want true", err, d.MissingTable(err))
+	}
+	tb := s.table(t)
+	_, err := s.h.Raw.Exec(ctx, `UPDATE `+dialect.DoubleQuote(tb.Parts...)+` SET "no_such_column" = 1`)
+	if err == nil || d.MissingTable(err) {
+		t.Fatalf("a missing column: %v; MissingTable %v, want false", err, d.MissingTable(err))
+	}
+	if d.MissingTable(nil) {
+		t.Fatal("MissingTable(nil) is true")
 	}
 }

@@ -21,7 +21,7 @@ import (
 func TestSQLitePublishInTxAllOrNothing(t *testing.T) {
 	b := sqliteBackend(t)
 	schema := b.table(t)
-	// An event id that is already stored (SPEC: a database error).
+	// An event id that is already stored (a database error).
 	dup := outbox.NewMessage([]byte(`1`))
 	if err := b.publisher(t, outbox.PublisherConfig{Schema: schema}).Publish("t", dup); err != nil {
 		t.Fatal(err)

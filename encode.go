@@ -14,7 +14,7 @@ import (
 	jsonv1 "github.com/go-json-experiment/json/v1"
 )
 
-// encodeOptions are the explicit payload rules of SPEC §3.3 on top of JSON v2 semantics
+// encodeOptions are the explicit payload rules on top of JSON v2 semantics
 // (github.com/go-json-experiment/json): times as RFC 3339 (default), durations as seconds (a
 // number, exact to the nanosecond), IP networks and decimals as exact text, bytes as base64
 // (default), UUIDs/IPs/addresses as text (their MarshalText); invalid UTF-8, NaN, ±Inf,
@@ -87,7 +87,7 @@ func durationSeconds(d time.Duration) string {
 	return s
 }
 
-// EncodePayload encodes v as a JSON payload with the package's explicit rules (SPEC §3.3): times
+// EncodePayload encodes v as a JSON payload with the package's explicit rules: times
 // as RFC 3339 strings; time.Duration as a number of seconds (exact); *net.IPNet, *big.Float and
 // *big.Rat as exact text; net.IP, netip.Addr, netip.Prefix and uuid.UUID as text (their
 // MarshalText); []byte as base64; big.Int as a number; types with MarshalJSON or MarshalText use

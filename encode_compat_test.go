@@ -12,7 +12,7 @@ import (
 )
 
 // TestEncodePayloadLikeEncodingJSON: EncodePayload (Enqueue) encodes like encoding/json where
-// SPEC §3.3 adds no rule: an encoding/json.Number stays a number (a payload decoded with
+// The payload rules add none here: an encoding/json.Number stays a number (a payload decoded with
 // UseNumber and enqueued again kept its digits only as a string) and omitempty omits false,
 // 0, "" as encoding/json does (JSON v2 wrote them).
 func TestEncodePayloadLikeEncodingJSON(t *testing.T) {

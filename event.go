@@ -10,7 +10,7 @@ import (
 
 // Reserved metadata keys. The publisher stores the ordering and idempotency keys in their own
 // columns and drops every reserved key from the stored headers; the subscriber sets them on the
-// messages it emits (SPEC §4.2).
+// messages it emits.
 const (
 	// MetadataOrderingKey carries the ordering key (SetOrderingKey; set on emitted messages).
 	MetadataOrderingKey = "outbox-ordering-key"
@@ -48,8 +48,8 @@ func SetOrderingKey(msg *message.Message, key string) {
 	msg.Metadata.Set(MetadataOrderingKey, key)
 }
 
-// SetIdempotencyKey sets msg's idempotency key: at most one event per key is ever stored
-// (SPEC §3.4). An empty key means none. At most MaxTextLength characters (checked on publish).
+// SetIdempotencyKey sets msg's idempotency key: at most one event per key is ever stored.
+// An empty key means none. At most MaxTextLength characters (checked on publish).
 func SetIdempotencyKey(msg *message.Message, key string) {
 	msg.Metadata.Set(MetadataIdempotencyKey, key)
 }
@@ -147,7 +147,7 @@ type EventInput struct {
 	ID uuid.UUID
 	// Topic is required, at most MaxTextLength characters.
 	Topic string
-	// Payload is encoded with EncodePayload (JSON rules of SPEC §3.3). For a BYTEA table a
+	// Payload is encoded with EncodePayload (the package's JSON rules). For a BYTEA table a
 	// []byte is stored verbatim.
 	Payload any
 	// Headers become the event's metadata. Names must be non-empty.

@@ -7,11 +7,11 @@ import (
 )
 
 // ErrUnavailable is matched (errors.Is) by every *UnavailableError: the destination could not be
-// reached or refused service as a whole, so the event itself is not at fault (SPEC §4.1a).
+// reached or refused service as a whole, so the event itself is not at fault.
 var ErrUnavailable = errors.New("outbox: destination unavailable")
 
 // ErrPermanent is matched (errors.Is) by every *PermanentError: the event can never be delivered
-// as it is, so retrying it is futile (SPEC §4.1a).
+// as it is, so retrying it is futile.
 var ErrPermanent = errors.New("outbox: permanent failure")
 
 // UnavailableError is a delivery error that says the destination is unavailable: it could not be

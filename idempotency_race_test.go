@@ -18,7 +18,7 @@ import (
 
 // TestIdempotencyConcurrentSameMessage: the same Watermill message (same UUID, same idempotency
 // key) published by two concurrent transactions (a redelivery racing the first handler): the
-// second waits and then sees the first's event (SPEC §3.4), never an error. Both passed
+// second waits and then sees the first's event, never an error. Both passed
 // PostgreSQL's conflict pre-check, and the second then failed on the id index (23505, its
 // transaction aborted) in 6-7 of 400 rounds.
 func TestIdempotencyConcurrentSameMessage(t *testing.T) {
@@ -71,7 +71,7 @@ func TestIdempotencyConcurrentSameMessage(t *testing.T) {
 }
 
 // Two transactions whose single calls carry the same idempotency keys in different orders:
-// SPEC §3.4 says the second waits for the first and then sees its event.
+// The second waits for the first and then sees its event.
 // TestIdempotencyKeysInOppositeOrders: two transactions publishing the same idempotency keys in
 // different orders (a retried handler building its batch from a map) do not deadlock: the keys
 // are locked in one sorted pass like ordering keys. They deadlocked (40P01) in the unique index.

@@ -153,8 +153,8 @@ func publisherSchema(c SchemaConfig) (*schema, error) {
 // transaction no (a transaction runs one statement at a time). Construction is cheap: one
 // Publisher per transaction is the normal use.
 //
-// Writers that put several ordering keys in one transaction take a per-key lock for each (SPEC
-// §3.5): two transactions that take the same keys in opposite orders can deadlock, so publish
+// Writers that put several ordering keys in one transaction take a per-key lock for each: two
+// transactions that take the same keys in opposite orders can deadlock, so publish
 // shortly before COMMIT, or take keys in one order.
 type Publisher struct {
 	ex     execer
@@ -384,7 +384,7 @@ func (p *Publisher) rowFromInput(i int, in EventInput) (row, error) {
 	return p.finishRow(i, r, payload, in.Headers, in.OrderingKey, in.IdempotencyKey, in.ExtraColumns)
 }
 
-// finishRow runs the checks of SPEC §3.2 and encodes headers.
+// finishRow runs the validation checks and encodes headers.
 func (p *Publisher) finishRow(i int, r row, payload []byte, headers map[string]string, okey, ikey string, extra map[string]any) (row, error) {
 	if r.topic == "" {
 		return r, &ValidationError{Index: i, Field: "topic", Reason: "empty"}

@@ -327,7 +327,7 @@ func TestIdempotencyConcurrentTransactions(t *testing.T) {
 	}
 }
 
-// TestOrderingKeyCommitOrder checks SPEC §3.5: per-key sequence order equals commit order.
+// TestOrderingKeyCommitOrder checks that per-key sequence order equals commit order.
 //
 // Commit order is recorded with a side table of per-key counters. Each transaction first
 // publishes its events, then increments its key's counter (UPDATE … RETURNING), sleeps a random

@@ -18,7 +18,7 @@ import (
 )
 
 // topicTables gives each topic of the universal suite its own outbox table. The outbox keeps
-// one row per event id (SPEC §2: id UNIQUE, receivers dedupe by it), while the suite publishes
+// one row per event id (id UNIQUE, receivers dedupe by it), while the suite publishes
 // the same message ids to 20 topics; one table per topic keeps both true. Everything else —
 // publishing, claiming, ordering, acks — is the real Publisher and Subscriber.
 type topicTables struct {

@@ -108,8 +108,8 @@ var (
 	builtinColumns = []string{"sequence", "id", "topic", "payload", "headers", "ordering_key",
 		"idempotency_key", "created_at", "attempts", "last_error", "next_attempt_at",
 		"lease_until", "leased_by", "published_at", "dead_lettered_at", "delivery_starts", "last_error_class"}
-	// RelayOwnedColumns lists the columns that no writer may fill through extra columns
-	// (SPEC §3.2): the database and the relay own them.
+	// RelayOwnedColumns lists the columns that no writer may fill through extra columns:
+	// the database and the relay own them.
 	RelayOwnedColumns = []string{"sequence", "created_at", "next_attempt_at", "published_at",
 		"dead_lettered_at", "attempts", "last_error", "lease_until", "leased_by", "delivery_starts", "last_error_class"}
 )
@@ -242,7 +242,7 @@ func isRelayOwned(name string) bool {
 // idempotent (IF NOT EXISTS; for SQLite, extra columns are part of CREATE TABLE, and Migrate
 // adds those missing from an existing table). It returns a *ConfigError for an invalid config.
 //
-// Columns (SPEC §2): sequence (identity, delivery order), id (UUID, unique event id), topic,
+// Columns: sequence (identity, delivery order), id (UUID, unique event id), topic,
 // payload (JSON by default, JSONB or BYTEA), headers (JSON object of string values; JSONB in
 // tables created before JSON became the default), ordering_key (NULL =
 // unordered), idempotency_key (unique, per table or per SchemaConfig.IdempotencyScope), created_at, attempts, last_error, next_attempt_at,

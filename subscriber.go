@@ -1350,7 +1350,7 @@ func (sub *subscription) itemsOf(evs []dialect.Claimed) []*item {
 	return items
 }
 
-// newMessage builds the Watermill message of an event (SPEC §4.2).
+// newMessage builds the Watermill message of an event.
 func (sub *subscription) newMessage(ctx context.Context, it *item) *message.Message {
 	ev := it.ev
 	msg := message.NewMessage(it.id, ev.Payload)

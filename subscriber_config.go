@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Seed defaults of SubscriberConfig (SPEC §4.3).
+// Seed defaults of SubscriberConfig.
 const (
 	DefaultPollInterval    = 5 * time.Second
 	DefaultBatchSize       = 100

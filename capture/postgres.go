@@ -373,7 +373,7 @@ func (r *resolved) pgBranch(op Operation, tg *target) string {
 	lock := ""
 	if r.lockKey {
 		cte = strings.Replace(cte, "ev AS (", "ev AS MATERIALIZED (", 1)
-		// The Publisher's per-ordering-key lock (outbox SPEC §3.5): the same 64-bit hash
+		// The Publisher's per-ordering-key lock: the same 64-bit hash
 		// seeded with the outbox table, taken in hash order in a materialized CTE that the
 		// INSERT reads, before it draws its first sequence value; so captured and published
 		// events of one key keep commit order together.

@@ -18,7 +18,7 @@ type Outgoing struct {
 }
 
 // BatchPublisher is a destination that takes many messages per call: the Forwarder hands it
-// each claimed batch whole instead of one message per round trip (SPEC §5).
+// each claimed batch whole instead of one message per round trip.
 //
 // PublishBatch publishes batch and returns one result per message, in the same order (a
 // shorter slice fails the missing ones with ErrMissingResult): nil only when the broker

@@ -15,7 +15,7 @@ import (
 )
 
 // TestBatchKeyAcrossRoutesHeldBack: one ordering key whose events go to two routes. The
-// first event fails at route A; SPEC §4.1a: "In a batch, a failing event of a key keeps that
+// first event fails at route A; the outbox's rule: "In a batch, a failing event of a key keeps that
 // key's later events of the batch off the wire" (and §4.1 step 3: the next only after the
 // previous is acked). The router must not put the key's second event on route B's wire.
 func TestBatchKeyAcrossRoutesHeldBack(t *testing.T) {
@@ -56,7 +56,7 @@ func (s *slowFirst) Publish(topic string, msgs ...*message.Message) error {
 
 // TestBatchKeyOrderOneDestinationTwoRoutes: two routes to the same destination (the
 // README's own shape: different topics, one Kafka), one ordering key across them. Nothing
-// fails, yet the key's second event reaches the destination first: SPEC §4.1 step 3, "A key's
+// fails, yet the key's second event reaches the destination first: the relay's rule, "A key's
 // events go out one after another in sequence order (the next only after the previous is
 // acked)".
 func TestBatchKeyOrderOneDestinationTwoRoutes(t *testing.T) {

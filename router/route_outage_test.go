@@ -18,7 +18,7 @@ import (
 
 // TestOutageOfOneRouteChargesNoOtherRoute guards against this: route "hooks.*" is down (each call takes
 // 250 ms to find that out, as a connect timeout does, and answers unavailable); route
-// "billing.*" is up and answers at once. SPEC §4.1a/README: an unavailable destination counts
+// "billing.*" is up and answers at once. An unavailable destination counts
 // no attempt and "Other topics (other routes of a router.Publisher) keep flowing". The
 // router's non-batch part of the down route keeps calling it for every event of the batch
 // after the first unavailable answer, so the whole batch's results wait for that, past

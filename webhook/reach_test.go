@@ -92,7 +92,7 @@ func TestDeadFirstAddressLeavesTimeForTheNext(t *testing.T) {
 
 // TestTLSHandshakeFailureIsUnavailable: a receiver whose certificate does not verify fails
 // every event alike before anything is sent (an expired or wrong certificate is an outage of
-// that receiver, SPEC §4.1a "could not be reached"): unavailable, not an attempt per event.
+// that receiver, "could not be reached"): unavailable, not an attempt per event.
 func TestTLSHandshakeFailureIsUnavailable(t *testing.T) {
 	srv := httptest.NewTLSServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	t.Cleanup(srv.Close)

@@ -26,9 +26,13 @@ type captureFlags struct {
 func (f *captureFlags) register(cmd *cobra.Command, declaration bool) {
 	cmd.Flags().StringVar(&f.db, "db", "", "database URL: postgres://user:password@host:5432/dbname, sqlite://PATH or a path ending in .db (required)")
 	cmd.Flags().StringVar(&f.outboxTable, "outbox-table", outbox.DefaultTable, "outbox table name, optionally schema-qualified on PostgreSQL")
-	cmd.Flags().StringSliceVar(&f.tables, "table", nil, "captured table, optionally schema-qualified (repeat or comma-separate; required)")
 	markRequired(cmd, "db", "URL", "postgres://user:password@host:5432/dbname, sqlite://PATH or a path ending in .db")
-	markRequired(cmd, "table", "orders", "")
+	if f.optionalTables {
+		cmd.Flags().StringSliceVar(&f.tables, "table", nil, "captured table, optionally schema-qualified (repeat or comma-separate; default: every captured table)")
+	} else {
+		cmd.Flags().StringSliceVar(&f.tables, "table", nil, "captured table, optionally schema-qualified (repeat or comma-separate; required)")
+		markRequired(cmd, "table", "orders", "")
+	}
 	if !declaration {
 		return
 	}

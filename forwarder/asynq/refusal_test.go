@@ -14,7 +14,7 @@ import (
 
 // TestRedisRefusingWritesIsUnavailable: a Redis that refuses every write — a replica (READONLY,
 // as the old master after a failover) or one at maxmemory with noeviction (OOM) — refuses
-// service as a whole (SPEC §4.1a): unavailable, no attempt counted, as forwarder/redisstream
+// service as a whole: unavailable, no attempt counted, as forwarder/redisstream
 // classifies the same replies. Each event burnt its attempts and was dead-lettered instead.
 // Private redis-servers on free loopback ports.
 func TestRedisRefusingWritesIsUnavailable(t *testing.T) {

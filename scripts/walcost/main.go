@@ -42,7 +42,7 @@ type variant struct {
 	cfg   outbox.SchemaConfig
 	setup []string // statements run after Migrate (%[1]s = quoted table, %[2]s = index base)
 	wm    bool     // watermill-sql v4's publisher and default schema instead
-	// unordered publishes events without an ordering key: no per-key lock (SPEC §3.5), no
+	// unordered publishes events without an ordering key: no per-key lock, no
 	// keyed index entries.
 	unordered bool
 }

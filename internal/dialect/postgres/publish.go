@@ -80,7 +80,7 @@ func (sh insertShape) build() string {
 		from, order = " FROM input i", " WHERE i.xid IS NOT NULL ORDER BY i.ord"
 		idemKeys = "SELECT idempotency_key FROM input WHERE idempotency_key IS NOT NULL"
 		if sh.keys || sh.idem {
-			// The per-ordering-key lock (SPEC §3.5) sits in a materialized CTE that the INSERT
+			// The per-ordering-key lock sits in a materialized CTE that the INSERT
 			// reads and that yields exactly one row, so every lock is held before the INSERT
 			// draws its first identity value; keys are locked in hash order. Idempotency keys
 			// are locked in the same sorted pass: two statements inserting the same keys in

@@ -101,12 +101,7 @@ func pgxHarness(pool *pgxpool.Pool) dialecttest.Harness {
 func stdHarness(db *sql.DB) dialecttest.Harness {
 	ex := dialect.StdSQL{D: db, Pgx: true}
 	return dialecttest.Harness{Dialect: Dialect{}, Ex: ex, Raw: ex, Table: pgTable, At: pgAt, TextType: "text", Listen: pgListen,
-		Session: pgSession, Waiting: pgWaiting(ex), CurrentTx: pgCurrentTx,
-		Deviations: map[string]string{
-			// A bug: the Subscriber's wake probe fails on every probe over database/sql and
-			// falls back to polling.
-			"WakeProbe": "Probe scans the running transactions (an array, or NULL) into []int64, which database/sql cannot",
-		}}
+		Session: pgSession, Waiting: pgWaiting(ex), CurrentTx: pgCurrentTx}
 }
 
 // TestDialectSuitePgx runs the shared dialect suite on PostgreSQL through a pgx pool.

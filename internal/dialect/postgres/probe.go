@@ -42,7 +42,7 @@ func (Dialect) ProbeTarget(ctx context.Context, ex dialect.Executor, t *dialect.
 // above every completed one is in no snapshot's list: only the backends' list names it.
 const probeSQL = `SELECT p.c,
 	CASE WHEN p.c <> $2 OR $3 THEN pg_current_snapshot()::text END,
-	CASE WHEN p.c <> $2 OR $3 THEN ARRAY(SELECT a.backend_xid::text::bigint FROM pg_stat_get_activity(NULL) a WHERE a.backend_xid IS NOT NULL) END
+	CASE WHEN p.c <> $2 OR $3 THEN array_to_string(ARRAY(SELECT a.backend_xid::text FROM pg_stat_get_activity(NULL) a WHERE a.backend_xid IS NOT NULL), ',') END
 FROM (SELECT coalesce(pg_sequence_last_value($1::oid::regclass), 0) AS c) p`
 
 // Probe implements dialect.WakeProber.
@@ -59,9 +59,8 @@ func (Dialect) Probe(ctx context.Context, ex dialect.Executor, target, last int6
 		return dialect.ProbeState{}, fmt.Errorf("probe returned no row")
 	}
 	var (
-		st   dialect.ProbeState
-		snap *string
-		run  []int64
+		st        dialect.ProbeState
+		snap, run *string // text, so that database/sql scans them as pgx does
 	)
 	if err := rs.Scan(&st.Counter, &snap, &run); err != nil {
 		return st, err
@@ -70,9 +69,8 @@ func (Dialect) Probe(ctx context.Context, ex dialect.Executor, target, last int6
 		return st, err
 	}
 	if run != nil {
-		st.Running = make([]uint32, len(run))
-		for i, x := range run {
-			st.Running[i] = uint32(x)
+		if st.Running, err = parseXids(*run); err != nil {
+			return st, err
 		}
 	}
 	if snap != nil {
@@ -95,17 +93,29 @@ func parseSnapshot(s string) (uint32, []uint32, error) {
 	if parts[2] == "" {
 		return uint32(xmax), nil, nil
 	}
-	list := strings.Split(parts[2], ",")
-	xip := make([]uint32, len(list))
-	for i, x := range list {
-		v, err := strconv.ParseUint(x, 10, 64)
-		if err != nil {
-			return 0, nil, fmt.Errorf("unexpected snapshot %q: %w", s, err)
-		}
-		xip[i] = uint32(v)
+	xip, err := parseXids(parts[2])
+	if err != nil {
+		return 0, nil, fmt.Errorf("unexpected snapshot %q: %w", s, err)
 	}
 	slices.Sort(xip)
 	return uint32(xmax), xip, nil
+}
+
+// parseXids reads a comma-separated list of transaction ids (empty: none), keeping their low
+// 32 bits.
+func parseXids(s string) ([]uint32, error) {
+	out := []uint32{}
+	if s == "" {
+		return out, nil
+	}
+	for x := range strings.SplitSeq(s, ",") {
+		v, err := strconv.ParseUint(x, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("unexpected transaction id %q: %w", x, err)
+		}
+		out = append(out, uint32(v))
+	}
+	return out, nil
 }
 
 // Announce implements dialect.WakeProber: nextval of the sequence (a gap, as a rolled-back

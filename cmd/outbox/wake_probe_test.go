@@ -206,8 +206,15 @@ func BenchmarkWritePathBesideRelay(b *testing.B) {
 		seconds = n
 	}
 	d := time.Duration(seconds) * time.Second
+	// WAKE_BENCH_TOPICS=PATTERN makes the relay serve only that pattern (one the writers do not
+	// write): it then probes, wakes and claims but delivers nothing, so the ratio is the wake
+	// probe's cost to the writers without the relay's delivery work competing for the cores.
+	var topics []string
+	if t := os.Getenv("WAKE_BENCH_TOPICS"); t != "" {
+		topics = []string{"--topics", t}
+	}
 	round := func(flags ...string) float64 {
-		schema, _, p := benchRelay(b, flags...)
+		schema, _, p := benchRelay(b, append(flags, topics...)...)
 		n := len(writeEvents(b, pool, schema, 8, 0, d))
 		if code := p.stop(b); code != 0 {
 			b.Fatalf("relay exit status %d", code)

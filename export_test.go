@@ -38,3 +38,17 @@ func (p *ProbeTracker) Quiet(now time.Time, d time.Duration) bool { return p.t.q
 func (p *ProbeTracker) Observe(counter int64, xmax uint32, inProgress, running []uint32, now time.Time) bool {
 	return p.t.observe(dialect.ProbeState{Counter: counter, Xmax: xmax, InProgress: inProgress, Running: running}, now)
 }
+
+// ProbeWait returns the wake probe's wait for interval after polls woken by it: each entry of
+// leased says whether that poll leased events.
+func ProbeWait(interval time.Duration, leased ...bool) time.Duration {
+	w := &wakeProbe{interval: interval}
+	for _, l := range leased {
+		if l {
+			w.workedWake()
+		} else {
+			w.emptyWake()
+		}
+	}
+	return w.wait()
+}

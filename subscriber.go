@@ -451,8 +451,17 @@ func (sub *subscription) run() {
 		failures   int // polls failed in a row
 		failedFrom time.Time
 	)
+	probeWoken := false // this poll was started by the wake probe
 	for sub.ctx.Err() == nil {
 		again, err := sub.poll()
+		if probeWoken && err == nil {
+			if again {
+				s.probe.workedWake()
+			} else {
+				s.probe.emptyWake()
+			}
+		}
+		probeWoken = false
 		if err != nil {
 			if sub.ctx.Err() != nil {
 				return
@@ -493,7 +502,7 @@ func (sub *subscription) run() {
 		case <-wake:
 			sub.woken = true
 		case <-probed:
-			sub.woken = true
+			sub.woken, probeWoken = true, true
 		}
 		timer.Stop()
 		if due := sub.retryDue.Load(); due != 0 && time.Now().UnixNano() >= due {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -31,6 +32,35 @@ type wakeProbe struct {
 	mu      sync.Mutex
 	subs    map[chan struct{}]struct{}
 	running bool
+
+	// empty counts the polls in a row that a probe's wake-up started and that leased nothing
+	// (the new events were for other topics, or still uncommitted); written by the
+	// subscriptions' goroutines (emptyWake, workedWake), read by the probe's goroutine.
+	empty atomic.Int32
+}
+
+// emptyWakeSlack is how many empty woken polls in a row cost nothing: one claim right after a
+// sequence move often runs before its writer commits, and the next one finds the event.
+const emptyWakeSlack = 2
+
+// maxEmptyWakeShift bounds the probe's slow-down after empty woken polls: at most 8 × the
+// interval (and never beyond the idle interval).
+const maxEmptyWakeShift = 3
+
+// emptyWake records a poll that a probe's wake-up started and that leased nothing.
+func (w *wakeProbe) emptyWake() { w.empty.Add(1) }
+
+// workedWake records a poll that a probe's wake-up started and that leased events.
+func (w *wakeProbe) workedWake() { w.empty.Store(0) }
+
+// wait returns the wait before the next probe while writes go on: the interval, doubled for
+// each empty woken poll in a row beyond emptyWakeSlack, up to maxEmptyWakeShift doublings and
+// the idle interval. A relay whose topics the writers do not write otherwise claimed on every
+// probe while they wrote: with 8 writers saturating PostgreSQL on 2 cores, such a relay cut
+// their throughput to 0.63-0.72x.
+func (w *wakeProbe) wait() time.Duration {
+	n := min(max(int(w.empty.Load())-emptyWakeSlack, 0), maxEmptyWakeShift)
+	return min(w.interval<<n, WakeProbeIdleFactor*w.interval)
 }
 
 // maxProbeBackoff bounds the wait between probes after failures.
@@ -135,7 +165,7 @@ func (w *wakeProbe) run() {
 			return
 		}
 		now := time.Now()
-		wait = w.interval
+		wait = w.wait()
 		if now.Before(retryAt) {
 			wait = retryAt.Sub(now)
 			continue

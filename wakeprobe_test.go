@@ -280,3 +280,31 @@ func TestWakeProbeLogs(t *testing.T) {
 		t.Fatalf("%d start lines", n)
 	}
 }
+
+// TestProbeSlowsAfterEmptyWakes: polls the probe starts that lease nothing (the writers write
+// other topics) slow the probe down, doubling per empty poll beyond the first two, up to 8×
+// the interval and never beyond the idle interval; one poll that leases resets it.
+func TestProbeSlowsAfterEmptyWakes(t *testing.T) {
+	const ms = time.Millisecond
+	for _, c := range []struct {
+		interval time.Duration
+		leased   []bool
+		want     time.Duration
+	}{
+		{5 * ms, nil, 5 * ms},
+		{5 * ms, []bool{false, false}, 5 * ms},
+		{5 * ms, []bool{false, true, false, true, false}, 5 * ms},
+		{5 * ms, []bool{false, false, false}, 10 * ms},
+		{5 * ms, []bool{false, false, false, false}, 20 * ms},
+		{5 * ms, []bool{false, false, false, false, false, false, false, false, false}, 40 * ms},
+		{5 * ms, []bool{false, false, false, false, false, true}, 5 * ms},
+		{20 * ms, []bool{false, false, false, false, false, false}, 160 * ms},
+		{40 * ms, []bool{false, false, false, false, false, false}, 320 * ms},
+		{80 * ms, []bool{false, false, false, false, false, false}, 640 * ms},
+		{100 * ms, []bool{false, false, false, false, false, false}, 800 * ms},
+	} {
+		if got := outbox.ProbeWait(c.interval, c.leased...); got != c.want {
+			t.Errorf("interval %v after %v: wait %v, want %v", c.interval, c.leased, got, c.want)
+		}
+	}
+}

@@ -44,7 +44,7 @@ type wakeProbe struct {
 const emptyWakeSlack = 2
 
 // maxEmptyWakeShift bounds the probe's slow-down after empty woken polls: at most 8 × the
-// interval (and never beyond the idle interval).
+// interval.
 const maxEmptyWakeShift = 3
 
 // emptyWake records a poll that a probe's wake-up started and that leased nothing.
@@ -54,13 +54,13 @@ func (w *wakeProbe) emptyWake() { w.empty.Add(1) }
 func (w *wakeProbe) workedWake() { w.empty.Store(0) }
 
 // wait returns the wait before the next probe while writes go on: the interval, doubled for
-// each empty woken poll in a row beyond emptyWakeSlack, up to maxEmptyWakeShift doublings and
-// the idle interval. A relay whose topics the writers do not write otherwise claimed on every
+// each empty woken poll in a row beyond emptyWakeSlack, up to maxEmptyWakeShift doublings (8×,
+// below the idle interval's WakeProbeIdleFactor). A relay whose topics the writers do not write otherwise claimed on every
 // probe while they wrote: with 8 writers saturating PostgreSQL on 2 cores, such a relay cut
 // their throughput to 0.63-0.72x.
 func (w *wakeProbe) wait() time.Duration {
 	n := min(max(int(w.empty.Load())-emptyWakeSlack, 0), maxEmptyWakeShift)
-	return min(w.interval<<n, WakeProbeIdleFactor*w.interval)
+	return w.interval << n
 }
 
 // maxProbeBackoff bounds the wait between probes after failures.

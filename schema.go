@@ -133,6 +133,16 @@ func (c SchemaConfig) Validate() error {
 }
 
 func (c SchemaConfig) compile() (*schema, error) {
+	d := c.Dialect.impl()
+	if d == nil {
+		return nil, &ConfigError{Field: "SchemaConfig.Dialect", Reason: fmt.Sprintf("unknown dialect %d", c.Dialect)}
+	}
+	return c.compileWith(d)
+}
+
+// compileWith is compile over the dialect d instead of c.Dialect's (the relay simulation's
+// in-memory table).
+func (c SchemaConfig) compileWith(d dialect.Dialect) (*schema, error) {
 	if c.Table == "" {
 		c.Table = DefaultTable
 	}
@@ -144,10 +154,6 @@ func (c SchemaConfig) compile() (*schema, error) {
 		if p == "" || strings.ContainsRune(p, 0) || len(p) > 63 {
 			return nil, &ConfigError{Field: "SchemaConfig.Table", Reason: fmt.Sprintf("%q: each part must be 1..63 bytes without NUL", c.Table)}
 		}
-	}
-	d := c.Dialect.impl()
-	if d == nil {
-		return nil, &ConfigError{Field: "SchemaConfig.Dialect", Reason: fmt.Sprintf("unknown dialect %d", c.Dialect)}
 	}
 	caps := d.Capabilities()
 	if !caps.SchemaQualified && len(parts) > 1 {

@@ -99,6 +99,33 @@ func NewSubscriber(db any, cfg SubscriberConfig, logger watermill.LoggerAdapter)
 	if _, single := db.(*pgx.Conn); single {
 		return nil, &ConfigError{Field: "db", Reason: "a *pgx.Conn runs one statement at a time; the subscriber runs several at once: use a *pgxpool.Pool", Err: ErrUnsupportedDB}
 	}
+	var probeEx execer
+	if _, ok := s.d.(dialect.WakeProber); ok && cfg.WakeProbeInterval > 0 {
+		if probeEx, err = newExecer(db); err != nil {
+			return nil, err
+		}
+	}
+	return newSubscriber(ex, probeEx, s, cfg, logger), nil
+}
+
+// newSubscriberOn returns a Subscriber whose relay runs the statements of the dialect d on ex,
+// with no wake probe: the relay simulation's in-memory table. cfg is validated as by
+// NewSubscriber.
+func newSubscriberOn(ex execer, d dialect.Dialect, cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subscriber, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	s, err := cfg.Schema.compileWith(d)
+	if err != nil {
+		return nil, err
+	}
+	return newSubscriber(ex, nil, s, cfg, logger), nil
+}
+
+// newSubscriber builds a Subscriber over a validated config: ex runs the relay's statements,
+// probeEx the wake probe's (nil: no probe).
+func newSubscriber(ex, probeEx execer, s *schema, cfg SubscriberConfig, logger watermill.LoggerAdapter) *Subscriber {
 	excl := make([]topicFilter, len(cfg.ExcludeTopics))
 	for i, p := range cfg.ExcludeTopics {
 		excl[i], _ = parseTopicPattern("", p)
@@ -115,14 +142,10 @@ func NewSubscriber(db any, cfg SubscriberConfig, logger watermill.LoggerAdapter)
 	if w, ok := logger.(WarnLogger); ok {
 		sub.warn = func(msg string, err error, fields watermill.LogFields) { w.Warn(msg, err, scope.Add(fields)) }
 	}
-	if p, ok := s.d.(dialect.WakeProber); ok && cfg.WakeProbeInterval > 0 {
-		pex, err := newExecer(db)
-		if err != nil {
-			return nil, err
-		}
-		sub.probe = &wakeProbe{s: sub, p: p, ex: pex, interval: cfg.WakeProbeInterval, subs: map[chan struct{}]struct{}{}}
+	if p, ok := s.d.(dialect.WakeProber); ok && probeEx != nil {
+		sub.probe = &wakeProbe{s: sub, p: p, ex: probeEx, interval: cfg.WakeProbeInterval, subs: map[chan struct{}]struct{}{}}
 	}
-	return sub, nil
+	return sub
 }
 
 // Subscribe returns the messages of the topics that topic selects: an exact name, a prefix

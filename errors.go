@@ -3,6 +3,8 @@ package outbox
 import (
 	"errors"
 	"fmt"
+
+	"github.com/watermill-outbox/outbox/internal/engine"
 )
 
 // ErrValidation is matched (errors.Is) by every *ValidationError: an event that was refused
@@ -19,7 +21,7 @@ var ErrUnsupportedDB = errors.New("outbox: unsupported database handle")
 
 // ErrClosed is returned by Subscribe and SubscribeBatches after Close. The operations
 // (Backlog, RetryDeadLettered, cleanups) keep working after Close: they only run SQL.
-var ErrClosed = errors.New("outbox: closed")
+var ErrClosed = engine.ErrClosed
 
 // ValidationError describes one refused event. Index is the event's position in the Publish,
 // EnqueueMany or PublishEvents call (0-based); Field names the offending part ("topic", "uuid",
@@ -80,21 +82,21 @@ func (e *DeliveryError) Unwrap() error { return e.Err }
 
 // ErrNacked is the cause recorded when a message is nacked without an error recorded by the
 // RecordError middleware.
-var ErrNacked = errors.New("outbox: message nacked")
+var ErrNacked = engine.ErrNacked
 
 // ErrLeaseLost is the error logged when a batch's marks were refused by the fencing token: its
 // lease had expired and another relay took its events over (and delivers them again).
-var ErrLeaseLost = errors.New("outbox: lease lost to another relay")
+var ErrLeaseLost = engine.ErrLeaseLost
 
 // ErrPoisonEvent is the cause recorded for an event dead-lettered because its deliveries kept
 // starting without an outcome: the relay stopped while delivering it, or the destination never
 // judged it (NotAttempted, e.g. it dropped the connection), every time (see
 // SubscriberConfig.MaxDeliveryStarts).
-var ErrPoisonEvent = errors.New("outbox: poison event: its deliveries kept ending without an outcome (relay stopped, or not attempted)")
+var ErrPoisonEvent = engine.ErrPoisonEvent
 
 // ErrDeliveryTimeout is the cause recorded when a message is neither acked nor nacked within
 // SubscriberConfig.DeliveryTimeout.
-var ErrDeliveryTimeout = errors.New("outbox: delivery timeout: message neither acked nor nacked")
+var ErrDeliveryTimeout = engine.ErrDeliveryTimeout
 
 // ErrIdempotencyScopeMismatch is returned (wrapped, with the table, the index found and the
 // fix) by Migrate when the table's idempotency index was built for another

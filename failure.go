@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/watermill-outbox/outbox/internal/engine"
 )
 
 // ErrUnavailable is matched (errors.Is) by every *UnavailableError: the destination could not be
@@ -130,40 +132,32 @@ func NotAttempted(err error) error {
 	return &NotAttemptedError{Err: err}
 }
 
-// failureClass is how the Subscriber treats a delivery error: an ordinary failure (backoff,
+// classify returns how the Subscriber treats a delivery error: an ordinary failure (backoff,
 // MaxAttempts), not attempted (released, nothing counted), unavailable (no attempt, destination
 // paused) or permanent (dead letter now). Not attempted wins over the others (the destination
 // did not answer about the event), then unavailable (a destination that is down cannot judge
 // the event).
-type failureClass int
-
-const (
-	classFailure failureClass = iota
-	classUnavailable
-	classPermanent
-	classNotAttempted
-)
-
-func classify(err error) failureClass {
+func classify(err error) engine.Class {
 	switch {
 	case err == nil:
-		return classFailure
+		return engine.ClassFailure
 	case errors.Is(err, ErrNotAttempted):
-		return classNotAttempted
+		return engine.ClassNotAttempted
 	case errors.Is(err, ErrUnavailable):
-		return classUnavailable
+		return engine.ClassUnavailable
 	case errors.Is(err, ErrPermanent):
-		return classPermanent
+		return engine.ClassPermanent
 	default:
-		return classFailure
+		return engine.ClassFailure
 	}
 }
 
-// unavailableDestination returns the Destination and RetryAfter of err's *UnavailableError.
-func unavailableDestination(err error) (string, time.Duration) {
+// unavailableDestination reports whether err matches ErrUnavailable, with the Destination and
+// RetryAfter of its *UnavailableError.
+func unavailableDestination(err error) (ok bool, dest string, retryAfter time.Duration) {
 	var ue *UnavailableError
 	if errors.As(err, &ue) {
-		return ue.Destination, ue.RetryAfter
+		return errors.Is(err, ErrUnavailable), ue.Destination, ue.RetryAfter
 	}
-	return "", 0
+	return errors.Is(err, ErrUnavailable), "", 0
 }

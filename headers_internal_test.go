@@ -6,17 +6,28 @@ import (
 	"github.com/watermill-outbox/outbox/internal/dialect"
 )
 
-// TestItemsOfHeaders: an event without headers (the column's '{}') gets an empty map, not nil,
+// TestEventOfHeaders: an event without headers (the column's '{}') gets an empty map, not nil,
 // like every other decoded headers object; 'null' gets none; an undecodable value gets the
 // outbox-headers-error header.
-func TestItemsOfHeaders(t *testing.T) {
+func TestEventOfHeaders(t *testing.T) {
 	const id = "0193a8a2-7c1e-7000-8000-000000000001"
-	items := followSub().itemsOf([]dialect.Claimed{
+	conv := eventOf(&schema{})
+	var items []struct {
+		ev *Event
+		id string
+	}
+	for _, c := range []dialect.Claimed{
 		{Sequence: 1, ID: id, Headers: "{}"},
 		{Sequence: 2, ID: id, Headers: "null"},
 		{Sequence: 3, ID: id, Headers: `{"a":"b"}`},
 		{Sequence: 4, ID: id, Headers: ""},
-	})
+	} {
+		ev, id := conv(&c)
+		items = append(items, struct {
+			ev *Event
+			id string
+		}{ev.(*Event), id})
+	}
 	if h := items[0].ev.Headers; h == nil || len(h) != 0 {
 		t.Errorf("'{}' gave %#v, want an empty map", h)
 	}

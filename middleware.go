@@ -47,3 +47,6 @@ func RecordError(h message.HandlerFunc) message.HandlerFunc {
 		return msgs, err
 	}
 }
+
+// NackError implements engine.Answerer.
+func (h *errHolder) NackError() error { return h.get() }

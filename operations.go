@@ -140,7 +140,7 @@ func (s *Subscriber) RetryDeadLettered(ctx context.Context, f RetryFilter) (int6
 		return 0, fmt.Errorf("outbox: retry dead letters in %s: %w", s.s.table, err)
 	}
 	if n > 0 {
-		s.announce(ctx)
+		s.relay.Announce(ctx)
 	}
 	return n, nil
 }
@@ -159,7 +159,7 @@ func (s *Subscriber) PurgeDeadLettered(ctx context.Context, f DeadLetterFilter) 
 		return 0, fmt.Errorf("outbox: purge dead letters in %s: %w", s.s.table, err)
 	}
 	if n > 0 {
-		s.announce(ctx)
+		s.relay.Announce(ctx)
 	}
 	return n, nil
 }

@@ -1,26 +1,9 @@
 package outbox
 
 import (
-	"errors"
-	"fmt"
 	"sort"
 	"time"
-
-	"github.com/ThreeDotsLabs/watermill"
 )
-
-// outage is a destination that answered unavailable (UnavailableError.Destination): the
-// subscription claims none of the topics whose events it refused, except one event at a time as
-// a probe, until a probe gets any other answer. Only the poll goroutine touches it.
-type outage struct {
-	dest      string
-	topics    map[string]bool
-	since     time.Time
-	nextProbe time.Time
-	probes    int
-	refused   int // events released as unavailable during the outage
-	lastErr   error
-}
 
 // Outage describes a destination that a subscription currently treats as unavailable.
 type Outage struct {
@@ -41,175 +24,11 @@ type Outage struct {
 // every destination answers. It reflects this process only: other relays keep their own.
 // Safe for concurrent use.
 func (s *Subscriber) Outages() []Outage {
-	s.outagesMu.Lock()
-	defer s.outagesMu.Unlock()
 	var out []Outage
-	for _, m := range s.outages {
-		out = append(out, m...)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Destination < out[j].Destination })
-	return out
-}
-
-// publishOutages copies the subscription's outages to the Subscriber for Outages.
-func (sub *subscription) publishOutages() {
-	var list []Outage
-	for _, o := range sub.outages {
-		ts := make([]string, 0, len(o.topics))
-		for t := range o.topics {
-			ts = append(ts, t)
-		}
-		sort.Strings(ts)
-		list = append(list, Outage{Destination: o.dest, Topics: ts, Since: o.since, Refused: o.refused, LastError: o.lastErr})
-	}
-	s := sub.s
-	s.outagesMu.Lock()
-	if s.outages == nil {
-		s.outages = map[*subscription][]Outage{}
-	}
-	if len(list) == 0 {
-		delete(s.outages, sub)
-	} else {
-		s.outages[sub] = list
-	}
-	s.outagesMu.Unlock()
-}
-
-// pausedTopics returns the topics the next claim must leave out: those of every outage that
-// has not passed UnavailableDeadLetterAfter (after it, its events are claimed at full rate and
-// dead-lettered when refused); empty when nothing is paused.
-func (sub *subscription) pausedTopics(now time.Time) []string {
-	out := []string{}
-	for _, o := range sub.outages {
-		if sub.outageExpired(o, now) {
-			continue
-		}
-		for t := range o.topics {
-			out = append(out, t)
-		}
+	for _, o := range s.relay.Outages() {
+		out = append(out, Outage(o))
 	}
 	return out
-}
-
-func (sub *subscription) outageExpired(o *outage, now time.Time) bool {
-	d := sub.s.cfg.UnavailableDeadLetterAfter
-	return d > 0 && now.Sub(o.since) >= d
-}
-
-// probeWait is the wait before an outage's next probe: a 32nd of the outage's age, within
-// UnavailableBackoff..UnavailableBackoffMax, so that a destination back after a 30 s outage is
-// probed within about 1 s (the chaos suite's target is delivery ≤ 2 s after it is back; a 16th
-// measured 1.85 s), one down for hours every UnavailableBackoffMax. A probe is one event.
-func (sub *subscription) probeWait(o *outage, now time.Time) time.Duration {
-	return min(max(now.Sub(o.since)/32, sub.s.cfg.UnavailableBackoff), sub.s.cfg.UnavailableBackoffMax)
-}
-
-// dueProbe returns the outage whose probe is due, or nil.
-func (sub *subscription) dueProbe(now time.Time) *outage {
-	var due *outage
-	for _, o := range sub.outages {
-		if !sub.outageExpired(o, now) && !now.Before(o.nextProbe) && (due == nil || o.nextProbe.Before(due.nextProbe)) {
-			due = o
-		}
-	}
-	return due
-}
-
-// nextProbeAt returns when the earliest probe is due, or the zero time without outages.
-func (sub *subscription) nextProbeAt(now time.Time) time.Time {
-	var at time.Time
-	for _, o := range sub.outages {
-		if !sub.outageExpired(o, now) && (at.IsZero() || o.nextProbe.Before(at)) {
-			at = o.nextProbe
-		}
-	}
-	return at
-}
-
-// noteOutcomes opens or extends outages for the batch's events refused as unavailable, and
-// turns such refusals into dead letters once their outage passed UnavailableDeadLetterAfter.
-// probe is the outage a probe batch was claimed for (nil for an ordinary batch): any other
-// answer to the probe ends it. Runs in the poll goroutine, after the batch is over.
-func (sub *subscription) noteOutcomes(items []*item, probe *outage) {
-	now := time.Now()
-	answered := false
-	for _, it := range items {
-		switch it.state {
-		case stateAcked, stateFailed:
-			answered = true
-			// An outage past UnavailableDeadLetterAfter is not probed (its topics are claimed
-			// at full rate): the first answer of one of its topics ends it.
-			for _, o := range sub.outages {
-				if o.topics[it.ev.Topic] && sub.outageExpired(o, now) && !(it.state == stateFailed && it.perm && errors.Is(it.err, ErrUnavailable)) {
-					sub.closeOutage(o, now)
-				}
-			}
-			continue
-		case stateUnavailable:
-		default:
-			continue
-		}
-		dest, retryAfter := unavailableDestination(it.err)
-		o := sub.outages[dest]
-		if o == nil {
-			if sub.outages == nil {
-				sub.outages = map[string]*outage{}
-			}
-			o = &outage{dest: dest, topics: map[string]bool{}, since: now, nextProbe: now.Add(sub.s.cfg.UnavailableBackoff)}
-			sub.outages[dest] = o
-			sub.s.logWarn("outbox: destination unavailable; its topics are paused and probed, no attempts are counted", it.err,
-				watermill.LogFields{"destination": dest, "topic": it.ev.Topic})
-			defer sub.outageHook(o, time.Time{})
-		}
-		o.topics[it.ev.Topic] = true
-		o.refused++
-		o.lastErr = it.err
-		if h := sub.s.cfg.Hooks.OnUnavailable; h != nil {
-			h(FailedInfo{EventID: it.ev.ID.String(), Topic: it.ev.Topic, Attempts: it.ev.Attempts, Err: &DeliveryError{EventID: it.ev.ID.String(), Topic: it.ev.Topic, Err: it.err}, At: now})
-		}
-		// A destination's RetryAfter (a receiver's HTTP Retry-After) delays the next probe, but
-		// by at most UnavailableBackoffMax: one answer of "Retry-After: 999999999" paused the
-		// topics for 32 years (TestRetryAfterDelaysProbesAtMostBackoffMax).
-		if next := now.Add(min(retryAfter, sub.s.cfg.UnavailableBackoffMax)); next.After(o.nextProbe) {
-			o.nextProbe = next
-		}
-		if sub.outageExpired(o, now) {
-			it.state, it.perm = stateFailed, true
-			it.err = fmt.Errorf("destination unavailable for more than %s (SubscriberConfig.UnavailableDeadLetterAfter): %w", sub.s.cfg.UnavailableDeadLetterAfter, it.err)
-		}
-	}
-	if probe != nil {
-		probe.probes++
-		if answered && sub.outages[probe.dest] == probe {
-			sub.closeOutage(probe, now)
-		} else {
-			probe.nextProbe = now.Add(max(sub.probeWait(probe, now), probe.nextProbe.Sub(now)))
-		}
-	}
-	sub.publishOutages()
-}
-
-// outageHook calls Hooks.OnOutage for o (ended zero: it started).
-func (sub *subscription) outageHook(o *outage, ended time.Time) {
-	h := sub.s.cfg.Hooks.OnOutage
-	if h == nil {
-		return
-	}
-	ts := make([]string, 0, len(o.topics))
-	for t := range o.topics {
-		ts = append(ts, t)
-	}
-	sort.Strings(ts)
-	h(OutageInfo{Destination: o.dest, Topics: ts, Since: o.since, Ended: ended, Released: o.refused, Err: o.lastErr})
-}
-
-// closeOutage ends an outage: its topics are claimed at full rate again.
-func (sub *subscription) closeOutage(o *outage, now time.Time) {
-	delete(sub.outages, o.dest)
-	sub.outageHook(o, now)
-	sub.s.logger.Info("outbox: destination available again; its topics are claimed at full rate", watermill.LogFields{
-		"destination": o.dest, "unavailable_for": now.Sub(o.since).Round(time.Millisecond).String(),
-		"events_released": o.refused, "probes": o.probes})
 }
 
 // Outages returns the outages of every table's Subscriber (see Subscriber.Outages), sorted by

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"time"
+
+	"github.com/watermill-outbox/outbox/internal/engine"
 )
 
 // Seed defaults of SubscriberConfig.
@@ -37,7 +39,7 @@ const (
 	DefaultWakeProbeInterval = 5 * time.Millisecond
 	// WakeProbeIdleFactor: after a second without writes the wake probe runs every
 	// WakeProbeIdleFactor × WakeProbeInterval (50ms by default) until the next write.
-	WakeProbeIdleFactor = 10
+	WakeProbeIdleFactor = engine.WakeProbeIdleFactor
 )
 
 // SubscriberConfig configures a Subscriber. The zero value is valid: a zero field means the

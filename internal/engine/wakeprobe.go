@@ -1,4 +1,4 @@
-package outbox
+package engine
 
 import (
 	"context"
@@ -24,9 +24,9 @@ import (
 // whatever the statement (SELECT 1 included), so a 5ms probe alone would cost an idle database
 // about 3–4% of a core. It runs while at least one subscription listens.
 type wakeProbe struct {
-	s        *Subscriber
+	s        *Relay
 	p        dialect.WakeProber
-	ex       execer // the handle itself: one plain statement per probe, no relay transaction
+	ex       dialect.Executor // the handle itself: one plain statement per probe, no relay transaction
 	interval time.Duration
 
 	mu      sync.Mutex
@@ -176,7 +176,7 @@ func (w *wakeProbe) run() {
 		var err error
 		if !resolved {
 			var cache int64
-			if target, cache, err = w.p.ProbeTarget(ctx, w.ex, w.s.s.t); err == nil {
+			if target, cache, err = w.p.ProbeTarget(ctx, w.ex, w.s.t); err == nil {
 				resolved = true
 				log.Info("outbox: wake probe on: the relay claims within about one interval of any writer's commit (it probes the table's sequence; every idle interval after a second without writes)", fields)
 				if cache > 1 {
@@ -315,12 +315,16 @@ func (t *probeTracker) watch(xids []uint32, now time.Time) {
 // announce advances the table's sequence after an operation made events claimable (a retry of
 // dead letters, a purge that frees keys), so that probing relays claim at once. A failure only
 // delays them until their next poll: it is logged at debug level.
-func (s *Subscriber) announce(ctx context.Context) {
-	p, ok := s.s.d.(dialect.WakeProber)
+func (s *Relay) announce(ctx context.Context) {
+	p, ok := s.d.(dialect.WakeProber)
 	if !ok {
 		return
 	}
-	if err := p.Announce(ctx, s.db, s.s.t); err != nil {
+	if err := p.Announce(ctx, s.db, s.t); err != nil {
 		s.logger.Debug("outbox: could not wake the relays (they find the events at their next poll)", watermill.LogFields{"error": err.Error()})
 	}
 }
+
+// WakeProbeIdleFactor: after a second without writes the wake probe runs every
+// WakeProbeIdleFactor × Config.WakeProbeInterval until the next write.
+const WakeProbeIdleFactor = 10

@@ -1,4 +1,4 @@
-package outbox
+package engine
 
 import (
 	"context"
@@ -78,12 +78,12 @@ func (l *keyLows) params() []dialect.KeyLow {
 	return out
 }
 
-// sweepInterval is how often a subscription with floors sweeps below them (dialect.Sweeper) for
+// defaultSweepInterval is how often a subscription with floors sweeps below them (dialect.Sweeper) for
 // events no claim can find any more: a key the relay was following when it stopped (see
 // subscription.follow), or an event written without the Publisher in a transaction that had no
 // transaction id yet (the floors' settling assumes one). It reads the history below the floors,
 // beside the claims.
-var sweepInterval = 30 * time.Second // a variable for the tests (export_test.go)
+const defaultSweepInterval = 30 * time.Second
 
 // sweepCostFactor spaces sweeps by at least this many times the last sweep's duration. A sweep
 // reads the pending-event index below the floors, and under a long-open snapshot that index
@@ -98,7 +98,7 @@ const sweepCostFactor = 50
 // sweeper runs the sweeps of one subscription until ctx ends; found receives the lowest
 // sequences found below the floors that were current when the sweep began.
 type sweeper struct {
-	every            time.Duration // sweepInterval when the subscription started
+	every            time.Duration // Config.SweepInterval
 	keyed, unordered atomic.Int64  // the floors, published by the claiming goroutine
 	// foundKeyed and foundUnordered are what the last sweeps found (0: nothing), taken by the
 	// next claim.

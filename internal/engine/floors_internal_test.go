@@ -1,4 +1,4 @@
-package outbox
+package engine
 
 import (
 	"context"
@@ -26,7 +26,7 @@ func (s *slowSweeper) Sweep(context.Context, dialect.Executor, int64, int64) (in
 // duration when that is longer than the interval, the interval otherwise; no sweep runs while
 // the floors are at the start.
 func TestSweepSpacedByItsCost(t *testing.T) {
-	sub := &subscription{s: &Subscriber{logger: watermill.NopLogger{}}}
+	sub := &subscription{s: &Relay{logger: watermill.NopLogger{}}}
 	w := &sweeper{every: 100 * time.Millisecond}
 	ctx := context.Background()
 

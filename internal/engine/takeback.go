@@ -1,4 +1,4 @@
-package outbox
+package engine
 
 import (
 	"context"
@@ -20,13 +20,13 @@ import (
 // event is lost or recorded out of order, but the destination may see duplicates.
 func (sub *subscription) takeBack() {
 	s := sub.s
-	if !s.cfg.takeBack {
+	if !s.cfg.TakeBack {
 		return
 	}
 	name := s.cfg.RelayName + "#"
 	ctx, cancel := context.WithTimeout(sub.ctx, 30*time.Second)
 	defer cancel()
-	n, err := s.s.d.TakeBack(ctx, s.db, s.s.t, name, s.tokenPrefix)
+	n, err := s.d.TakeBack(ctx, s.db, s.t, name, s.tokenPrefix)
 	switch {
 	case err != nil:
 		if sub.ctx.Err() == nil {

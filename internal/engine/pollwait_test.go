@@ -1,10 +1,8 @@
-package outbox_test
+package engine
 
 import (
 	"testing"
 	"time"
-
-	"github.com/watermill-outbox/outbox"
 )
 
 // TestPollWaitBacksOffWhileKeysAreHeld: after polls whose claims found only keys held by
@@ -28,7 +26,7 @@ func TestPollWaitBacksOffWhileKeysAreHeld(t *testing.T) {
 		{5 * time.Second, 3, 5 * time.Second},
 	}
 	for _, c := range cases {
-		if got := outbox.PollWait(c.interval, c.held); got != c.want {
+		if got := pollWait(c.interval, c.held); got != c.want {
 			t.Errorf("PollWait(%v, %d) = %v, want %v", c.interval, c.held, got, c.want)
 		}
 	}

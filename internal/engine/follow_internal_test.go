@@ -1,4 +1,4 @@
-package outbox
+package engine
 
 import (
 	"context"
@@ -11,13 +11,13 @@ import (
 
 // followSub is a subscription with floors (a sweeper) and continuations, as on PostgreSQL.
 func followSub() *subscription {
-	s := &Subscriber{logger: watermill.NopLogger{}, s: &schema{caps: dialect.Capabilities{Continuations: true}}}
+	s := &Relay{logger: watermill.NopLogger{}, caps: dialect.Capabilities{Continuations: true}}
 	s.cfg.MaxRunPerKey = 10
 	return &subscription{s: s, ctx: context.Background(), sweep: &sweeper{}}
 }
 
 func ev(seq int64, key string, state int, follow bool) *item {
-	return &item{ev: &Event{Sequence: seq, OrderingKey: key}, state: state, follow: follow}
+	return &item{ev: event{Sequence: seq, OrderingKey: key}, state: state, follow: follow}
 }
 
 // TestFollowedKeyNotLost: a followed key (claimed below the keyed floor) whose continuation
@@ -62,7 +62,7 @@ func TestFollowedKeyNotLost(t *testing.T) {
 		sub := followSub()
 		conts := []dialect.Continuation{{Key: "a", From: 1, After: 3}, {Key: "b", From: 10, After: 12}}
 		follow := map[string]bool{"a": true, "b": true}
-		sub.lostFollowed(conts, follow, []*item{{ev: &Event{Sequence: 4, OrderingKey: "a"}, cont: true}, {ev: &Event{Sequence: 50, OrderingKey: "c"}}})
+		sub.lostFollowed(conts, follow, []*item{{ev: event{Sequence: 4, OrderingKey: "a"}, cont: true}, {ev: event{Sequence: 50, OrderingKey: "c"}}})
 		if sub.refind != 13 {
 			t.Fatalf("refind %d, want 13 (b not continued)", sub.refind)
 		}

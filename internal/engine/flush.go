@@ -1,4 +1,4 @@
-package outbox
+package engine
 
 import (
 	"sync"
@@ -51,7 +51,7 @@ func (f *flusher) start(items []*item, prev *marks) {
 
 func (f *flusher) run() {
 	defer f.wg.Done()
-	if !f.sub.s.s.caps.FlushAcks {
+	if !f.sub.s.caps.FlushAcks {
 		// SQLite has one writer: each flush would take the database's write lock beside the
 		// writers' transactions (under Watermill's universal suite, 20 parallel publishers then
 		// waited past the 10 s busy timeout). Its acks are written at the batch's end.

@@ -1,4 +1,4 @@
-package outbox
+package engine
 
 import "testing"
 
@@ -6,7 +6,7 @@ import "testing"
 // its waits end with wakeup signals, for at most maxEagerFullRun whole batches in a row, and
 // never before a wakeup or after a wait that ran out.
 func TestEagerClaimPolicy(t *testing.T) {
-	sub := &subscription{}
+	sub := &subscription{s: &Relay{}}
 	if sub.eagerClaim() {
 		t.Fatal("eager before any wakeup")
 	}

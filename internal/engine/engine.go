@@ -107,7 +107,9 @@ type Host struct {
 }
 
 // Relay is the engine of one Subscriber: its subscriptions share the database handle, the
-// fencing token prefix, the wake probe and the outage list. Safe for concurrent use.
+// fencing token prefix, the wake probe and the outage list. Safe for concurrent use. Its
+// fields are set by New and read-only afterwards, but for those under a lock (closed,
+// outages) or atomic (claims), written by any subscription's goroutines and by Close.
 type Relay struct {
 	db    dialect.Executor
 	d     dialect.Dialect

@@ -13,7 +13,7 @@ import (
 func followSub() *subscription {
 	s := &Relay{logger: watermill.NopLogger{}, caps: dialect.Capabilities{Continuations: true}}
 	s.cfg.MaxRunPerKey = 10
-	return &subscription{s: s, ctx: context.Background(), sweep: &sweeper{}}
+	return &subscription{s: s, ctx: context.Background(), claimer: claimer{sweep: &sweeper{}}}
 }
 
 func ev(seq int64, key string, state int, follow bool) *item {

@@ -9,11 +9,54 @@ import (
 	"github.com/watermill-outbox/outbox/internal/dialect"
 )
 
-// subscription is one Subscribe call's poll loop.
+// subscription is one Subscribe call: its poll goroutine (run) drives the stages one batch
+// at a time. The state of each stage is an embedded struct whose comment names the goroutines
+// that write it; fields set before the goroutines start (s … stopDeliveries) are read-only
+// afterwards.
 type subscription struct {
 	s     *Relay
 	sel   Selection
 	relay dialect.Relay // the dialect's claim, renew and mark statements
+	// emit delivers a claimed batch: it emits messages while ctx lasts; the messages'
+	// contexts derive from mctx, which outlives ctx by CloseTimeout at a stop (see deliver).
+	emit   func(ctx, mctx context.Context, b []*item) bool
+	ctx    context.Context
+	cancel context.CancelFunc
+	// deliveries is the parent of the message contexts: it ends CloseTimeout after ctx ends
+	// (or as soon as the subscription's goroutine returns), not with ctx, so that a stop
+	// lets the messages out finish (see SubscriberConfig.CloseTimeout). It keeps ctx's values.
+	deliveries     context.Context
+	stopDeliveries context.CancelFunc
+
+	pacer     // when to poll
+	claimer   // how the next claim is shaped
+	continuer // which runs the next claim continues
+	settler   // the destinations found unavailable
+	pipeline  // the batches between claim and marks
+}
+
+// pacer is the pace stage's state (pace.go): written by the poll goroutine, but for retryDue,
+// which the goroutines that write marks lower (noteRetry) and the poll goroutine clears once due.
+type pacer struct {
+	// heldPolls counts the polls in a row whose claim leased nothing although its walk found
+	// claimable keyed events: their keys are held by another relay (or by a batch of this
+	// one). The wait after such a poll doubles with each, up to heldWait (see pollWait).
+	heldPolls int
+	// Eager locking (SQLite, see ClaimParams.Eager and eagerClaim): woken is set when the
+	// subscription's last wait ended with a wakeup signal (events were just committed) and
+	// cleared when one ended with the poll interval; fullRun counts the claims in a row that
+	// leased a whole batch.
+	woken   bool
+	fullRun int
+	// retryDue is the earliest time (relay clock, UnixNano; 0 = none) at which an event this
+	// relay failed is due again, so the relay polls then instead of after PollInterval.
+	retryDue atomic.Int64
+}
+
+// claimer is the claim stage's state (claim.go): the adaptive policies that shape the next
+// claim. Written by the poll goroutine only; the sweeper's own goroutine reads sweep's atomics
+// and keyLows has its own lock (marks note written acks).
+type claimer struct {
 	// cursor is where the next claim's key skip scan resumes.
 	cursor string
 	// oldest is how many of the oldest claimable keyed events the next claim walks and locks
@@ -42,10 +85,6 @@ type subscription struct {
 	walked       int64
 	// lastClaimed is how many events the last claim leased (its size hint for the next).
 	lastClaimed int
-	// heldPolls counts the polls in a row whose claim leased nothing although its walk found
-	// claimable keyed events: their keys are held by another relay (or by a batch of this
-	// one). The wait after such a poll doubles with each, up to heldWait (see pollWait).
-	heldPolls int
 	// lowUnordered and lowKeyed are where the claim's unordered scan and oldest-keyed walk
 	// start (sequence >= low; PostgreSQL): after a full batch, its lowest unordered and
 	// keyed sequence, so that a claim in a long backlog does not step over the index entries
@@ -71,12 +110,11 @@ type subscription struct {
 	// relay does not know (the known keys' heads come from their lows) doubles the backoff up to
 	// maxKeyScanBackoff; one that found some ends it.
 	keyScanIn, keyScanEvery int
-	// Eager locking (SQLite, see ClaimParams.Eager and eagerClaim): woken is set when the
-	// subscription's last wait ended with a wakeup signal (events were just committed) and
-	// cleared when one ended with the poll interval; fullRun counts the claims in a row that
-	// leased a whole batch. Only the subscription's goroutine uses them.
-	woken   bool
-	fullRun int
+}
+
+// continuer is the runs the next claim may continue (continuations.go). Written by the poll
+// goroutine only.
+type continuer struct {
 	// contKeys, contFrom, contAfter and contToken are the next claim's continuations
 	// (Capabilities.Continuations: PostgreSQL, MariaDB/MySQL): the keys whose run in the last
 	// batch (claimed under contToken) held MaxRunPerKey events and was acked whole, with the
@@ -93,24 +131,19 @@ type subscription struct {
 	// contLeftOut: the last delivered batch left a key out of its continuations (see
 	// continueRuns).
 	contLeftOut bool
+}
 
+// settler is the outages stage's state (outage.go). Written by the poll goroutine only; the
+// Relay's copy for Outages is published under its lock.
+type settler struct {
 	// outages are the destinations found unavailable, by UnavailableError.Destination (see
 	// outage.go); their topics are left out of claims but for one probe event at a time.
 	outages map[string]*outage
-	// retryDue is the earliest time (relay clock, UnixNano; 0 = none) at which an event this
-	// relay failed is due again, so the relay polls then instead of after PollInterval.
-	retryDue atomic.Int64
+}
 
-	// emit delivers a claimed batch: it emits messages while ctx lasts; the messages'
-	// contexts derive from mctx, which outlives ctx by CloseTimeout at a stop (see deliver).
-	emit   func(ctx, mctx context.Context, b []*item) bool
-	ctx    context.Context
-	cancel context.CancelFunc
-	// deliveries is the parent of the message contexts: it ends CloseTimeout after ctx ends
-	// (or as soon as the subscription's goroutine returns), not with ctx, so that a stop
-	// lets the messages out finish (see SubscriberConfig.CloseTimeout). It keeps ctx's values.
-	deliveries     context.Context
-	stopDeliveries context.CancelFunc
+// pipeline is the batches between their claim and their marks (poll.go). Written by the poll
+// goroutine only; a marks value is written by its mark goroutine before done is closed.
+type pipeline struct {
 	// marking is the previous batch's marks; nil before the first. Marks run while the next
 	// batch is delivered and the one after it claimed: that batch's events stay leased (so no
 	// claim takes them, nor a later event of their keys) until the marks land.
@@ -161,7 +194,7 @@ type leased struct {
 
 // newSubscription returns a subscription of sel, not started.
 func (s *Relay) newSubscription(ctx context.Context, sel Selection) *subscription {
-	sub := &subscription{s: s, sel: sel, oldest: s.cfg.BatchSize, walked: -1}
+	sub := &subscription{s: s, sel: sel, claimer: claimer{oldest: s.cfg.BatchSize, walked: -1}}
 	if s.caps.Floors {
 		every := s.cfg.SweepInterval
 		if every <= 0 {

@@ -37,10 +37,9 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	follow := sub.contFollow
 	p.Eager = sub.eagerClaim()
 	// A claim after one that leased less than a whole batch reads first (SQLite): it may well
-	// find nothing, and then it never takes the write lock. Idle relays polling through the
-	// busy handler otherwise queue with the writers for the lock at every poll (50 relays at
-	// a 20 ms poll starved publishers past their 10 s busy timeout in watermill's universal
-	// suite).
+	// find nothing, and then it never takes the write lock: idle relays polling through the
+	// busy handler would otherwise queue with the writers for the lock at every poll
+	// (docs/design/relay.md, "Why the policies").
 	p.ReadFirst = sub.fullRun == 0 && !sub.s.cfg.SQLiteNoReadFirst
 	res, err := sub.relay.Claim(sub.ctx, s.db, p)
 	if err != nil {
@@ -209,9 +208,8 @@ func (sub *subscription) eagerClaim() bool {
 
 // maxEagerFullRun bounds eager locking while a relay drains a backlog: after this many claims
 // in a row that leased a whole batch, claims (and their marks) wait through SQLite's busy
-// handler like the writers until a claim leases less than a batch. A relay claiming back to
-// back and retrying for the lock every 250 µs would otherwise take it at every turn from
-// writers sleeping up to 100 ms in the busy handler.
+// handler like the writers until a claim leases less than a batch, so that a draining relay
+// does not take the lock at every turn from writers sleeping in the busy handler.
 const maxEagerFullRun = 4
 
 // advanceLows sets the next claim's scan starts after a claim that leased items.

@@ -110,6 +110,5 @@ func (sub *subscription) refindFrom(seq int64) {
 }
 
 // contRounds is how many batches in a row a key may be continued before it is left out once
-// (see continueRuns). Measured with 10 hot keys and two relays (BenchmarkDrain): 4 let the keys
-// spread over both relays; without it the first relay kept all ten and the second only polled.
+// (see continueRuns), so that several relays end up sharing a few hot keys.
 const contRounds = 4

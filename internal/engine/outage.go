@@ -82,8 +82,7 @@ func (sub *subscription) outageExpired(o *outage, now time.Time) bool {
 
 // probeWait is the wait before an outage's next probe: a 32nd of the outage's age, within
 // UnavailableBackoff..UnavailableBackoffMax, so that a destination back after a 30 s outage is
-// probed within about 1 s (the chaos suite's target is delivery ≤ 2 s after it is back; a 16th
-// measured 1.85 s), one down for hours every UnavailableBackoffMax. A probe is one event.
+// probed within about 1 s, one down for hours every UnavailableBackoffMax. A probe is one event.
 func (sub *subscription) probeWait(o *outage, now time.Time) time.Duration {
 	return min(max(now.Sub(o.since)/32, sub.s.cfg.UnavailableBackoff), sub.s.cfg.UnavailableBackoffMax)
 }

@@ -106,12 +106,9 @@ func (sub *subscription) run() {
 
 // pollWait is the wait after a poll that leased nothing, the held-th in a row whose claim
 // found claimable keyed events of keys held elsewhere (0: not such a poll): PollInterval,
-// doubled for each such poll up to heldWait (never less than PollInterval). A relay beside
-// another that holds a few hot keys (their runs continued batch after batch) otherwise ran a
-// claim every PollInterval that found nothing: with 10 hot keys, two relays and a 10 ms
-// PollInterval, 70 of one relay's 188 claims leased nothing, at about 6k buffers each (the
-// walk and the floors' candidates step over the other relay's leased events), CPU the relay
-// holding the keys was short of on two cores. Events committed meanwhile still wake it
+// doubled for each such poll up to heldWait (never less than PollInterval): a relay beside
+// another that holds a few hot keys would otherwise run empty claims at every PollInterval, at
+// the cost of CPU the relay holding the keys needs. Events committed meanwhile still wake it
 // (Wakeup), and a key the other relay leaves out (continueRuns) waits at most heldWait.
 func pollWait(pollInterval time.Duration, held int) time.Duration {
 	if held <= 0 || pollInterval >= heldWait {

@@ -88,8 +88,8 @@ type claimer struct {
 	// lowUnordered and lowKeyed are where the claim's unordered scan and oldest-keyed walk
 	// start (sequence >= low; PostgreSQL): after a full batch, its lowest unordered and
 	// keyed sequence, so that a claim in a long backlog does not step over the index entries
-	// of every event the relay already processed (until VACUUM removes them they grew a
-	// 1M-event drain's claim from 21 to 27 ms). Events below them that become claimable again
+	// of every event the relay already processed (until VACUUM removes them). Events below
+	// them that become claimable again
 	// (retries, released or expired leases) are found when the lows go back to 0: after a
 	// batch that was not full, and after lowClaims full batches in a row (lowAge).
 	lowUnordered, lowKeyed int64

@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/watermill-outbox/outbox/internal/engine"
 )
@@ -33,6 +35,9 @@ const (
 	DefaultMarkInterval = 100 * time.Millisecond
 	// DefaultMaxDeliveryStarts is MaxDeliveryStarts' default.
 	DefaultMaxDeliveryStarts = 5
+	// maxRelayName bounds RelayName so that a fencing token (name#nonce#claim) fits
+	// MariaDB/MySQL's leased_by VARCHAR(1024).
+	maxRelayName = 512
 	// MaxBatchSize is the largest BatchSize.
 	MaxBatchSize = 10000
 	// DefaultWakeProbeInterval is WakeProbeInterval's default.
@@ -101,7 +106,8 @@ type SubscriberConfig struct {
 	Concurrency int
 	// RelayName identifies this relay in leased_by. The fencing token written there is
 	// RelayName, a random nonce of this Subscriber and a claim number, so it stays unique even
-	// when processes share a name. Default "host:pid:random".
+	// when processes share a name. Default "host:pid:random". At most 512 bytes of valid
+	// UTF-8 without NUL (a *ConfigError otherwise).
 	//
 	// Give a relay a stable name (a StatefulSet pod's name, a systemd unit's) to have its
 	// restart resume at once: each Subscribe of a Subscriber with an explicit RelayName first
@@ -391,6 +397,10 @@ func (c SubscriberConfig) Validate() error {
 		return bad("MarkInterval", "must be at least 1ms")
 	case c.MaxDeliveryStarts < 1:
 		return bad("MaxDeliveryStarts", "must be at least 1")
+	case !utf8.ValidString(c.RelayName) || strings.ContainsRune(c.RelayName, 0):
+		return bad("RelayName", "must be valid UTF-8 without NUL (leased_by is text)")
+	case len(c.RelayName) > maxRelayName:
+		return bad("RelayName", fmt.Sprintf("longer than %d bytes", maxRelayName))
 	case c.WakeProbeInterval < 0:
 		return bad("WakeProbeInterval", "must not be negative")
 	case c.DisableWakeProbe && c.WakeProbeInterval != 0:

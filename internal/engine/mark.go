@@ -34,6 +34,7 @@ func errText(err error) string {
 // already written by the flusher (see flushAcks) are skipped. It runs even while the
 // subscriber is closing. unconfirmed holds the ordering keys of acks that were not written.
 func (sub *subscription) mark(token string, items []*item) (unconfirmed map[string]bool, err error) {
+	defer sub.lostReported.Delete(token) // the batch's last report
 	var (
 		m     markSets
 		byseq = map[int64]*item{}
@@ -134,7 +135,7 @@ func (sub *subscription) writeMarks(token string, m markSets) (results []markRes
 // leaseLost reports, once per batch, events whose marks the fencing refused: their lease had
 // passed to another relay (it expired while they were out), which delivers them again.
 func (sub *subscription) leaseLost(token string, n int) {
-	if n == 0 {
+	if _, reported := sub.lostReported.Load(token); n == 0 || reported {
 		return
 	}
 	sub.s.logWarn(fmt.Sprintf("outbox: lease lost: %d events were taken over by another relay; their outcome here was not recorded", n), ErrLeaseLost,
@@ -198,15 +199,3 @@ func (sub *subscription) reportMarks(results []markResult, byseq map[int64]*item
 // markResult is one row a mark wrote: the event's attempts and, for a failure, when it is tried
 // next or whether it was dead-lettered, with the clock the mark used.
 type markResult = dialect.MarkResult
-
-// noteRetry records that an event this relay failed is due again at next (now and next
-// from the mark's clock), so that run polls then. Safe for concurrent use.
-func (sub *subscription) noteRetry(now, next time.Time) {
-	due := time.Now().Add(next.Sub(now)).UnixNano()
-	for {
-		cur := sub.retryDue.Load()
-		if (cur != 0 && cur <= due) || sub.retryDue.CompareAndSwap(cur, due) {
-			return
-		}
-	}
-}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -46,6 +47,7 @@ func (sub *subscription) run() {
 	)
 	probeWoken := false // this poll was started by the wake probe
 	for sub.ctx.Err() == nil {
+		polled := time.Now()
 		again, err := sub.poll()
 		if probeWoken && err == nil {
 			if again {
@@ -79,7 +81,7 @@ func (sub *subscription) run() {
 			wait = pollRetryWait(failures, s.cfg.PollInterval)
 		}
 		now := time.Now()
-		if due := sub.retryDue.Load(); due != 0 {
+		if due := sub.nextRetryDue(polled); due != 0 {
 			if d := time.Unix(0, due).Sub(now); d < wait {
 				wait = max(d, 0)
 			}
@@ -98,9 +100,6 @@ func (sub *subscription) run() {
 			sub.woken, probeWoken = true, true
 		}
 		timer.Stop()
-		if due := sub.retryDue.Load(); due != 0 && time.Now().UnixNano() >= due {
-			sub.retryDue.CompareAndSwap(due, 0)
-		}
 	}
 }
 
@@ -128,3 +127,37 @@ func pollRetryWait(n int, pollInterval time.Duration) time.Duration {
 }
 
 const maxPollRetryWait = 500 * time.Millisecond
+
+// noteRetry records that an event this relay failed is due again at next (now and next from
+// the mark's clock), so that the poll loop polls then. Safe for concurrent use.
+func (sub *subscription) noteRetry(now, next time.Time) {
+	// Rounded up to the millisecond: a poll a little early would find the event not yet due
+	// and drop its due time.
+	due := time.Now().Add(next.Sub(now)).Truncate(time.Millisecond).Add(time.Millisecond).UnixNano()
+	sub.retryMu.Lock()
+	defer sub.retryMu.Unlock()
+	i, found := slices.BinarySearch(sub.retryDues, due)
+	if found || i == maxRetryDues {
+		return
+	}
+	sub.retryDues = slices.Insert(sub.retryDues, i, due)
+	if len(sub.retryDues) > maxRetryDues {
+		sub.retryDues = sub.retryDues[:maxRetryDues]
+	}
+}
+
+// maxRetryDues bounds subscription.retryDues; later dues are left to PollInterval.
+const maxRetryDues = 1024
+
+// nextRetryDue drops the retry dues up to polled (the start of the last poll, which claimed
+// what was due by then) and returns the next one (0: none).
+func (sub *subscription) nextRetryDue(polled time.Time) int64 {
+	sub.retryMu.Lock()
+	defer sub.retryMu.Unlock()
+	i, _ := slices.BinarySearch(sub.retryDues, polled.UnixNano()+1)
+	sub.retryDues = sub.retryDues[i:]
+	if len(sub.retryDues) == 0 {
+		return 0
+	}
+	return sub.retryDues[0]
+}

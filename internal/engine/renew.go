@@ -40,6 +40,7 @@ func (sub *subscription) renewWhileOut(token string, items []*item, lost func(),
 				case err != nil:
 					s.logger.Error("outbox: lease renewal failed", err, watermill.LogFields{"token": token})
 				case n < want:
+					sub.lostReported.Store(token, true)
 					lost()
 					s.logger.Error("outbox: lease lost; the rest of the batch is left to the relay that took it over", nil,
 						watermill.LogFields{"token": token, "held": n, "claimed": len(seqs)})

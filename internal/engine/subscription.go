@@ -2,7 +2,7 @@ package engine
 
 import (
 	"context"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -33,10 +33,15 @@ type subscription struct {
 	continuer // which runs the next claim continues
 	settler   // the destinations found unavailable
 	pipeline  // the batches between claim and marks
+
+	// lostReported holds the tokens of batches whose lease loss the renewal reported
+	// (Hooks.OnLeaseLost, log): their flushes and mark do not report the same events again.
+	// Written by renewal goroutines; the batch's mark, its last statement, removes its token.
+	lostReported sync.Map
 }
 
-// pacer is the pace stage's state (pace.go): written by the poll goroutine, but for retryDue,
-// which the goroutines that write marks lower (noteRetry) and the poll goroutine clears once due.
+// pacer is the pace stage's state (pace.go): written by the poll goroutine, but for retryDues,
+// which the goroutines that write marks add to (noteRetry) under retryMu.
 type pacer struct {
 	// heldPolls counts the polls in a row whose claim leased nothing although its walk found
 	// claimable keyed events: their keys are held by another relay (or by a batch of this
@@ -48,9 +53,11 @@ type pacer struct {
 	// leased a whole batch.
 	woken   bool
 	fullRun int
-	// retryDue is the earliest time (relay clock, UnixNano; 0 = none) at which an event this
-	// relay failed is due again, so the relay polls then instead of after PollInterval.
-	retryDue atomic.Int64
+	// retryDues are the times (relay clock, UnixNano, ascending, at most maxRetryDues) at
+	// which events this relay failed are due again, so the relay polls then instead of after
+	// PollInterval; the poll loop drops those that passed.
+	retryMu   sync.Mutex
+	retryDues []int64
 }
 
 // claimer is the claim stage's state (claim.go): the adaptive policies that shape the next

@@ -41,12 +41,11 @@ func eventOf(s *schema) func(c *dialect.Claimed) (any, string) {
 	}
 }
 
-// newMessage builds the Watermill message of an event (eventOf's value): the payload, the
+// newMessage builds the Watermill message of an event (eventOf's values): the payload, the
 // stored headers and the outbox metadata, in a context that carries the event and the holder
 // of its Nack's reason (SetNackError).
-func newMessage(ctx context.Context, v any) (*message.Message, engine.Answerer, context.CancelFunc) {
+func newMessage(ctx context.Context, v any, id string) (*message.Message, engine.Answerer, context.CancelFunc) {
 	ev := v.(*Event)
-	id := ev.ID.String()
 	msg := message.NewMessage(id, ev.Payload)
 	for k, v := range ev.Headers {
 		msg.Metadata[k] = v

@@ -11,7 +11,7 @@ import (
 
 // newMessage builds the Watermill message of an event.
 func (sub *subscription) newMessage(ctx context.Context, it *item) *message.Message {
-	it.msg, it.ans, it.cancel = sub.s.host.Message(ctx, it.ev.user)
+	it.msg, it.ans, it.cancel = sub.s.host.Message(ctx, it.ev.user, it.id)
 	return it.msg
 }
 

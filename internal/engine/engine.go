@@ -95,9 +95,9 @@ type Host struct {
 	// Event converts a claimed row into the value Message receives (the root's *Event) and
 	// returns the event id in its canonical form.
 	Event func(c *dialect.Claimed) (ev any, id string)
-	// Message builds the message of an event (Event's value) to emit with a context derived
-	// from ctx; cancel ends that context once the message is answered.
-	Message func(ctx context.Context, ev any) (msg *message.Message, a Answerer, cancel context.CancelFunc)
+	// Message builds the message of an event (Event's value and id) to emit with a context
+	// derived from ctx; cancel ends that context once the message is answered.
+	Message func(ctx context.Context, ev any, id string) (msg *message.Message, a Answerer, cancel context.CancelFunc)
 	// Classify returns the class of a delivery error.
 	Classify func(err error) Class
 	// Unavailable reports whether err says its destination is unavailable, and names it.

@@ -291,6 +291,20 @@ type Sweeper interface {
 	Sweep(ctx context.Context, ex Executor, floorKeyed, floorUnordered int64) (keyed, unordered int64, err error)
 }
 
+// KeyTakeBacker is implemented by the dialects whose claims take ClaimParams.First
+// (PostgreSQL): TakeBackKeys is Dialect.TakeBack that also returns the ordering keys of the
+// keyed events it released, in the order of each key's first released event.
+type KeyTakeBacker interface {
+	TakeBackKeys(ctx context.Context, ex Executor, t *Table, name, tokenPrefix string) (n int64, keys []TakenKey, err error)
+}
+
+// TakenKey is an ordering key whose events TakeBackKeys released; Last is the highest
+// sequence of them.
+type TakenKey struct {
+	Key  string
+	Last int64
+}
+
 // LockLooker is implemented by the relays of dialects with Capabilities.Floors: LockHolders
 // returns the transactions that hold a lock on the outbox table (see FloorTracker.CheckLocks).
 type LockLooker interface {
@@ -327,7 +341,13 @@ type ClaimParams struct {
 	NoKeyScan bool
 	// KeyLows bound the head checks of these keys (Capabilities.Floors): every event of
 	// Key below Low is published.
-	KeyLows   []KeyLow
+	KeyLows []KeyLow
+	// First are keys whose runs the claim leases before those of the walk, from each key's
+	// head while that head is at or below Last (KeyTakeBacker: the keys a restarted relay took
+	// back, whose heads may be younger than many other keys'). A key whose head is not
+	// claimable (leased, backing off, dead-lettered) yields nothing. Keys in Cont are left to
+	// their continuation. The heads are looked up from KeyLows, or from the key's start.
+	First     []TakenKey
 	Cont      []Continuation
 	ContToken string
 	// Paused topics are left out (outages).

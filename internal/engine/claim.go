@@ -35,6 +35,7 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 		p.Cont = append(p.Cont, dialect.Continuation{Key: k, From: sub.contFrom[i], After: sub.contAfter[i]})
 	}
 	follow := sub.contFollow
+	p.First = sub.firstKeys(s.cfg.BatchSize)
 	p.Eager = sub.eagerClaim()
 	// A claim after one that leased less than a whole batch reads first (SQLite): it may well
 	// find nothing, and then it never takes the write lock: idle relays polling through the
@@ -54,6 +55,9 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	sub.walked = res.Walked
 	sub.lastClaimed = len(res.Events)
 	items = sub.itemsOf(res.Events)
+	if len(p.First) > 0 {
+		sub.claimedFirst(p.First, items)
+	}
 	for _, it := range items {
 		it.eager = p.Eager
 	}

@@ -126,9 +126,26 @@ cont AS MATERIALIZED (
 	WHERE h."sequence" > c.a OR (h."leased_by" = @cont_token AND h."lease_until" > now() + @cont_margin_us * interval '1 microsecond')
 )
 
+-- name: first
+-- The heads of the keys a restarted relay took back from its predecessor (@first_keys, see
+-- subscription.takeBack), each the key's first unpublished event, looked up from the key's low
+-- (see walk) or, when the relay knows none, from its first index entry; only while that head is
+-- at or below the last event taken back (@first_last). Their runs go before the walk's
+-- (wruns): the predecessor's batches (its batch claimed ahead in particular, which holds
+-- continuations and known keys' runs) reach far ahead of the oldest events, and in age order
+-- those keys waited until the walk got there. Keys being continued are left to cont.
+first AS MATERIALIZED (
+	SELECT f.k, h."sequence" AS s FROM unnest(@first_keys::text[], @first_last::bigint[]) AS f(k, last)
+	LEFT JOIN unnest(@low_keys::text[], @low_seqs::bigint[]) AS l(k, low) ON l.k = f.k CROSS JOIN LATERAL (
+		SELECT "sequence" FROM {t} WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
+		AND ("ordering_key", "sequence") >= (f.k, COALESCE(l.low, 0)) AND ("ordering_key", "sequence") <= (f.k, 9223372036854775807)
+		ORDER BY "ordering_key", "sequence" LIMIT 1) h
+	WHERE h."sequence" <= f.last AND NOT (f.k = ANY(COALESCE(@cont_keys::text[], '{}')))
+)
+
 -- name: wruns
--- Up to {run} events of each key from its head: the continued keys' and the claimable walked
--- keys' runs in age order (by the sequence of the key's next event, so a continued key does
+-- Up to {run} events of each key from its head: the taken-back keys' runs (first, pri = 2),
+-- then the continued keys' and the claimable walked keys' runs in age order (by the sequence of the key's next event, so a continued key does
 -- not go before older events of other keys: read first, one hot key filling every batch held
 -- an older key's event back behind its whole backlog; the scanned keys' runs come after these,
 -- in runs); it stops at @run_limit rows (BatchSize, or subscription.splitLimit during a split): the nested loops
@@ -142,15 +159,17 @@ cont AS MATERIALIZED (
 -- as a sequential scan). Such a head needs no other check and no second lock: the walk checked
 -- and locked it.
 wruns AS MATERIALIZED (
-	SELECT w.k, r."sequence", r.rn, w.pri FROM (
-		SELECT k, s, low, 1 AS pri FROM walk WHERE NOT (k = ANY(COALESCE(@cont_keys::text[], '{}')))
+	SELECT w.k, r."sequence", r.rn, w.pri FROM (SELECT * FROM (
+		SELECT k, s, low, 1 AS pri FROM walk WHERE NOT (k = ANY(COALESCE(@cont_keys::text[], '{}'))) AND NOT EXISTS (SELECT 1 FROM first f WHERE f.k = walk.k)
 		UNION ALL
 		SELECT k, s, 0, 0 FROM cont
-		ORDER BY s OFFSET 0) w CROSS JOIN LATERAL (
+		UNION ALL
+		SELECT k, s, 0, 2 FROM first) u
+		ORDER BY pri <> 2, s OFFSET 0) w CROSS JOIN LATERAL (
 		SELECT "sequence", row_number() OVER (ORDER BY "ordering_key", "sequence") AS rn FROM {t}
 		WHERE "published_at" IS NULL AND "ordering_key" IS NOT NULL
 		AND ("ordering_key", "sequence") >= (w.k, w.s) AND ("ordering_key", "sequence") <= (w.k, 9223372036854775807)
-		AND (w.pri = 0 OR (SELECT e."sequence" FROM {t} e WHERE e."published_at" IS NULL AND e."ordering_key" IS NOT NULL
+		AND (w.pri <> 1 OR (SELECT e."sequence" FROM {t} e WHERE e."published_at" IS NULL AND e."ordering_key" IS NOT NULL
 			AND (e."ordering_key", e."sequence") >= (w.k, w.low) AND (e."ordering_key", e."sequence") <= (w.k, w.s)
 			ORDER BY e."ordering_key", e."sequence" LIMIT 1) = w.s)
 		ORDER BY "ordering_key", "sequence" LIMIT {run}) r
@@ -196,7 +215,7 @@ probed AS MATERIALIZED (
 sheads AS MATERIALIZED (
 	SELECT h."ordering_key" AS k, h."sequence" AS seq FROM (
 		SELECT x.seq FROM (SELECT k, seq FROM scanned WHERE seq IS NOT NULL UNION SELECT k, seq FROM probed) x
-		WHERE NOT EXISTS (SELECT 1 FROM walk w WHERE w.k = x.k) AND NOT (x.k = ANY(COALESCE(@cont_keys::text[], '{}')))
+		WHERE NOT EXISTS (SELECT 1 FROM walk w WHERE w.k = x.k) AND NOT (x.k = ANY(COALESCE(@cont_keys::text[], '{}'))) AND NOT EXISTS (SELECT 1 FROM first f WHERE f.k = x.k)
 	) x CROSS JOIN LATERAL (
 		SELECT "ordering_key", "sequence" FROM {t} h WHERE h."sequence" = x.seq AND h."dead_lettered_at" IS NULL
 		AND (h."next_attempt_at" IS NULL OR h."next_attempt_at" <= now()) AND (h."lease_until" IS NULL OR h."lease_until" < now()) AND {hfilter} LIMIT 1) h
@@ -217,14 +236,14 @@ runs AS MATERIALIZED (
 )
 
 -- name: keyed
--- Run members other than walked heads, locked by primary key (their own ORDER BY … LIMIT …
+-- Run members other than walked heads (the taken-back and continued keys' heads included), locked by primary key (their own ORDER BY … LIMIT …
 -- FOR UPDATE SKIP LOCKED). The primary-key lookups test the topic on an expression
 -- ({pkfilter}), never on the bare column, so that no plan can serve them from the (topic,
 -- sequence) index: it holds every published event of the topic, and with stale statistics (a
 -- new or fast-growing table) the planner read the topic's whole history there on every claim
 -- (3 ms of a 3.5 ms claim at 10,000 published rows, growing with the table).
 keyed AS (
-	SELECT "sequence" FROM {t} WHERE "sequence" = ANY(ARRAY(SELECT "sequence" FROM runs WHERE rn > 1 OR pri = 0)) AND {pending} AND {claimable} AND {pkfilter}
+	SELECT "sequence" FROM {t} WHERE "sequence" = ANY(ARRAY(SELECT "sequence" FROM runs WHERE rn > 1 OR pri <> 1)) AND {pending} AND {claimable} AND {pkfilter}
 	ORDER BY "sequence" LIMIT {batch} FOR UPDATE SKIP LOCKED
 )
 

@@ -10,7 +10,7 @@ import (
 
 // claimOrder is the order in which composeClaim joins claim.sql's fragments into one WITH
 // RECURSIVE statement (each may read those before it).
-var claimOrder = []string{"known", "skip", "walked_new", "walked_retry", "walked", "walk", "cont", "wruns", "scanned", "probed", "sheads", "runs", "keyed", "locked",
+var claimOrder = []string{"known", "skip", "walked_new", "walked_retry", "walked", "walk", "cont", "first", "wruns", "scanned", "probed", "sheads", "runs", "keyed", "locked",
 	"unordered_new", "unordered_retry", "unordered", "next_keyed", "next_unordered", "picked", "upd"}
 
 // relay is one subscription's compiled statements.
@@ -151,6 +151,11 @@ func (r *relay) claimArgs(p *dialect.ClaimParams) (*dialect.Stmt, params) {
 		lowKeys[i], lowSeqs[i] = l.Key, l.Low
 	}
 	named["low_keys"], named["low_seqs"] = lowKeys, lowSeqs
+	firstKeys, firstLast := make([]string, len(p.First)), make([]int64, len(p.First))
+	for i, f := range p.First {
+		firstKeys[i], firstLast[i] = f.Key, f.Last
+	}
+	named["first_keys"], named["first_last"] = firstKeys, firstLast
 	switch {
 	case p.Probe != nil:
 		st, named["paused"] = r.probe, p.Probe
@@ -223,14 +228,38 @@ func nonNil[T any](vals []T) []T {
 	return vals
 }
 
-// TakeBack implements dialect.Dialect. The pending rows are named as the two pending partial
-// indexes' predicates (keyed, unordered), which PostgreSQL reads with a BitmapOr; "pending"
-// alone matches no index and scanned the whole table (EXPLAIN ANALYZE, 200k published + 10k
-// pending rows: 5,994 buffers against 307).
-func (Dialect) TakeBack(ctx context.Context, ex dialect.Executor, t *dialect.Table, name, tokenPrefix string) (int64, error) {
-	q := `UPDATE ` + dialect.DoubleQuote(t.Parts...) + ` SET "lease_until" = NULL, "leased_by" = NULL
+// TakeBack implements dialect.Dialect.
+func (d Dialect) TakeBack(ctx context.Context, ex dialect.Executor, t *dialect.Table, name, tokenPrefix string) (int64, error) {
+	n, _, err := d.TakeBackKeys(ctx, ex, t, name, tokenPrefix)
+	return n, err
+}
+
+// TakeBackKeys implements dialect.KeyTakeBacker. The pending rows are named as the two pending
+// partial indexes' predicates (keyed, unordered), which PostgreSQL reads with a BitmapOr;
+// "pending" alone matches no index and scanned the whole table (EXPLAIN ANALYZE, 200k
+// published + 10k pending rows: 5,994 buffers against 307).
+func (Dialect) TakeBackKeys(ctx context.Context, ex dialect.Executor, t *dialect.Table, name, tokenPrefix string) (n int64, keys []dialect.TakenKey, err error) {
+	q := `WITH u AS (UPDATE ` + dialect.DoubleQuote(t.Parts...) + ` SET "lease_until" = NULL, "leased_by" = NULL
 WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND ("ordering_key" IS NULL OR "ordering_key" IS NOT NULL) AND "lease_until" > now()
 AND starts_with("leased_by", @name) AND NOT starts_with("leased_by", @prefix)
-AND substr("leased_by", length(@name) + 1) ~ '^[0-9a-f]{12}#[0-9]+$'`
-	return exec(ctx, ex, q, params{"name": name, "prefix": tokenPrefix}, true)
+AND substr("leased_by", length(@name) + 1) ~ '^[0-9a-f]{12}#[0-9]+$'
+RETURNING "ordering_key", "sequence")
+SELECT COALESCE("ordering_key", ''), count(*), max("sequence") FROM u GROUP BY 1 ORDER BY min("sequence")`
+	rs, err := query(ctx, ex, q, params{"name": name, "prefix": tokenPrefix}, true)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var k dialect.TakenKey
+		var c int64
+		if err := rs.Scan(&k.Key, &c, &k.Last); err != nil {
+			return 0, nil, err
+		}
+		n += c
+		if k.Key != "" { // '' is the unordered events' row (the CHECK constraint rules it out as a key)
+			keys = append(keys, k)
+		}
+	}
+	return n, keys, rs.Err()
 }

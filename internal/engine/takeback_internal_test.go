@@ -1,0 +1,28 @@
+package engine
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/watermill-outbox/outbox/internal/dialect"
+)
+
+// TestClaimedFirstKeepsUnfinishedKeys: after a claim given taken-back keys, a key stays first
+// until its last taken-back event is leased; a key not given to the claim (past the claim's
+// share) stays; none stays after maxFirstClaims claims.
+func TestClaimedFirstKeepsUnfinishedKeys(t *testing.T) {
+	ev := func(key string, seq int64) *item { return &item{ev: event{OrderingKey: key, Sequence: seq}} }
+	sub := &subscription{claimer: claimer{first: []dialect.TakenKey{{Key: "done", Last: 30}, {Key: "cut", Last: 40}, {Key: "none", Last: 50}, {Key: "later", Last: 60}},
+		firstClaims: 2}}
+	sub.claimedFirst(sub.firstKeys(3), []*item{ev("done", 10), ev("done", 30), ev("cut", 20), ev("", 45), ev("other", 55)})
+	var got []string
+	for _, f := range sub.first {
+		got = append(got, f.Key)
+	}
+	if want := []string{"cut", "none", "later"}; !slices.Equal(got, want) {
+		t.Errorf("first keys %v after the claim, want %v", got, want)
+	}
+	if sub.claimedFirst(sub.firstKeys(3), nil); sub.first != nil {
+		t.Errorf("first keys %v after maxFirstClaims claims, want none", sub.first)
+	}
+}

@@ -10,8 +10,8 @@
 //	cfg.Hooks = metrics.ComposeHooks(cfg.Hooks, obs.Hooks())
 //	sub, _ := outbox.NewSubscriber(pool, cfg, logger)
 //	go obs.SampleBacklog(ctx, sub) // one Backlog query per Config.BacklogInterval
-//	dest = metrics.Publisher(dest, "kafka", rec) // per-call destination latency
-//	go obs.WatchSubscriptions(ctx, runners...)   // relay up, subscriptions running
+//	dest = obs.Publisher(dest, "kafka")        // per-call destination latency
+//	go obs.WatchSubscriptions(ctx, runners...) // relay up, subscriptions running
 //
 // Writers: outbox.PublisherConfig{OnWrite: obs.OnWrite} counts written events, validation
 // errors by field and each call's duration.
@@ -269,7 +269,8 @@ func (o *Observer) Label(topic string) string { return o.topic.label(topic) }
 func (o *Observer) DestinationLabel(destination string) string { return o.dest.label(destination) }
 
 // Publisher is the package's Publisher with destination reported under its bounded label
-// (DestinationLabel) to the Observer's Recorder.
+// (DestinationLabel, computed once here) to the Observer's Recorder. Safe for concurrent use
+// if pub is.
 func (o *Observer) Publisher(pub message.Publisher, destination string) message.Publisher {
 	return Publisher(pub, o.DestinationLabel(destination), o.rec)
 }

@@ -152,14 +152,21 @@ type SubscriberConfig struct {
 	// probe that gets any other answer ends the outage: those topics are claimed at full rate
 	// again.
 	// The outage is logged once at WARN when it starts and once at INFO when it ends.
+	// An outage whose topics have no event left to probe (three probes in a row claim nothing
+	// and none of its events was refused for UnavailableBackoffMax) is closed as well. A
+	// subscription tracks at most 256 destinations in an outage by name; further ones share
+	// one outage named "other" (their topics are paused and probed the same way, and the
+	// first answer other than unavailable to its probe ends it).
 	// Defaults 200ms and 30s; UnavailableBackoffMax must not be below UnavailableBackoff.
 	UnavailableBackoff    time.Duration
 	UnavailableBackoffMax time.Duration
 	// UnavailableDeadLetterAfter bounds an outage: once a destination has been unavailable
 	// for this long without a break, each of its events that is refused as unavailable is
 	// dead-lettered at once (last_error says why) and its topics are claimed at full rate, so
-	// a destination that never comes back does not hold a backlog forever. Zero (the
-	// default) never dead-letters for unavailability.
+	// a destination that never comes back does not hold a backlog forever; such an outage
+	// ends at the first other answer of one of its topics, or once none of its events was
+	// refused for UnavailableDeadLetterAfter again. Zero (the default) never dead-letters for
+	// unavailability.
 	UnavailableDeadLetterAfter time.Duration
 	// MarkInterval is how often the acks of a batch that is still out are written: a relay
 	// that is killed repeats at most the deliveries acked since the last write (plus those in

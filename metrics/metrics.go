@@ -10,14 +10,19 @@
 //	cfg.Hooks = metrics.ComposeHooks(cfg.Hooks, obs.Hooks())
 //	sub, _ := outbox.NewSubscriber(pool, cfg, logger)
 //	go obs.SampleBacklog(ctx, sub) // one Backlog query per Config.BacklogInterval
-//	dest = metrics.Publisher(dest, "kafka", rec) // per-call destination latency
-//	go obs.WatchSubscriptions(ctx, runners...)   // relay up, subscriptions running
+//	dest = obs.Publisher(dest, "kafka")        // per-call destination latency
+//	go obs.WatchSubscriptions(ctx, runners...) // relay up, subscriptions running
 //
 // Writers: outbox.PublisherConfig{OnWrite: obs.OnWrite} counts written events, validation
 // errors by field and each call's duration.
 //
 // Labels are bounded: a topic is reported under the first of Config.TopicPatterns it matches
-// (the pattern itself is the label), never an ordering key or event id.
+// (the pattern itself is the label), never an ordering key or event id; without patterns the
+// first Config.MaxTopics distinct topics are their own labels and later ones OtherTopic. A
+// destination (UnavailableError.Destination, one per webhook host) is bounded the same way by
+// Config.DestinationPatterns and Config.MaxDestinations, later ones reported as
+// OtherDestination. The Observer applies the bounds before any Recorder sees a label, so every
+// Recorder (Prometheus, OpenTelemetry) gets at most the cap plus one series per metric.
 package metrics
 
 import (
@@ -27,12 +32,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/health"
 )
 
-// Recorder receives the relay's measurements. topic is already the bounded label (see
-// Config.TopicPatterns). Implementations must be safe for concurrent use and fast: the
+// Recorder receives the relay's measurements. topic and destination are already the bounded
+// labels when an Observer (or Observer.Publisher) calls it (see Config.TopicPatterns and
+// Config.DestinationPatterns). Implementations must be safe for concurrent use and fast: the
 // counting methods are called from the subscriptions' goroutines (see outbox.Hooks).
 type Recorder interface {
 	// Delivered counts one delivered event; delay is commit→delivered (database clock).
@@ -54,7 +62,10 @@ type Recorder interface {
 	Backlog(b outbox.Backlog)
 	// BacklogFailed counts a Backlog sample that failed (the gauges keep their last value).
 	BacklogFailed()
-	// DestinationUnavailable sets whether destination ("" when unnamed) is in an outage.
+	// DestinationUnavailable sets whether destination ("" when unnamed) is in an outage: down
+	// is true while any destination reported under that label is (the Observer counts them).
+	// The Observer calls it under its lock, in the order the outages changed: it must not call
+	// back into the Observer.
 	DestinationUnavailable(destination string, down bool)
 	// DestinationCall records one call to a destination (see Publisher): its duration and
 	// whether it succeeded.
@@ -95,6 +106,13 @@ const DefaultMaxTopics = 100
 // after MaxTopics distinct topics when no patterns are given.
 const OtherTopic = "other"
 
+// DefaultMaxDestinations is Config.MaxDestinations' default.
+const DefaultMaxDestinations = 100
+
+// OtherDestination is the label of a destination that matches no Config.DestinationPatterns,
+// or that comes after MaxDestinations distinct destinations when no patterns are given.
+const OtherDestination = "other"
+
 // Config configures an Observer. The zero value is valid.
 type Config struct {
 	// TopicPatterns bound the topic label: a topic is reported as the first pattern it
@@ -105,6 +123,16 @@ type Config struct {
 	// MaxTopics caps the distinct topic labels when TopicPatterns is empty. Default 100; at
 	// least 1.
 	MaxTopics int
+	// DestinationPatterns bound the destination label (of outbox_destination_unavailable and
+	// of destination calls): a destination name (outbox.UnavailableError.Destination, such as
+	// "webhook api.example.com:443", or the name given to Observer.Publisher) is reported as
+	// the first pattern it matches (exact, "prefix*" or "*", as for TopicPatterns), else as
+	// OtherDestination. Empty (the default): each destination is its own label, up to
+	// MaxDestinations distinct destinations; later ones are OtherDestination.
+	DestinationPatterns []string
+	// MaxDestinations caps the distinct destination labels when DestinationPatterns is empty.
+	// Default DefaultMaxDestinations (100); at least 1.
+	MaxDestinations int
 	// BacklogInterval is how often SampleBacklog queries the backlog. Default 15s; at least
 	// 100ms.
 	BacklogInterval time.Duration
@@ -115,12 +143,24 @@ func (c Config) Validate() error {
 	if c.MaxTopics < 0 {
 		return &outbox.ConfigError{Field: "metrics.Config.MaxTopics", Reason: "must not be negative"}
 	}
+	if c.MaxDestinations < 0 {
+		return &outbox.ConfigError{Field: "metrics.Config.MaxDestinations", Reason: "must not be negative"}
+	}
 	if c.BacklogInterval < 0 || (c.BacklogInterval > 0 && c.BacklogInterval < 100*time.Millisecond) {
 		return &outbox.ConfigError{Field: "metrics.Config.BacklogInterval", Reason: "must be at least 100ms"}
 	}
-	for i, p := range c.TopicPatterns {
+	if err := checkPatterns("TopicPatterns", c.TopicPatterns); err != nil {
+		return err
+	}
+	return checkPatterns("DestinationPatterns", c.DestinationPatterns)
+}
+
+// checkPatterns returns an *outbox.ConfigError for the first of patterns that
+// outbox.ParseTopicPattern refuses, or nil.
+func checkPatterns(field string, patterns []string) error {
+	for i, p := range patterns {
 		if _, err := outbox.ParseTopicPattern(p); err != nil {
-			return &outbox.ConfigError{Field: fmt.Sprintf("metrics.Config.TopicPatterns[%d]", i), Reason: fmt.Sprintf("%q is not a topic pattern", p), Err: err}
+			return &outbox.ConfigError{Field: fmt.Sprintf("metrics.Config.%s[%d]", field, i), Reason: fmt.Sprintf("%q is not a pattern", p), Err: err}
 		}
 	}
 	return nil
@@ -129,16 +169,70 @@ func (c Config) Validate() error {
 // Observer feeds a Recorder from outbox.Hooks (Hooks) and from periodic Backlog samples
 // (SampleBacklog). Safe for concurrent use; one Observer may serve several Subscribers.
 type Observer struct {
-	rec      Recorder
-	cfg      Config
-	patterns []outbox.TopicPattern
-
-	labels sync.Map // topic → label (string), read without a lock on the hot path
+	rec   Recorder
+	cfg   Config
+	topic *labeler
+	dest  *labeler
 
 	mu      sync.Mutex
-	nLabels int            // entries in labels
-	topics  int            // distinct topics labelled as themselves
-	outages map[string]int // destination → subscriptions in an outage
+	outages map[string]int // destination → subscriptions in an outage with it; none at 0
+	down    map[string]int // destination label → destinations down under it; none at 0
+}
+
+// labeler maps names (topics or destinations) to bounded labels: the first pattern a name
+// matches, else other; without patterns the first max distinct names are their own labels.
+// The mapping of a name never changes. Safe for concurrent use.
+type labeler struct {
+	names    []string // the patterns as configured: the labels
+	patterns []outbox.TopicPattern
+	max      int
+	other    string
+
+	cache sync.Map // name → label (string), read without a lock on the hot path
+
+	mu     sync.Mutex
+	cached int // entries in cache, at most 10*max
+	own    int // distinct names labelled as themselves, at most max
+}
+
+func newLabeler(patterns []string, limit int, other string) *labeler {
+	l := &labeler{names: patterns, max: limit, other: other}
+	for _, p := range patterns {
+		tp, _ := outbox.ParseTopicPattern(p)
+		l.patterns = append(l.patterns, tp)
+	}
+	return l
+}
+
+func (l *labeler) label(name string) string {
+	if v, ok := l.cache.Load(name); ok {
+		return v.(string)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if v, ok := l.cache.Load(name); ok {
+		return v.(string)
+	}
+	label := l.other
+	switch {
+	case len(l.patterns) > 0:
+		for i, p := range l.patterns {
+			if p.Match(name) {
+				label = l.names[i]
+				break
+			}
+		}
+	case l.own < l.max:
+		label = name
+		l.own++
+	}
+	// The cache is bounded too. A name left out of it is labelled again on each call, with
+	// the same answer: the names labelled as themselves are all cached (max < 10*max).
+	if l.cached < 10*l.max {
+		l.cache.Store(name, label)
+		l.cached++
+	}
+	return label
 }
 
 // New returns an Observer writing to rec. Errors: an *outbox.ConfigError for a nil rec or an
@@ -153,45 +247,32 @@ func New(rec Recorder, cfg Config) (*Observer, error) {
 	if cfg.MaxTopics == 0 {
 		cfg.MaxTopics = DefaultMaxTopics
 	}
+	if cfg.MaxDestinations == 0 {
+		cfg.MaxDestinations = DefaultMaxDestinations
+	}
 	if cfg.BacklogInterval == 0 {
 		cfg.BacklogInterval = DefaultBacklogInterval
 	}
-	o := &Observer{rec: rec, cfg: cfg, outages: map[string]int{}}
-	for _, p := range cfg.TopicPatterns {
-		tp, _ := outbox.ParseTopicPattern(p)
-		o.patterns = append(o.patterns, tp)
-	}
-	return o, nil
+	return &Observer{
+		rec: rec, cfg: cfg, outages: map[string]int{}, down: map[string]int{},
+		topic: newLabeler(cfg.TopicPatterns, cfg.MaxTopics, OtherTopic),
+		dest:  newLabeler(cfg.DestinationPatterns, cfg.MaxDestinations, OtherDestination),
+	}, nil
 }
 
-// Label returns the bounded label of topic (see Config.TopicPatterns).
-func (o *Observer) Label(topic string) string {
-	if l, ok := o.labels.Load(topic); ok {
-		return l.(string)
-	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if l, ok := o.labels.Load(topic); ok {
-		return l.(string)
-	}
-	l := OtherTopic
-	switch {
-	case len(o.patterns) > 0:
-		for i, p := range o.patterns {
-			if p.Match(topic) {
-				l = o.cfg.TopicPatterns[i]
-				break
-			}
-		}
-	case o.topics < o.cfg.MaxTopics:
-		l = topic
-		o.topics++
-	}
-	if o.nLabels < 10*o.cfg.MaxTopics {
-		o.labels.Store(topic, l) // the cache is bounded too
-		o.nLabels++
-	}
-	return l
+// Label returns the bounded label of topic (see Config.TopicPatterns). Safe for concurrent
+// use.
+func (o *Observer) Label(topic string) string { return o.topic.label(topic) }
+
+// DestinationLabel returns the bounded label of destination (see Config.DestinationPatterns).
+// Safe for concurrent use.
+func (o *Observer) DestinationLabel(destination string) string { return o.dest.label(destination) }
+
+// Publisher is the package's Publisher with destination reported under its bounded label
+// (DestinationLabel, computed once here) to the Observer's Recorder. Safe for concurrent use
+// if pub is.
+func (o *Observer) Publisher(pub message.Publisher, destination string) message.Publisher {
+	return Publisher(pub, o.DestinationLabel(destination), o.rec)
 }
 
 // Hooks returns the outbox.Hooks that feed the Recorder. Combine them with your own through
@@ -209,19 +290,37 @@ func (o *Observer) Hooks() outbox.Hooks {
 	}
 }
 
-// outage keeps a count of the subscriptions that see each destination down: the destination
-// is unavailable while any of them does.
+// outage keeps a count of the subscriptions that see each destination down (a destination is
+// unavailable while any of them does) and of the destinations down under each label (a label
+// is unavailable while any of its destinations is). Both maps hold only what is down.
 func (o *Observer) outage(i outbox.OutageInfo) {
+	label := o.DestinationLabel(i.Destination)
 	o.mu.Lock()
+	defer o.mu.Unlock()
 	n := o.outages[i.Destination]
+	was := n > 0
 	if i.Ended.IsZero() {
 		n++
 	} else if n > 0 {
 		n--
 	}
-	o.outages[i.Destination] = n
-	o.mu.Unlock()
-	o.rec.DestinationUnavailable(i.Destination, n > 0)
+	setCount(o.outages, i.Destination, n)
+	switch {
+	case n > 0 && !was:
+		o.down[label]++
+	case n == 0 && was:
+		setCount(o.down, label, o.down[label]-1)
+	}
+	o.rec.DestinationUnavailable(label, o.down[label] > 0)
+}
+
+// setCount sets m[k] to n, deleting k at 0.
+func setCount(m map[string]int, k string, n int) {
+	if n > 0 {
+		m[k] = n
+	} else {
+		delete(m, k)
+	}
 }
 
 // OnWrite is a PublisherConfig.OnWrite that records each Publisher call: Written for each of

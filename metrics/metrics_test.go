@@ -20,6 +20,9 @@ func TestConfigValidate(t *testing.T) {
 		{Config{TopicPatterns: []string{"orders.*", "*"}, MaxTopics: 3, BacklogInterval: time.Second}, ""},
 		{Config{TopicPatterns: []string{"a*b"}}, "metrics.Config.TopicPatterns[0]"},
 		{Config{MaxTopics: -1}, "metrics.Config.MaxTopics"},
+		{Config{DestinationPatterns: []string{"webhook *", "kafka"}, MaxDestinations: 5}, ""},
+		{Config{DestinationPatterns: []string{"kafka", "web*hook"}}, "metrics.Config.DestinationPatterns[1]"},
+		{Config{MaxDestinations: -1}, "metrics.Config.MaxDestinations"},
 		{Config{BacklogInterval: time.Millisecond}, "metrics.Config.BacklogInterval"},
 		{Config{BacklogInterval: -time.Second}, "metrics.Config.BacklogInterval"},
 	} {
@@ -46,6 +49,66 @@ func TestLabel(t *testing.T) {
 		if got := o.Label(c[0]); got != c[1] {
 			t.Errorf("Label(%q) = %q, want %q", c[0], got, c[1])
 		}
+	}
+}
+
+func TestDestinationLabel(t *testing.T) {
+	o, _ := New(Multi(), Config{DestinationPatterns: []string{"kafka", "webhook *"}, MaxDestinations: 1})
+	for dest, want := range map[string]string{"kafka": "kafka", "webhook a:443": "webhook *", "redis x": OtherDestination, "": OtherDestination} {
+		if got := o.DestinationLabel(dest); got != want {
+			t.Errorf("DestinationLabel(%q) = %q, want %q", dest, got, want)
+		}
+	}
+	o, _ = New(Multi(), Config{MaxDestinations: 2, MaxTopics: 1})
+	for _, c := range [][2]string{{"webhook a", "webhook a"}, {"", ""}, {"webhook b", OtherDestination}, {"webhook a", "webhook a"}} {
+		if got := o.DestinationLabel(c[0]); got != c[1] {
+			t.Errorf("DestinationLabel(%q) = %q, want %q", c[0], got, c[1])
+		}
+	}
+	if got := o.Label("t"); got != "t" { // topics have their own cap
+		t.Errorf("Label(t) = %q after 3 destinations, want t", got)
+	}
+	o, _ = New(Multi(), Config{})
+	for i := range DefaultMaxDestinations + 1 {
+		want := fmt.Sprint(i)
+		if i == DefaultMaxDestinations {
+			want = OtherDestination
+		}
+		if got := o.DestinationLabel(fmt.Sprint(i)); got != want {
+			t.Fatalf("DestinationLabel(%d) = %q with the default cap, want %q", i, got, want)
+		}
+	}
+}
+
+// TestOutageFoldedIntoOther: destinations past MaxDestinations share the label "other", which
+// is down while any of them is (each counted across subscriptions), up when all are.
+func TestOutageFoldedIntoOther(t *testing.T) {
+	r := &outageRec{Recorder: Multi(), down: map[string]bool{}}
+	o, _ := New(r, Config{MaxDestinations: 1})
+	h := o.Hooks()
+	start := time.Now()
+	step := func(dest string, up bool, want string) {
+		t.Helper()
+		i := outbox.OutageInfo{Destination: dest, Since: start}
+		if up {
+			i.Ended = time.Now()
+		}
+		h.OnOutage(i)
+		if got := fmt.Sprint(r.down); got != want {
+			t.Fatalf("after %s up=%v: %s, want %s", dest, up, got, want)
+		}
+	}
+	step("a", false, "map[a:true]")
+	step("b", false, "map[a:true other:true]")
+	step("c", false, "map[a:true other:true]")
+	step("c", false, "map[a:true other:true]") // a second subscription sees c down
+	step("b", true, "map[a:true other:true]")
+	step("c", true, "map[a:true other:true]")
+	step("b", true, "map[a:true other:true]") // an end without a start changes nothing
+	step("c", true, "map[a:true other:false]")
+	step("a", true, "map[a:false other:false]")
+	if len(o.outages) != 0 || len(o.down) != 0 {
+		t.Errorf("state kept after every outage ended: outages %v, down %v", o.outages, o.down)
 	}
 }
 

@@ -10,7 +10,8 @@ import (
 )
 
 // Publisher wraps a relay destination so that each call to it is recorded with
-// Recorder.DestinationCall under destination (a fixed, bounded name such as "kafka"): one
+// Recorder.DestinationCall under destination, used as given (a fixed name such as "kafka";
+// Observer.Publisher bounds it by Config.DestinationPatterns and MaxDestinations): one
 // Publish call per message on the forwarder's per-message path, one PublishBatch call per
 // batch on the batch path (a batch is ok when every message's result is nil). The result is a
 // forwarder.BatchPublisher when pub is one. Safe for concurrent use if pub is.

@@ -96,10 +96,10 @@ func (s *relayStats) hooks() outbox.Hooks {
 // wrap returns the destination publisher, timed per call under the destination's kind
 // ("kafka", "rabbitmq", "redis-streams", "webhook", "asynq") when metrics are on.
 func (s *relayStats) wrap(pub message.Publisher, kind destKind) message.Publisher {
-	if s.rec == nil {
+	if s.obs == nil {
 		return pub
 	}
-	return metrics.Publisher(pub, strings.ReplaceAll(strings.ToLower(string(kind)), " ", "-"), s.rec)
+	return s.obs.Publisher(pub, strings.ReplaceAll(strings.ToLower(string(kind)), " ", "-"))
 }
 
 // serve starts the backlog sampler and the HTTP endpoints (with --http-addr) until ctx ends.

@@ -12,18 +12,41 @@ import (
 // subscription claims none of the topics whose events it refused, except one event at a time as
 // a probe, until a probe gets any other answer. Only the poll goroutine touches it.
 type outage struct {
-	dest      string
+	dest      string // its key in subscription.outages (OverflowDestination for the shared one)
 	topics    map[string]bool
 	since     time.Time
 	nextProbe time.Time
 	probes    int
 	refused   int // events released as unavailable during the outage
 	lastErr   error
+	// seen is when the outage last had an event: a refusal, or a probe that claimed one.
+	seen time.Time
+	// empty counts the probes in a row that claimed nothing (see idle).
+	empty int
 }
+
+// MaxOutages caps the destinations a subscription tracks in an outage by name, so that the
+// outage state (and the Outages list, and the hooks' destinations) does not grow with the
+// number of destinations, such as one per webhook host. A new destination that answers
+// unavailable while MaxOutages are tracked joins the one shared outage named
+// OverflowDestination: its topics are paused and probed with that outage's, no attempt is
+// charged, and the first probe that gets an answer other than unavailable ends the shared
+// outage (a destination still down opens an outage again at its next refusal).
+const MaxOutages = 256
+
+// OverflowDestination is the destination name of the shared outage beyond MaxOutages. A
+// destination that is itself named so shares its outage.
+const OverflowDestination = "other"
+
+// idleProbes is how many probes in a row must claim nothing, with no event refused for
+// UnavailableBackoffMax, before an outage is closed as idle: its topics have no claimable
+// event left, so no probe will ever answer for it (see idle).
+const idleProbes = 3
 
 // Outage describes a destination that a subscription currently treats as unavailable.
 type Outage struct {
-	// Destination is the UnavailableError.Destination of the errors ("" when unnamed).
+	// Destination is the UnavailableError.Destination of the errors ("" when unnamed), or
+	// OverflowDestination for the outage shared by destinations beyond MaxOutages.
 	Destination string
 	// Topics are the topics whose events it refused; they are not claimed but for probes.
 	Topics []string
@@ -124,7 +147,7 @@ func (sub *subscription) noteOutcomes(items []*item, probe *outage) {
 			// at full rate): the first answer of one of its topics ends it.
 			for _, o := range sub.outages {
 				if o.topics[it.ev.Topic] && sub.outageExpired(o, now) && !(it.state == stateFailed && it.perm && sub.unavailable(it.err)) {
-					sub.closeOutage(o, now)
+					sub.closeOutage(o, now, false)
 				}
 			}
 			continue
@@ -133,20 +156,14 @@ func (sub *subscription) noteOutcomes(items []*item, probe *outage) {
 			continue
 		}
 		_, dest, retryAfter := sub.s.host.Unavailable(it.err)
-		o := sub.outages[dest]
-		if o == nil {
-			if sub.outages == nil {
-				sub.outages = map[string]*outage{}
-			}
-			o = &outage{dest: dest, topics: map[string]bool{}, since: now, nextProbe: now.Add(sub.s.cfg.UnavailableBackoff)}
-			sub.outages[dest] = o
-			sub.s.logWarn("outbox: destination unavailable; its topics are paused and probed, no attempts are counted", it.err,
-				watermill.LogFields{"destination": dest, "topic": it.ev.Topic})
+		o, opened := sub.outageOf(dest, it, now)
+		if opened {
 			defer sub.outageHook(o, time.Time{})
 		}
 		o.topics[it.ev.Topic] = true
 		o.refused++
 		o.lastErr = it.err
+		o.seen = now
 		if h := sub.s.hooks.OnUnavailable; h != nil {
 			h(FailedInfo{EventID: it.id, Topic: it.ev.Topic, Attempts: it.ev.Attempts, Err: sub.s.host.DeliveryError(it.id, it.ev.Topic, it.err), At: now})
 		}
@@ -163,13 +180,72 @@ func (sub *subscription) noteOutcomes(items []*item, probe *outage) {
 	}
 	if probe != nil {
 		probe.probes++
-		if answered && sub.outages[probe.dest] == probe {
-			sub.closeOutage(probe, now)
-		} else {
+		probe.empty++
+		if len(items) > 0 {
+			probe.empty = 0
+			probe.seen = now
+		}
+		switch {
+		case sub.outages[probe.dest] != probe: // ended by an expired-outage answer above
+		case answered:
+			sub.closeOutage(probe, now, false)
+		case sub.idle(probe, now):
+			sub.closeOutage(probe, now, true)
+		default:
 			probe.nextProbe = now.Add(max(sub.probeWait(probe, now), probe.nextProbe.Sub(now)))
 		}
 	}
+	// An outage past UnavailableDeadLetterAfter is not probed: it ends at an answer of one of
+	// its topics, or, when none of its events was refused for UnavailableDeadLetterAfter again
+	// (its topics get no events any more), here.
+	if d := sub.s.cfg.UnavailableDeadLetterAfter; d > 0 {
+		for _, o := range sub.outages {
+			if sub.outageExpired(o, now) && now.Sub(o.seen) >= d {
+				sub.closeOutage(o, now, true)
+			}
+		}
+	}
 	sub.publishOutages()
+}
+
+// outageOf returns the outage that the refusal of it by dest joins: dest's own, or the shared
+// OverflowDestination one when MaxOutages destinations are tracked. opened: there was none
+// (it is logged; the caller calls Hooks.OnOutage).
+func (sub *subscription) outageOf(dest string, it *item, now time.Time) (o *outage, opened bool) {
+	if o := sub.outages[dest]; o != nil {
+		return o, false
+	}
+	over := sub.outages[OverflowDestination]
+	named := len(sub.outages)
+	if over != nil {
+		named--
+	}
+	if named >= MaxOutages {
+		if over != nil {
+			return over, false
+		}
+		sub.s.logWarn(fmt.Sprintf("outbox: destination unavailable; %d destinations are in an outage already, so it shares the outage %q; its topics are paused and probed, no attempts are counted", MaxOutages, OverflowDestination),
+			it.err, watermill.LogFields{"destination": dest, "topic": it.ev.Topic})
+		dest = OverflowDestination
+	} else {
+		sub.s.logWarn("outbox: destination unavailable; its topics are paused and probed, no attempts are counted", it.err,
+			watermill.LogFields{"destination": dest, "topic": it.ev.Topic})
+	}
+	if sub.outages == nil {
+		sub.outages = map[string]*outage{}
+	}
+	o = &outage{dest: dest, topics: map[string]bool{}, since: now, nextProbe: now.Add(sub.s.cfg.UnavailableBackoff)}
+	sub.outages[dest] = o
+	return o, true
+}
+
+// idle reports whether the outage's topics have no event left to probe: idleProbes probes in a
+// row claimed nothing (the events may be held behind a failed head, or leased by another
+// relay, for a while) and none was refused or claimed for UnavailableBackoffMax. Nothing is
+// then known about the destination, and an outage kept open would hold its memory and its
+// gauge for good; one refusal opens it again.
+func (sub *subscription) idle(o *outage, now time.Time) bool {
+	return o.empty >= idleProbes && now.Sub(o.seen) >= sub.s.cfg.UnavailableBackoffMax
 }
 
 // outageHook calls Hooks.OnOutage for o (ended zero: it started).
@@ -186,11 +262,16 @@ func (sub *subscription) outageHook(o *outage, ended time.Time) {
 	h(OutageInfo{Destination: o.dest, Topics: ts, Since: o.since, Ended: ended, Released: o.refused, Err: o.lastErr})
 }
 
-// closeOutage ends an outage: its topics are claimed at full rate again.
-func (sub *subscription) closeOutage(o *outage, now time.Time) {
+// closeOutage ends an outage: its topics are claimed at full rate again. idle: it ends because
+// its topics had no event left (see idle), not because the destination answered.
+func (sub *subscription) closeOutage(o *outage, now time.Time, idle bool) {
 	delete(sub.outages, o.dest)
 	sub.outageHook(o, now)
-	sub.s.logger.Info("outbox: destination available again; its topics are claimed at full rate", watermill.LogFields{
+	msg := "outbox: destination available again; its topics are claimed at full rate"
+	if idle {
+		msg = "outbox: destination outage closed: its topics have no event left to deliver"
+	}
+	sub.s.logger.Info(msg, watermill.LogFields{
 		"destination": o.dest, "unavailable_for": now.Sub(o.since).Round(time.Millisecond).String(),
 		"events_released": o.refused, "probes": o.probes})
 }

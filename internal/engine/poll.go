@@ -224,7 +224,8 @@ func (sub *subscription) deliver(b *leased, deliver []*item) {
 
 // probe delivers one event of an outage's topics (see outage.go) and writes its mark before
 // returning. A probe that finds nothing to claim leaves the outage open (the topics' events
-// may be held or leased elsewhere) and waits for the next probe.
+// may be held or leased elsewhere) and waits for the next probe, unless the outage is idle
+// (see outage.go: idle), which closes it.
 func (sub *subscription) probe(token string, o *outage) (again bool, err error) {
 	sub.waitMarks()
 	items, err := sub.probeClaim(token, o)

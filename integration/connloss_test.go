@@ -165,7 +165,7 @@ func TestKafkaProducerStateLossKeepsOrder(t *testing.T) {
 		}
 		code := codes[len(refusals)%len(codes)]
 		refusals = append(refusals, time.Now())
-		return produceRefusal(kreq, code), nil, true
+		return brokertest.ProduceRefusal(kreq, code), nil, true
 	})
 	evs := e.seed(600, 30, func(int) string { return topic })
 	cfg := e.subCfg()
@@ -198,22 +198,4 @@ func TestKafkaProducerStateLossKeepsOrder(t *testing.T) {
 	}
 	t.Logf("%d produce requests refused for the producer's state (%d accepted): 0 attempts charged, per-key order intact; longest refusal → next accepted produce: %s",
 		len(refusals), len(accepted), worst.Round(time.Millisecond))
-}
-
-// produceRefusal answers a produce request with code for every partition (nothing appended).
-func produceRefusal(kreq kmsg.Request, code int16) *kmsg.ProduceResponse {
-	req := kreq.(*kmsg.ProduceRequest)
-	resp := req.ResponseKind().(*kmsg.ProduceResponse)
-	for _, rt := range req.Topics {
-		st := kmsg.NewProduceResponseTopic()
-		st.Topic, st.TopicID = rt.Topic, rt.TopicID
-		for _, rp := range rt.Partitions {
-			sp := kmsg.NewProduceResponseTopicPartition()
-			sp.Partition = rp.Partition
-			sp.ErrorCode = code
-			st.Partitions = append(st.Partitions, sp)
-		}
-		resp.Topics = append(resp.Topics, st)
-	}
-	return resp
 }

@@ -32,7 +32,7 @@ func TestKafkaUnavailableKeepsOrder(t *testing.T) {
 			return nil, nil, false // dropped: the broker answers normally from now on
 		}
 		c.KeepControl()
-		return produceRefusal(kreq, kerr.NotEnoughReplicas.Code), nil, true
+		return brokertest.ProduceRefusal(kreq, kerr.NotEnoughReplicas.Code), nil, true
 	})
 	evs := e.seed(300, 30, func(int) string { return topic })
 	e.run(e.subscriber(outbox.SubscriberConfig{}), fwdKafkaPublisher(t, c, fwdKafkaFastOpts()...), forwarder.Config{})

@@ -35,8 +35,8 @@ func (noopBatchPublisher) PublishBatch(_ context.Context, batch []forwarder.Outg
 // order every other round, runs RabbitMQ alone (PublishBatch calls of 1,000 with publisher
 // confirms, no database), the relay to RabbitMQ, the relay to a no-op destination, Kafka
 // (kfake) alone and the relay to Kafka, each through forwarder/kafka (kgo) and through
-// forwarder/kafkasarama (Sarama, per-key rounds), and Watermill's components/forwarder tuned (batch 1000, 10 ms
-// poll) to Kafka, each on a fresh backlog of OUTBOX_BENCH_EVENTS events (default 100000) over
+// forwarder/kafkasarama (Sarama, per-key rounds), and Watermill's components/forwarder tuned
+// (batch 1000, 10 ms poll) to Kafka, each on a fresh backlog of OUTBOX_BENCH_EVENTS events (default 100000) over
 // OUTBOX_BENCH_KEYS keys (1000), one subscription, BatchSize 1000, MaxRunPerKey 100. It logs
 // every run, the medians and the ratios of the medians: relay → RabbitMQ ÷ RabbitMQ alone,
 // relay → Kafka ÷ Kafka alone, relay → Kafka ÷ relay → no-op, relay → Kafka ÷ Watermill's

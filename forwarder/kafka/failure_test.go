@@ -96,7 +96,7 @@ func TestUnavailableRealClient(t *testing.T) {
 		if !failing.Load() {
 			return nil, nil, false
 		}
-		return refusal(kreq, kerr.NotEnoughReplicas.Code), nil, true
+		return brokertest.ProduceRefusal(kreq, kerr.NotEnoughReplicas.Code), nil, true
 	})
 	batch := messages(topic, "a", "b", "", "a")
 	errs := p.PublishBatch(context.Background(), batch)
@@ -356,7 +356,7 @@ func TestProducerStateLossKeepsOrder(t *testing.T) {
 		if n.Add(1)%3 != 2 || refused.Load() >= 6 {
 			return nil, nil, false
 		}
-		return refusal(kreq, codes[refused.Add(1)%2]), nil, true
+		return brokertest.ProduceRefusal(kreq, codes[refused.Add(1)%2]), nil, true
 	})
 	p, err := NewPublisher(Config{Brokers: c.ListenAddrs(), ClientOptions: fastOpts()}, nil)
 	if err != nil {

@@ -15,7 +15,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/forwarder"
@@ -182,24 +181,6 @@ func wantAll(t *testing.T, what string, errs []error, check func(error) bool) {
 			t.Errorf("%s: message %d: %v", what, i, err)
 		}
 	}
-}
-
-// refusal answers a produce request with code for every partition (nothing is appended).
-func refusal(kreq kmsg.Request, code int16) *kmsg.ProduceResponse {
-	req := kreq.(*kmsg.ProduceRequest)
-	resp := req.ResponseKind().(*kmsg.ProduceResponse)
-	for _, rt := range req.Topics {
-		st := kmsg.NewProduceResponseTopic()
-		st.Topic, st.TopicID = rt.Topic, rt.TopicID
-		for _, rp := range rt.Partitions {
-			sp := kmsg.NewProduceResponseTopicPartition()
-			sp.Partition = rp.Partition
-			sp.ErrorCode = code
-			st.Partitions = append(st.Partitions, sp)
-		}
-		resp.Topics = append(resp.Topics, st)
-	}
-	return resp
 }
 
 // readBack consumes topic from the start until n records are read (failing after 30 s).

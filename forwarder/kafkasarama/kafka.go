@@ -1,6 +1,7 @@
 // Package kafkasarama is the outbox forwarder's Kafka destination on IBM/sarama, kept for
-// users who must stay on Sarama (forwarder/kafka, on franz-go, is the default): a Watermill publisher on
-// watermill-kafka/v3's message format and IBM/sarama's producer that publishes a whole batch
+// users who must stay on Sarama (forwarder/kafka, on franz-go's kgo, is the default and keeps
+// per-key order without per-key rounds): a Watermill publisher on watermill-kafka/v3's message
+// format and IBM/sarama's producer that publishes a whole batch
 // in one SendMessages call (one produce request per broker for many events), with a result per
 // message, so the forwarder marks published only the events that Kafka acknowledged.
 //

@@ -14,7 +14,6 @@ import (
 
 	"github.com/watermill-outbox/outbox/forwarder"
 	"github.com/watermill-outbox/outbox/forwarder/amqp"
-	"github.com/watermill-outbox/outbox/forwarder/kafka"
 	"github.com/watermill-outbox/outbox/internal/brokertest"
 	"github.com/watermill-outbox/outbox/internal/pgtest"
 )
@@ -140,8 +139,8 @@ func TestAMQPConnectionCutChargesNoAttempt(t *testing.T) {
 // TestKafkaProducerStateLossKeepsOrder: kfake answers produce requests now and then with
 // OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID, INVALID_PRODUCER_EPOCH or PRODUCER_FENCED
 // for every partition, as a bounced broker that forgot the idempotent producer does (nothing
-// is appended). The Publisher recreates its producer and sends each key again from its first
-// unacknowledged event: MaxAttempts is 1, yet 0 attempts are charged and nothing is
+// is appended). kgo takes a new producer epoch and sends the batches again in order (or, for
+// PRODUCER_FENCED, fails the partition's records, released unattempted): MaxAttempts is 1, yet 0 attempts are charged and nothing is
 // dead-lettered; read back with the stock watermill-kafka subscriber, every key is in order,
 // once. The time from each refusal to the next accepted produce request is logged.
 func TestKafkaProducerStateLossKeepsOrder(t *testing.T) {
@@ -160,20 +159,19 @@ func TestKafkaProducerStateLossKeepsOrder(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		n++
-		if n%4 != 0 || len(refusals) >= 2*len(codes) {
+		if n%2 != 0 || len(refusals) >= 2*len(codes) {
 			accepted = append(accepted, time.Now())
 			return nil, nil, false // the broker appends as usual
 		}
 		code := codes[len(refusals)%len(codes)]
 		refusals = append(refusals, time.Now())
-		return produceRefusal(kreq, code), nil, true
+		return brokertest.ProduceRefusal(kreq, code), nil, true
 	})
 	evs := e.seed(600, 30, func(int) string { return topic })
-	sc := kafka.DefaultSaramaConfig()
-	sc.Producer.Retry.Backoff = 20 * time.Millisecond
 	cfg := e.subCfg()
 	cfg.MaxAttempts = 1
-	e.run(e.subscriber(cfg), fwdKafkaPublisher(t, c, sc), forwarder.Config{})
+	cfg.BatchSize = 25 // kgo sends a batch in one or two produce requests: 24 batches make enough of them
+	e.run(e.subscriber(cfg), fwdKafkaPublisher(t, c, fwdKafkaFastOpts()...), forwarder.Config{})
 	e.waitSettled(60*time.Second, len(evs), 0)
 	if n := e.count("attempts > 0 OR dead_lettered_at IS NOT NULL"); n != 0 {
 		t.Fatalf("%d events charged an attempt, want 0", n)
@@ -200,22 +198,4 @@ func TestKafkaProducerStateLossKeepsOrder(t *testing.T) {
 	}
 	t.Logf("%d produce requests refused for the producer's state (%d accepted): 0 attempts charged, per-key order intact; longest refusal → next accepted produce: %s",
 		len(refusals), len(accepted), worst.Round(time.Millisecond))
-}
-
-// produceRefusal answers a produce request with code for every partition (nothing appended).
-func produceRefusal(kreq kmsg.Request, code int16) *kmsg.ProduceResponse {
-	req := kreq.(*kmsg.ProduceRequest)
-	resp := req.ResponseKind().(*kmsg.ProduceResponse)
-	for _, rt := range req.Topics {
-		st := kmsg.NewProduceResponseTopic()
-		st.Topic = rt.Topic
-		for _, rp := range rt.Partitions {
-			sp := kmsg.NewProduceResponseTopicPartition()
-			sp.Partition = rp.Partition
-			sp.ErrorCode = code
-			st.Partitions = append(st.Partitions, sp)
-		}
-		resp.Topics = append(resp.Topics, st)
-	}
-	return resp
 }

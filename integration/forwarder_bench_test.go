@@ -40,6 +40,7 @@ import (
 	"github.com/watermill-outbox/outbox/forwarder"
 	"github.com/watermill-outbox/outbox/forwarder/amqp"
 	"github.com/watermill-outbox/outbox/forwarder/kafka"
+	"github.com/watermill-outbox/outbox/forwarder/kafkasarama"
 	"github.com/watermill-outbox/outbox/forwarder/redisstream"
 	"github.com/watermill-outbox/outbox/internal/brokertest"
 	"github.com/watermill-outbox/outbox/internal/pgtest"
@@ -231,21 +232,22 @@ func fwdBenchKafkaCheck(b *testing.B, c *kfake.Cluster, topic string, n int, key
 	}
 }
 
-// BenchmarkForwarderKafka drains a backlog to kfake (8 partitions) through the real Sarama
-// client: our forwarder (batch per call, acks=all, idempotent) against Watermill's own
-// components/forwarder (watermill-sql v4 subscriber, batch 1000 and 10 ms poll, enveloped
-// messages; watermill-kafka publisher with the ordering key as partition key, one message per
-// request). Both keep per-key order; ours is checked on Kafka afterwards.
+// BenchmarkForwarderKafka drains a backlog to kfake (8 partitions): our forwarder (batch per
+// call, acks=all, idempotent) through the kgo publisher and through the Sarama one
+// (forwarder/kafkasarama, per-key rounds), against Watermill's own components/forwarder
+// (watermill-sql v4 subscriber, batch 1000 and 10 ms poll, enveloped messages; watermill-kafka
+// publisher with the ordering key as partition key, one message per request). All keep
+// per-key order; ours is checked on Kafka afterwards.
 func BenchmarkForwarderKafka(b *testing.B) {
 	n := fwdBenchEnv("OUTBOX_BENCH_EVENTS", 100000)
 	keys := fwdBenchEnv("OUTBOX_BENCH_KEYS", 1000)
 	for _, v := range []struct {
-		subs    int
-		oneCall bool // kafka.Config.KeyRunsInOneCall: no per-key rounds
-	}{{1, false}, {2, false}, {1, true}, {2, true}} {
+		subs   int
+		sarama bool // forwarder/kafkasarama instead of forwarder/kafka
+	}{{1, false}, {2, false}, {1, true}} {
 		name := fmt.Sprintf("outbox/subscriptions=%d", v.subs)
-		if v.oneCall {
-			name += "/key-runs-in-one-call"
+		if v.sarama {
+			name += "/sarama"
 		}
 		subs := v.subs
 		b.Run(name, func(b *testing.B) {
@@ -253,10 +255,7 @@ func BenchmarkForwarderKafka(b *testing.B) {
 				b.StopTimer()
 				c := brokertest.Kafka(b, kfake.SeedTopics(8, "bench"))
 				schema := fwdBenchSeed(b, "bench", n, keys)
-				pub, err := kafka.NewPublisher(kafka.Config{Brokers: c.ListenAddrs(), KeyRunsInOneCall: v.oneCall}, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
+				pub := fwdBenchKafkaPublisher(b, c, v.sarama)
 				fwdBenchDrain(b, schema, n, pub, subs)
 				fwdBenchKafkaCheck(b, c, "bench", n, outbox.MetadataOrderingKey)
 				_ = pub.Close()
@@ -275,6 +274,22 @@ func BenchmarkForwarderKafka(b *testing.B) {
 	} {
 		b.Run(wm.name, func(b *testing.B) { fwdBenchWatermill(b, n, keys, wm.schema, wm.subConf) })
 	}
+}
+
+// fwdBenchKafkaPublisher returns our Kafka publisher on c: forwarder/kafka, or with sarama
+// forwarder/kafkasarama with its defaults.
+func fwdBenchKafkaPublisher(b *testing.B, c *kfake.Cluster, sarama bool) forwarder.BatchPublisher {
+	var pub forwarder.BatchPublisher
+	var err error
+	if sarama {
+		pub, err = kafkasarama.NewPublisher(kafkasarama.Config{Brokers: c.ListenAddrs()}, nil)
+	} else {
+		pub, err = kafka.NewPublisher(kafka.Config{Brokers: c.ListenAddrs()}, nil)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	return pub
 }
 
 // fwdBenchWatermill drains n enveloped messages through Watermill's components/forwarder from

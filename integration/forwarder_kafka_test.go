@@ -12,8 +12,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/eapache/go-resiliency/breaker"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/forwarder"
@@ -22,10 +23,11 @@ import (
 	"github.com/watermill-outbox/outbox/internal/pgtest"
 )
 
-// fwdKafkaPublisher returns our Kafka publisher on c, closed at the end of the test.
-func fwdKafkaPublisher(t *testing.T, c *kfake.Cluster, sc *sarama.Config) *kafka.Publisher {
+// fwdKafkaPublisher returns our Kafka publisher on c with the extra kgo options, closed at the
+// end of the test.
+func fwdKafkaPublisher(t *testing.T, c *kfake.Cluster, opts ...kgo.Opt) *kafka.Publisher {
 	t.Helper()
-	pub, err := kafka.NewPublisher(kafka.Config{Brokers: c.ListenAddrs(), SaramaConfig: sc}, nil)
+	pub, err := kafka.NewPublisher(kafka.Config{Brokers: c.ListenAddrs(), ClientOptions: opts}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +67,7 @@ func fwdKafkaConsume(t *testing.T, c *kfake.Cluster, col *fwdCollector, topics .
 // fwdKafkaTopicConfig sets a topic config through Sarama's admin client.
 func fwdKafkaTopicConfig(t *testing.T, c *kfake.Cluster, topic, name, value string) {
 	t.Helper()
-	admin, err := sarama.NewClusterAdmin(c.ListenAddrs(), kafka.DefaultSaramaConfig())
+	admin, err := sarama.NewClusterAdmin(c.ListenAddrs(), sarama.NewConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +77,7 @@ func fwdKafkaTopicConfig(t *testing.T, c *kfake.Cluster, topic, name, value stri
 	}
 }
 
-// TestForwarderKafka: 1,000 events over 50 keys to kfake through the real Sarama producer in
+// TestForwarderKafka: 1,000 events over 50 keys to kfake through the real kgo producer in
 // batches; the stock watermill-kafka subscriber reads them with id, payload, headers and topic
 // intact, each key in one partition and in order; each event is marked published once.
 func TestForwarderKafka(t *testing.T) {
@@ -83,7 +85,7 @@ func TestForwarderKafka(t *testing.T) {
 	topics := []string{"fwd.kafka.a", "fwd.kafka.b"}
 	c := brokertest.Kafka(t, kfake.SeedTopics(4, topics...))
 	evs := e.seed(1000, 50, func(k int) string { return topics[k%2] })
-	e.run(e.subscriber(outbox.SubscriberConfig{}), fwdKafkaPublisher(t, c, nil), forwarder.Config{})
+	e.run(e.subscriber(outbox.SubscriberConfig{}), fwdKafkaPublisher(t, c), forwarder.Config{})
 	e.waitSettled(60*time.Second, 1000, 0)
 
 	var col fwdCollector
@@ -109,21 +111,20 @@ func TestForwarderKafka(t *testing.T) {
 // published that Kafka did not acknowledge. With the topic's limit known (looked up, or
 // configured as Producer.MaxMessageBytes) the oversized event is refused before sending and
 // Kafka holds exactly the published events, in order. With the lookup off and the producer's
-// limit above the broker's, Kafka refuses whole record batches: the refused events are sent
-// again one by one, so still only the oversized one fails; Kafka may then also hold later
-// events of its key that a later request carried (the outbox releases them unmarked: they go
-// out again, in order, once the key moves on).
+// limit above the broker's, Kafka refuses whole record batches and kgo fails the partition's
+// later records with them: the refused events are sent again one by one, so still only the
+// oversized one fails, and Kafka again holds exactly the published events, in order.
 func TestForwarderKafkaFailures(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
-		clientMax  int // Producer.MaxMessageBytes; 0 = Sarama's 1 MiB (above the broker's)
+		clientMax  int // kafka.Config.MaxMessageBytes; 0 = the default (above the broker's)
 		noLookup   bool
 		tooLargeIs error
 		exact      bool // Kafka holds exactly the published events
 	}{
 		{"topic-limit-looked-up", 0, false, kafka.ErrMessageTooLarge, true},
 		{"client-limit", 8000, true, kafka.ErrMessageTooLarge, true},
-		{"broker-refuses-batches", 0, true, sarama.ErrMessageSizeTooLarge, false},
+		{"broker-refuses-batches", 0, true, kerr.MessageTooLarge, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := fwdNewEnv(t)
@@ -142,12 +143,8 @@ func TestForwarderKafkaFailures(t *testing.T) {
 			for range 3 {
 				lost = append(lost, e.add(missing, "", nil))
 			}
-			sc := kafka.DefaultSaramaConfig()
-			sc.Metadata.Retry.Backoff = 50 * time.Millisecond
-			if tc.clientMax > 0 {
-				sc.Producer.MaxMessageBytes = tc.clientMax
-			}
-			pub, err := kafka.NewPublisher(kafka.Config{Brokers: c.ListenAddrs(), SaramaConfig: sc, DisableTopicLimits: tc.noLookup}, nil)
+			pub, err := kafka.NewPublisher(kafka.Config{Brokers: c.ListenAddrs(), MaxMessageBytes: tc.clientMax, DisableTopicLimits: tc.noLookup,
+				ClientOptions: []kgo.Opt{kgo.MetadataMinAge(50 * time.Millisecond)}}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -169,8 +166,7 @@ func TestForwarderKafkaFailures(t *testing.T) {
 				t.Errorf("oversized event dead-lettered with %v, want %v", f.Err, tc.tooLargeIs)
 			}
 			for _, ev := range lost {
-				// Sarama reports the unknown topic, then opens its per-topic circuit breaker.
-				if f := e.dead[ev.id]; !errors.Is(f.Err, sarama.ErrUnknownTopicOrPartition) && !errors.Is(f.Err, breaker.ErrBreakerOpen) {
+				if f := e.dead[ev.id]; !errors.Is(f.Err, kerr.UnknownTopicOrPartition) {
 					t.Errorf("unknown-topic event dead-lettered with %v", f.Err)
 				}
 			}

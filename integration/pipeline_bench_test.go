@@ -18,7 +18,6 @@ import (
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/forwarder"
 	"github.com/watermill-outbox/outbox/forwarder/amqp"
-	"github.com/watermill-outbox/outbox/forwarder/kafka"
 	"github.com/watermill-outbox/outbox/internal/brokertest"
 )
 
@@ -35,9 +34,9 @@ func (noopBatchPublisher) PublishBatch(_ context.Context, batch []forwarder.Outg
 // with the contenders interleaved: each of OUTBOX_BENCH_ROUNDS rounds (default 3), in reverse
 // order every other round, runs RabbitMQ alone (PublishBatch calls of 1,000 with publisher
 // confirms, no database), the relay to RabbitMQ, the relay to a no-op destination, Kafka
-// (kfake) alone and the relay to Kafka, each with the default per-key rounds and with
-// kafka.Config.KeyRunsInOneCall, and Watermill's components/forwarder tuned (batch 1000, 10 ms
-// poll) to Kafka, each on a fresh backlog of OUTBOX_BENCH_EVENTS events (default 100000) over
+// (kfake) alone and the relay to Kafka, each through forwarder/kafka (kgo) and through
+// forwarder/kafkasarama (Sarama, per-key rounds), and Watermill's components/forwarder tuned
+// (batch 1000, 10 ms poll) to Kafka, each on a fresh backlog of OUTBOX_BENCH_EVENTS events (default 100000) over
 // OUTBOX_BENCH_KEYS keys (1000), one subscription, BatchSize 1000, MaxRunPerKey 100. It logs
 // every run, the medians and the ratios of the medians: relay → RabbitMQ ÷ RabbitMQ alone,
 // relay → Kafka ÷ Kafka alone, relay → Kafka ÷ relay → no-op, relay → Kafka ÷ Watermill's
@@ -78,17 +77,14 @@ func BenchmarkForwarderRatios(b *testing.B) {
 			return fwdBenchDrain(b, fwdBenchSeed(b, "bench", n, keys), n, noopBatchPublisher{}, 1)
 		}},
 	}
-	for _, oneCall := range []bool{false, true} {
+	for _, sarama := range []bool{false, true} {
 		suffix := ""
-		if oneCall {
-			suffix = "-one-call"
+		if sarama {
+			suffix = "-sarama"
 		}
-		kafkaPub := func(b *testing.B) (*kfake.Cluster, *kafka.Publisher) {
+		kafkaPub := func(b *testing.B) (*kfake.Cluster, forwarder.BatchPublisher) {
 			c := brokertest.Kafka(b, kfake.SeedTopics(8, "bench"))
-			pub, err := kafka.NewPublisher(kafka.Config{Brokers: c.ListenAddrs(), KeyRunsInOneCall: oneCall}, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
+			pub := fwdBenchKafkaPublisher(b, c, sarama)
 			b.Cleanup(func() { pub.Close() })
 			return c, pub
 		}
@@ -163,9 +159,9 @@ func BenchmarkForwarderRatios(b *testing.B) {
 		// its drain to a destination that costs nothing, nor than the destination alone.
 		{"relay-noop ÷ watermill-tuned", med("relay-noop") / med("watermill-forwarder-tuned-kafka")},
 		{"kafka-alone ÷ relay-noop", med("kafka-alone") / med("relay-noop")},
-		{"relay-kafka-one-call ÷ kafka-alone-one-call", med("relay-kafka-one-call") / med("kafka-alone-one-call")},
-		{"relay-kafka-one-call ÷ relay-noop", med("relay-kafka-one-call") / med("relay-noop")},
-		{"relay-kafka-one-call ÷ watermill-tuned", med("relay-kafka-one-call") / med("watermill-forwarder-tuned-kafka")},
+		{"relay-kafka-sarama ÷ kafka-alone-sarama", med("relay-kafka-sarama") / med("kafka-alone-sarama")},
+		{"relay-kafka-sarama ÷ relay-noop", med("relay-kafka-sarama") / med("relay-noop")},
+		{"relay-kafka-sarama ÷ watermill-tuned", med("relay-kafka-sarama") / med("watermill-forwarder-tuned-kafka")},
 	} {
 		if !math.IsNaN(r.v) && !math.IsInf(r.v, 0) {
 			fmt.Fprintf(&t, "%-44s %8.2f\n", r.name, r.v)

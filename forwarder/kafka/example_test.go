@@ -17,8 +17,9 @@ import (
 )
 
 // Relay the outbox to Kafka: each event becomes a record of the topic of the same name, with
-// the ordering key as the record key (so one key's events share a partition, in order) and the
-// payload as the value. The broker here is an in-process kfake cluster.
+// the ordering key as the record key (so one key's events share a partition, in order, the
+// partition the Java client picks for that key) and the payload as the value. The broker here
+// is an in-process kfake cluster.
 func ExampleNewPublisher() {
 	ctx := context.Background()
 	cluster, err := kfake.NewCluster(kfake.SeedTopics(3, "orders.created"))

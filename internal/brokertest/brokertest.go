@@ -19,6 +19,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Defaults used when the environment variables are unset.
@@ -107,6 +108,25 @@ func Kafka(tb testing.TB, opts ...kfake.Opt) *kfake.Cluster {
 	}
 	tb.Cleanup(c.Close)
 	return c
+}
+
+// ProduceRefusal is a kfake control answer to the produce request kreq: error code for every
+// partition of every topic (by name and by topic id), nothing appended.
+func ProduceRefusal(kreq kmsg.Request, code int16) *kmsg.ProduceResponse {
+	req := kreq.(*kmsg.ProduceRequest)
+	resp := req.ResponseKind().(*kmsg.ProduceResponse)
+	for _, rt := range req.Topics {
+		st := kmsg.NewProduceResponseTopic()
+		st.Topic, st.TopicID = rt.Topic, rt.TopicID
+		for _, rp := range rt.Partitions {
+			sp := kmsg.NewProduceResponseTopicPartition()
+			sp.Partition = rp.Partition
+			sp.ErrorCode = code
+			st.Partitions = append(st.Partitions, sp)
+		}
+		resp.Topics = append(resp.Topics, st)
+	}
+	return resp
 }
 
 // ClosedPort returns a loopback "host:port" where nothing listens (a port just released).

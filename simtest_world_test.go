@@ -95,10 +95,10 @@ type simWorld struct {
 	log    []simEntry
 	gens   []*simGen
 	byEx   map[dialect.Executor]*simGen
-	nth    map[int64]int       // seq → deliveries emitted so far
-	faults map[string]int      // gen/op → operations so far
-	held   []simHeld           // leases of killed generations
-	wg     sync.WaitGroup      // destinations' handlers and closing Subscribers
+	nth    map[int64]int  // seq → deliveries emitted so far
+	faults map[string]int // gen/op → operations so far
+	held   []simHeld      // leases of killed generations
+	wg     sync.WaitGroup // destinations' handlers and closing Subscribers
 }
 
 // simHeld is the unexpired leases a killed generation held: the checker's bound (f).

@@ -30,6 +30,7 @@ import (
 var (
 	simSeed  = flag.Int64("sim.seed", -1, "run only this seed of TestSimulation")
 	simSeeds = flag.Int("sim.seeds", 200, "how many seeds TestSimulation runs (env OUTBOX_SIM_SEEDS overrides)")
+	simLog   = flag.Bool("sim.log", false, "print the log of the seeds that fail (with -sim.seed)")
 )
 
 // simDeadline is the virtual time a seed may take to publish or dead-letter every event.
@@ -293,6 +294,13 @@ func TestSimulation(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
 					w, err := runSim(seed)
 					problems = simCheck(w, err)
+					if len(problems) > 0 && *simLog {
+						w.mu.Lock()
+						for _, e := range w.log {
+							t.Log(e)
+						}
+						w.mu.Unlock()
+					}
 					if *simSeed >= 0 || testing.Verbose() && seed < 3 {
 						t.Logf("seed %d: %s", seed, simStats(w))
 					}

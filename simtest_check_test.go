@@ -100,7 +100,8 @@ func simCheck(w *simWorld, runErr error) []string {
 		case emitted:
 			want = []string{markReleased}
 		case poison:
-			want = []string{markPerm}
+			// Dead-lettered, or released behind its key's earlier poison event.
+			want = []string{markPerm, markReleased}
 		default:
 			want = []string{markReleased}
 		}
@@ -134,9 +135,11 @@ func simCheck(w *simWorld, runErr error) []string {
 	// (b) A keyed event is first delivered only after every earlier event of its key was
 	// acked (so first deliveries come in sequence order).
 	byKey := map[string][]int64{}
+	keyOf := map[int64]string{}
 	for _, r := range rows {
 		if r.OrderingKey != nil {
 			byKey[*r.OrderingKey] = append(byKey[*r.OrderingKey], r.Sequence)
+			keyOf[r.Sequence] = *r.OrderingKey
 		}
 	}
 	firstAck := func(seq int64) int {
@@ -185,7 +188,7 @@ func simCheck(w *simWorld, runErr error) []string {
 		}
 	}
 
-	// (f) After a kill, the events the killed relay held are delivered again (or settled)
+	// (f) After a kill, the events the killed relay held (the first of each key) are delivered again (or settled)
 	// within simRedeliveryBound of its successor's start, unless that successor was itself
 	// killed or met an injected fault within the bound.
 	bound := simRedeliveryBound(cfg)
@@ -210,7 +213,15 @@ func simCheck(w *simWorld, runErr error) []string {
 		if disturbed {
 			continue
 		}
+		firstOfKey := map[string]bool{}
 		for _, s := range h.seqs {
+			// A key's later held events wait for its first: only that one is bound.
+			if k := keyOf[s]; k != "" {
+				if firstOfKey[k] {
+					continue
+				}
+				firstOfKey[k] = true
+			}
 			var again *simEntry
 			for _, e := range log {
 				if e.seq == s && e.at.After(h.at) && (e.kind == simEmit || e.kind == simMark) {

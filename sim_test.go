@@ -92,7 +92,7 @@ func newSimPlan(seed int64) simPlan {
 	}
 	batch := []int{1, 2, 4, 8, 16}[draw(5)]
 	p.cfg = SubscriberConfig{PollInterval: 500 * time.Millisecond, BatchSize: batch, MaxRunPerKey: min(batch, 1+draw(4)), KeyScan: 100,
-		MaxAttempts: 2 + draw(3), RetryBase: 200 * time.Millisecond, RetryMax: 2 * time.Second, LeaseDuration: 6 * time.Second,
+		MaxAttempts: 2 + draw(3), RetryBase: 200 * time.Millisecond, RetryMax: 2 * time.Second, LeaseDuration: 20 * time.Second,
 		DeliveryTimeout: 2 * time.Second, CloseTimeout: time.Second, Concurrency: 1 + draw(4), UnavailableBackoff: 100 * time.Millisecond,
 		UnavailableBackoffMax: 2 * time.Second, MarkInterval: 50 * time.Millisecond, MaxDeliveryStarts: 2 + draw(3)}
 	scale := draw(3) // 0: every answer an ack; 1, 2: more trouble
@@ -156,7 +156,9 @@ func runSim(seed int64) (*simWorld, error) {
 		if err != nil {
 			return w, err
 		}
+		mu.Lock()
 		live[i] = g
+		mu.Unlock()
 		jobs.Add(1)
 		go func() {
 			defer jobs.Done()

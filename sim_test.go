@@ -168,13 +168,18 @@ func runSim(seed int64) (*simWorld, error) {
 				mu.Lock()
 				g := live[i]
 				mu.Unlock()
-				w.kill(g)
+				h := w.kill(g)
 				time.Sleep(s.restart)
 				g, err := w.start(ctx, i, s.name)
 				if err != nil {
 					fail(err)
 					return
 				}
+				jobs.Add(1)
+				go func() {
+					defer jobs.Done()
+					w.retaken(h, g)
+				}()
 				mu.Lock()
 				live[i] = g
 				mu.Unlock()

@@ -97,16 +97,26 @@ type simWorld struct {
 	byEx   map[dialect.Executor]*simGen
 	nth    map[int64]int  // seq → deliveries emitted so far
 	faults map[string]int // gen/op → operations so far
-	held   []simHeld      // leases of killed generations
+	held   []*simHeld     // leases of killed generations
 	wg     sync.WaitGroup // destinations' handlers and closing Subscribers
 }
 
-// simHeld is the unexpired leases a killed generation held: the checker's bound (f).
+// simHeld is the unexpired leases a killed generation held, and those still held under its
+// tokens simRetakeBound after its successor started (the checker's (f)).
 type simHeld struct {
 	killed *simGen
 	at     time.Time
 	seqs   []int64
+	// checked: the successor lived through the bound; stuck are the events still leased by
+	// the killed generation then.
+	checked bool
+	stuck   []int64
 }
+
+// simRetakeBound is how soon after a killed relay's successor (the same RelayName) starts the
+// events the killed relay held must no longer be leased under its tokens: the successor takes
+// them back when its subscription starts, before its first claim.
+func simRetakeBound(c SubscriberConfig) time.Duration { return 2 * c.PollInterval }
 
 func (w *simWorld) record(e simEntry) {
 	w.mu.Lock()
@@ -253,7 +263,7 @@ func (w *simWorld) start(ctx context.Context, slot int, name string) (*simGen, e
 // kill stops g as kill -9 would: nothing it sends reaches the table any more, its destination
 // stops answering, and its process goes away (Subscribe's context, Close). The unexpired leases
 // it held are noted for the checker.
-func (w *simWorld) kill(g *simGen) {
+func (w *simWorld) kill(g *simGen) *simHeld {
 	g.killed.Store(true)
 	g.ex.Kill()
 	w.record(simEntry{kind: simKill, gen: g.id})
@@ -264,9 +274,29 @@ func (w *simWorld) kill(g *simGen) {
 		}
 	}
 	w.mu.Lock()
-	w.held = append(w.held, h)
+	w.held = append(w.held, &h)
 	w.mu.Unlock()
 	w.stop(g)
+	return &h
+}
+
+// retaken checks, simRetakeBound after next (the successor of h.killed) started, which of h's
+// events are still leased under the killed generation's tokens.
+func (w *simWorld) retaken(h *simHeld, next *simGen) {
+	time.Sleep(simRetakeBound(w.p.cfg))
+	if next.killed.Load() {
+		return
+	}
+	now := time.Now()
+	rows := w.db.Rows()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	h.checked = true
+	for _, r := range rows {
+		if r.PublishedAt.IsZero() && r.DeadLetteredAt.IsZero() && strings.HasPrefix(r.LeasedBy, h.killed.prefix) && r.LeaseUntil.After(now) {
+			h.stuck = append(h.stuck, r.Sequence)
+		}
+	}
 }
 
 // stop cancels g's subscription and closes its Subscriber in the background.

@@ -70,6 +70,18 @@ func simCheck(w *simWorld, runErr error) []string {
 		return found, ok
 	}
 
+	// lastOfLease returns the last entry of es of the lease claimed by c, before to.
+	lastOfLease := func(es []simEntry, c simEntry, to int) (simEntry, bool) {
+		var found simEntry
+		ok := false
+		for _, e := range es {
+			if e.gen == c.gen && e.ds == c.ds && e.i > c.i && e.i < to {
+				found, ok = e, true
+			}
+		}
+		return found, ok
+	}
+
 	// (d) Each mark writes what its delivery's answer called for; attempts count the failure
 	// answers (ordinary, permanent, DeliveryTimeout) whose marks were written, and the
 	// poison dead letters (MaxDeliveryStarts), and nothing else.
@@ -82,8 +94,10 @@ func simCheck(w *simWorld, runErr error) []string {
 			bad("(d) mark without a claim: %v", m)
 			continue
 		}
-		ans, answered := lastBefore(answers[m.seq], m.gen, c.i, m.i)
-		_, emitted := lastBefore(emits[m.seq], m.gen, c.i, m.i)
+		// The delivery of this lease: the same relay, the same delivery starts (a relay whose
+		// lease was taken back may still deliver its older copy beside a newer lease).
+		ans, answered := lastOfLease(answers[m.seq], c, m.i)
+		_, emitted := lastOfLease(emits[m.seq], c, m.i)
 		poison := c.ds > cfg.MaxDeliveryStarts
 		var want []string
 		switch {

@@ -26,8 +26,8 @@ type simKind uint8
 const (
 	simInsert    simKind = iota
 	simClaim             // seq leased under token (ds: its delivery starts after the claim)
-	simEmit              // seq received by gen's destination
-	simAnswer            // the destination's answer (what: simAck …)
+	simEmit              // seq received by gen's destination (ds: its delivery starts; what: its attempts)
+	simAnswer            // the destination's answer (what: simAck …; ds: the delivery's starts)
 	simMark              // a mark wrote seq under token (what: the outcome)
 	simKill              // gen was killed
 	simStart             // gen started
@@ -328,7 +328,7 @@ func (w *simWorld) answer(g *simGen, msg *message.Message) {
 	if g.killed.Load() {
 		return
 	}
-	w.record(simEntry{kind: simAnswer, gen: g.id, seq: seq, what: out})
+	w.record(simEntry{kind: simAnswer, gen: g.id, seq: seq, what: out, ds: ev.DeliveryStarts})
 	switch out {
 	case simAck:
 		msg.Ack()

@@ -83,7 +83,7 @@ type simGen struct {
 	killed   atomic.Bool
 	emits    atomic.Int64
 	started  time.Time
-	prefix   string // the Subscriber's token prefix
+	prefix   string // the Subscriber's token prefix, learnt from its first claim (guarded by simWorld.mu)
 }
 
 // simWorld is one seed's world. Its log and maps are guarded by mu.
@@ -187,6 +187,11 @@ type simRelay struct {
 // Claim logs the leased events, also when an injected fault hides them from the relay.
 func (r *simRelay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.ClaimParams) (*dialect.ClaimResult, error) {
 	res, err := r.Relay.Claim(ctx, ex, p)
+	r.w.mu.Lock()
+	if g := r.w.byEx[ex]; g != nil && g.prefix == "" {
+		g.prefix = p.Token[:strings.LastIndexByte(p.Token, '#')+1]
+	}
+	r.w.mu.Unlock()
 	if res != nil {
 		g := r.w.genOf(ex)
 		for _, e := range res.Events {
@@ -240,8 +245,8 @@ func (w *simWorld) start(ctx context.Context, slot int, name string) (*simGen, e
 	if err != nil {
 		return nil, err
 	}
-	g.sub, g.prefix = sub, sub.tokenPrefix
-	w.record(simEntry{kind: simStart, gen: g.id, token: g.prefix})
+	g.sub = sub
+	w.record(simEntry{kind: simStart, gen: g.id})
 	sctx, cancel := context.WithCancel(ctx)
 	g.cancel = cancel
 	ch, err := sub.Subscribe(sctx, "*")
@@ -268,8 +273,14 @@ func (w *simWorld) kill(g *simGen) *simHeld {
 	g.ex.Kill()
 	w.record(simEntry{kind: simKill, gen: g.id})
 	h := simHeld{killed: g, at: time.Now()}
+	w.mu.Lock()
+	prefix := g.prefix
+	w.mu.Unlock()
 	for _, r := range w.db.Rows() {
-		if r.PublishedAt.IsZero() && r.DeadLetteredAt.IsZero() && strings.HasPrefix(r.LeasedBy, g.prefix) && r.LeaseUntil.After(h.at) {
+		if prefix == "" {
+			break // it never claimed
+		}
+		if r.PublishedAt.IsZero() && r.DeadLetteredAt.IsZero() && strings.HasPrefix(r.LeasedBy, prefix) && r.LeaseUntil.After(h.at) {
 			h.seqs = append(h.seqs, r.Sequence)
 		}
 	}
@@ -291,8 +302,11 @@ func (w *simWorld) retaken(h *simHeld, next *simGen) {
 	rows := w.db.Rows()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	h.checked = true
+	h.checked = h.killed.prefix != "" // a generation that never claimed held nothing
 	for _, r := range rows {
+		if !h.checked {
+			break
+		}
 		if r.PublishedAt.IsZero() && r.DeadLetteredAt.IsZero() && strings.HasPrefix(r.LeasedBy, h.killed.prefix) && r.LeaseUntil.After(now) {
 			h.stuck = append(h.stuck, r.Sequence)
 		}

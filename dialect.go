@@ -8,9 +8,7 @@ import (
 	"strings"
 
 	"github.com/watermill-outbox/outbox/internal/dialect"
-	"github.com/watermill-outbox/outbox/internal/dialect/mysql"
 	"github.com/watermill-outbox/outbox/internal/dialect/postgres"
-	"github.com/watermill-outbox/outbox/internal/dialect/sqlite"
 )
 
 // Dialect is the SQL database an outbox table lives in. The same claim, order, lease, retry and
@@ -29,7 +27,8 @@ const (
 	// are INTEGER microseconds since the Unix epoch (UTC) taken from the writer's and the relay's
 	// clock. Payloads of a PayloadJSON (or PayloadJSONB) table are JSON text checked with json_valid, stored
 	// as written; PayloadBytea
-	// stores a BLOB. The table name must not be schema-qualified.
+	// stores a BLOB. The table name must not be schema-qualified. A program using it imports
+	// github.com/watermill-outbox/outbox/sqlite for its side effect.
 	DialectSQLite
 	// DialectMySQL is MariaDB 10.6+ and MySQL 8.0.23+ through database/sql with
 	// github.com/go-sql-driver/mysql (tested on MariaDB 10.11). Relays share a table through
@@ -39,7 +38,8 @@ const (
 	// table are LONGTEXT checked with JSON_VALID (stored as written), PayloadBytea a LONGBLOB.
 	// The table may be qualified by its database ("app.outbox"). Migrate needs a *sql.DB (DDL
 	// commits implicitly in MySQL). Add interpolateParams=true to the DSN to save a round trip
-	// per statement. The session's sql_mode should be strict (the servers' default).
+	// per statement. The session's sql_mode should be strict (the servers' default). A program
+	// using it imports github.com/watermill-outbox/outbox/mysql for its side effect.
 	DialectMySQL
 )
 
@@ -79,8 +79,9 @@ type Capabilities struct {
 	ClaimAhead bool
 }
 
-// Capabilities returns what d does; the zero Capabilities for an unknown dialect. Safe for
-// concurrent use.
+// Capabilities returns what d does; the zero Capabilities for an unknown dialect or one whose
+// package the program does not import (see DialectSQLite, DialectMySQL). Safe for concurrent
+// use.
 func (d Dialect) Capabilities() Capabilities {
 	impl := d.impl()
 	if impl == nil {
@@ -91,18 +92,35 @@ func (d Dialect) Capabilities() Capabilities {
 		DatabaseClock: c.DatabaseClock, SchemaQualified: c.SchemaQualified, ClaimAhead: c.ClaimAhead}
 }
 
-// impl returns the dialect's SQL layer, nil for an unknown dialect: the one place the root
-// package selects by dialect.
+// dialectPackages names the package whose import links each dialect that is not built into
+// the root package (see internal/dialect's registry).
+var dialectPackages = map[Dialect]string{
+	DialectSQLite: "github.com/watermill-outbox/outbox/sqlite",
+	DialectMySQL:  "github.com/watermill-outbox/outbox/mysql",
+}
+
+// impl returns the dialect's SQL layer, nil for an unknown dialect or one whose package the
+// program does not import: the one place the root package selects by dialect.
 func (d Dialect) impl() dialect.Dialect {
-	switch d {
-	case DialectPostgreSQL:
+	if d == DialectPostgreSQL {
 		return postgres.Dialect{}
-	case DialectSQLite:
-		return sqlite.Dialect{}
-	case DialectMySQL:
-		return mysql.New()
+	}
+	if _, ok := dialectPackages[d]; ok {
+		return dialect.Registered(d.String())
 	}
 	return nil
+}
+
+// lookup returns d's SQL layer, or a *ConfigError for SchemaConfig.Dialect naming the package
+// to import when the program does not link d, or saying d is unknown.
+func (d Dialect) lookup() (dialect.Dialect, error) {
+	if impl := d.impl(); impl != nil {
+		return impl, nil
+	}
+	if pkg, ok := dialectPackages[d]; ok {
+		return nil, &ConfigError{Field: "SchemaConfig.Dialect", Reason: fmt.Sprintf("the %s dialect is not linked into the program: add import _ %q", d, pkg)}
+	}
+	return nil, &ConfigError{Field: "SchemaConfig.Dialect", Reason: fmt.Sprintf("unknown dialect %d", int(d))}
 }
 
 // SQLiteDSN returns the data source name to pass to sql.Open("sqlite", …) (modernc.org/sqlite)

@@ -3,7 +3,9 @@
 // database/sql driver, see SQLiteDSN) and on MariaDB/MySQL (DialectMySQL): an event written with
 // Publisher commits or rolls back with the caller's transaction, and a relay (Subscriber, or
 // package forwarder) delivers every committed event at least once, in sequence order per
-// ordering key.
+// ordering key. PostgreSQL is built in; a program using SQLite or MariaDB/MySQL imports package
+// github.com/watermill-outbox/outbox/sqlite or github.com/watermill-outbox/outbox/mysql for its
+// side effect.
 //
 // Writing, inside the transaction that changes business rows:
 //

@@ -81,12 +81,7 @@ func TestDocsProgramsCompile(t *testing.T) {
 		t.Error("README.md has no whole program (a ```go block starting with package main)")
 	}
 
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goBin); err != nil {
-		if goBin, err = exec.LookPath("go"); err != nil {
-			t.Fatal("no go command to build the documentation's programs:", err)
-		}
-	}
+	goBin := goCommand(t)
 	dir, err := os.MkdirTemp(".", "_docstest")
 	if err != nil {
 		t.Fatal(err)
@@ -117,6 +112,18 @@ func TestDocsProgramsCompile(t *testing.T) {
 		t.Fatalf("go vet of the documentation's programs: %v\n%s", err, msg)
 	}
 	t.Logf("%d programs compiled and vetted", len(progs))
+}
+
+// goCommand returns the go command of the toolchain running the test (else the one on PATH).
+func goCommand(t *testing.T) string {
+	t.Helper()
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(goBin); err != nil {
+		if goBin, err = exec.LookPath("go"); err != nil {
+			t.Fatal("no go command:", err)
+		}
+	}
+	return goBin
 }
 
 // docFiles returns README.md and every Markdown file below docs/.

@@ -167,7 +167,8 @@ type Publisher struct {
 // *sql.Tx, *sql.DB or *sql.Conn (pgx stdlib driver), or a watermill-sql v4 ContextExecutor
 // (TxFromPgx, TxFromStdSQL); for DialectSQLite and DialectMySQL a *sql.Tx, *sql.DB or
 // *sql.Conn of their driver (NotifyChannel is then a *ConfigError: they have no LISTEN/NOTIFY). A nil logger means watermill.NopLogger. Errors: a *ConfigError for
-// an invalid config or an unsupported handle (ErrUnsupportedDB). It runs no SQL.
+// an invalid config, a dialect whose package the program does not import (see DialectSQLite),
+// or an unsupported handle (ErrUnsupportedDB). It runs no SQL.
 func NewPublisher(db any, cfg PublisherConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
 	cfg.setDefaults()
 	if err := cfg.validateOwn(); err != nil {

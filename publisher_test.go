@@ -99,8 +99,36 @@ func runners(t *testing.T) []txRunner {
 			}
 			return wmsql.TxFromStdSQL(tx), tx.Commit, tx.Rollback, func(q string, a ...any) error { _, err := tx.ExecContext(ctx, q, a...); return err }
 		}},
+		{"watermill-sql Tx of the caller", func(t *testing.T) (any, func() error, func() error, func(string, ...any) error) {
+			tx, err := std.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return callerTx{tx}, tx.Commit, tx.Rollback, func(q string, a ...any) error { _, err := tx.ExecContext(ctx, q, a...); return err }
+		}},
 	}
 }
+
+// callerTx is a watermill-sql Tx that is none of watermill-sql's adapters: the Publisher calls
+// its ExecContext and QueryContext, whose results are watermill-sql's own types.
+type callerTx struct{ tx *sql.Tx }
+
+func (c callerTx) ExecContext(ctx context.Context, q string, args ...any) (wmsql.Result, error) {
+	return c.tx.ExecContext(ctx, q, args...)
+}
+
+func (c callerTx) QueryContext(ctx context.Context, q string, args ...any) (wmsql.Rows, error) {
+	r, err := c.tx.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (c callerTx) Commit() error   { return c.tx.Commit() }
+func (c callerTx) Rollback() error { return c.tx.Rollback() }
+
+var _ wmsql.Tx = callerTx{}
 
 type storedRow struct {
 	Sequence                    int64

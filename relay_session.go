@@ -6,7 +6,6 @@ import (
 	"database/sql/driver"
 	"fmt"
 
-	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -59,15 +58,10 @@ const relayPreamble = 2
 // compiled with JIT every time: 130–160 ms per claim of 1,000 events against 12–14 ms with
 // jit = off (PostgreSQL 15, 100,000 events, half of them published since the last ANALYZE).
 func newRelayExecer(db any, async bool) (execer, error) {
+	if inner, ok := watermillSQLInner(db); ok {
+		return newRelayExecer(inner, async)
+	}
 	switch d := db.(type) {
-	case wmsql.PgxBeginner:
-		if p, ok := d.Conn.(*pgxpool.Pool); ok {
-			return newRelayExecer(p, async)
-		}
-	case wmsql.StdSQLBeginner:
-		if s, ok := d.SQLBeginner.(*sql.DB); ok {
-			return newRelayExecer(s, async)
-		}
 	case *pgxpool.Pool:
 		return relayExecer{async: async, acquire: func(ctx context.Context) (*pgx.Conn, func(), error) {
 			c, err := d.Acquire(ctx)

@@ -133,9 +133,9 @@ func (c SchemaConfig) Validate() error {
 }
 
 func (c SchemaConfig) compile() (*schema, error) {
-	d := c.Dialect.impl()
-	if d == nil {
-		return nil, &ConfigError{Field: "SchemaConfig.Dialect", Reason: fmt.Sprintf("unknown dialect %d", c.Dialect)}
+	d, err := c.Dialect.lookup()
+	if err != nil {
+		return nil, err
 	}
 	return c.compileWith(d)
 }

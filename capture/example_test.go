@@ -11,6 +11,7 @@ import (
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/capture"
+	_ "github.com/watermill-outbox/outbox/sqlite"
 )
 
 // Install generates triggers that write an outbox event for every INSERT, UPDATE and DELETE

@@ -20,6 +20,7 @@ import (
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/capture"
 	"github.com/watermill-outbox/outbox/internal/pgtest"
+	_ "github.com/watermill-outbox/outbox/sqlite"
 )
 
 var ctx = context.Background()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/forwarder"
+	_ "github.com/watermill-outbox/outbox/sqlite"
 )
 
 // Relay the outbox to a Go function: forwarder.Func is a Watermill publisher, so the relay's

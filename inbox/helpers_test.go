@@ -13,6 +13,7 @@ import (
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/inbox"
 	"github.com/watermill-outbox/outbox/internal/pgtest"
+	_ "github.com/watermill-outbox/outbox/sqlite"
 )
 
 // env is one database with an inbox table, an outbox table and a business table "biz" (id

@@ -14,6 +14,7 @@ import (
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/forwarder"
 	"github.com/watermill-outbox/outbox/router"
+	_ "github.com/watermill-outbox/outbox/sqlite"
 )
 
 // One relay, several destinations: a router.Publisher picks a destination per topic (an exact

@@ -15,6 +15,7 @@ import (
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/forwarder"
+	_ "github.com/watermill-outbox/outbox/sqlite"
 	"github.com/watermill-outbox/outbox/webhook"
 )
 

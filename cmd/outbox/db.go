@@ -19,6 +19,8 @@ import (
 	_ "modernc.org/sqlite" // registers the pure-Go "sqlite" database/sql driver
 
 	"github.com/watermill-outbox/outbox"
+	_ "github.com/watermill-outbox/outbox/mysql"  // outbox.DialectMySQL
+	_ "github.com/watermill-outbox/outbox/sqlite" // outbox.DialectSQLite
 )
 
 // dbForms lists the accepted --db forms, for error messages.

@@ -14,6 +14,7 @@ import (
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/forwarder"
 	"github.com/watermill-outbox/outbox/forwarder/amqp"
+	_ "github.com/watermill-outbox/outbox/sqlite"
 )
 
 // Relay the outbox to RabbitMQ with publisher confirms: with the default exchange ("") each

@@ -14,6 +14,7 @@ import (
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/forwarder"
 	outboxasynq "github.com/watermill-outbox/outbox/forwarder/asynq"
+	_ "github.com/watermill-outbox/outbox/sqlite"
 )
 
 // Relay the outbox's task events to asynq: an event of topic "task.email:welcome" becomes a

@@ -14,6 +14,7 @@ import (
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/forwarder"
 	"github.com/watermill-outbox/outbox/forwarder/kafka"
+	_ "github.com/watermill-outbox/outbox/sqlite"
 )
 
 // Relay the outbox to Kafka: each event becomes a record of the topic of the same name, with

@@ -14,6 +14,7 @@ import (
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/forwarder"
 	"github.com/watermill-outbox/outbox/forwarder/redisstream"
+	_ "github.com/watermill-outbox/outbox/sqlite"
 )
 
 // Relay the outbox to Redis Streams: each event is appended to the stream named after its

@@ -16,6 +16,7 @@ import (
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/internal/mariadbtest"
+	_ "github.com/watermill-outbox/outbox/mysql"
 )
 
 // backend is the database a cell's outbox table lives in: what the relays get as --db, the

@@ -19,6 +19,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/watermill-outbox/outbox"
+	_ "github.com/watermill-outbox/outbox/sqlite"
 	"github.com/watermill-outbox/outbox/wakeup/sqlitewal"
 )
 

@@ -1,0 +1,7 @@
+package outbox
+
+// The root package's tests run every dialect.
+import (
+	_ "github.com/watermill-outbox/outbox/mysql"
+	_ "github.com/watermill-outbox/outbox/sqlite"
+)

@@ -7,7 +7,9 @@ import (
 
 // Outage describes a destination that a subscription currently treats as unavailable.
 type Outage struct {
-	// Destination is the UnavailableError.Destination of the errors ("" when unnamed).
+	// Destination is the UnavailableError.Destination of the errors ("" when unnamed), or
+	// "other" for the outage shared by destinations beyond the 256 a subscription tracks by
+	// name (see SubscriberConfig.UnavailableBackoff).
 	Destination string
 	// Topics are the topics whose events it refused; they are not claimed but for probes.
 	Topics []string

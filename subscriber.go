@@ -45,8 +45,10 @@ type Subscriber struct {
 // (relays in several processes may share the file: each claim is one write transaction); for
 // DialectMySQL a *sql.DB of github.com/go-sql-driver/mysql. A
 // *pgx.Conn is refused (it runs one statement at a time). A transaction is refused: the relay
-// runs each statement on its own. A nil logger means watermill.NopLogger. Errors: a *ConfigError
-// for an invalid config or handle. It runs no SQL.
+// runs each statement on its own. A nil logger means watermill.NopLogger. DialectSQLite and
+// DialectMySQL need their package imported (outbox/sqlite, outbox/mysql). Errors: a
+// *ConfigError for an invalid config or handle, or a dialect whose package is not imported.
+// It runs no SQL.
 //
 // Over a *pgxpool.Pool or a pgx stdlib *sql.DB, also inside a watermill-sql Beginner
 // (BeginnerFromPgx, BeginnerFromStdSQL), each relay statement runs in a transaction of

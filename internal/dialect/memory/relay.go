@@ -142,6 +142,24 @@ func (r *relay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.Claim
 		}
 	}
 	slices.SortFunc(runs, func(a, b run) int { return cmp.Compare(a.rows[0].Sequence, b.rows[0].Sequence) })
+	if len(p.First) > 0 {
+		// Taken-back keys (ClaimParams.First) go first, in their order, while their head is at
+		// or below the last event taken back.
+		place := map[string]int{}
+		for i, f := range p.First {
+			if _, ok := place[f.Key]; !ok && !cont[f.Key] {
+				place[f.Key] = i
+			}
+		}
+		rank := func(rn run) int {
+			f, ok := place[rn.rows[0].Key()]
+			if !ok || rn.rows[0].OrderingKey == nil || rn.rows[0].Sequence > p.First[f].Last {
+				return len(p.First)
+			}
+			return f
+		}
+		slices.SortStableFunc(runs, func(a, b run) int { return cmp.Compare(rank(a), rank(b)) })
+	}
 	type pick struct {
 		x    *Row
 		rank int64
@@ -293,18 +311,37 @@ var takenToken = regexp.MustCompile(`^[0-9a-f]{12}#[0-9]+$`)
 
 // TakeBack implements dialect.Dialect: it clears the unexpired leases of pending events whose
 // token starts with name, not with tokenPrefix, followed by 12 hex digits, '#', digits.
-func (d *DB) TakeBack(ctx context.Context, ex dialect.Executor, _ *dialect.Table, name, tokenPrefix string) (int64, error) {
+func (d *DB) TakeBack(ctx context.Context, ex dialect.Executor, t *dialect.Table, name, tokenPrefix string) (int64, error) {
+	n, _, err := d.TakeBackKeys(ctx, ex, t, name, tokenPrefix)
+	return n, err
+}
+
+// TakeBackKeys implements dialect.KeyTakeBacker: TakeBack, also naming the ordering keys it
+// released with the highest sequence released of each, in the order of each key's first
+// released event.
+func (d *DB) TakeBackKeys(ctx context.Context, ex dialect.Executor, _ *dialect.Table, name, tokenPrefix string) (int64, []dialect.TakenKey, error) {
 	if err := d.begin(ctx, ex, OpTakeBack); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	now := time.Now()
 	var n int64
+	var keys []dialect.TakenKey
+	place := map[string]int{}
 	for _, x := range d.rows {
 		if x.pending() && x.LeaseUntil.After(now) && strings.HasPrefix(x.LeasedBy, name) && !strings.HasPrefix(x.LeasedBy, tokenPrefix) &&
 			takenToken.MatchString(x.LeasedBy[len(name):]) {
 			x.LeaseUntil, x.LeasedBy = time.Time{}, ""
 			n++
+			if x.OrderingKey == nil {
+				continue
+			}
+			if i, ok := place[*x.OrderingKey]; ok {
+				keys[i].Last = max(keys[i].Last, x.Sequence)
+				continue
+			}
+			place[*x.OrderingKey] = len(keys)
+			keys = append(keys, dialect.TakenKey{Key: *x.OrderingKey, Last: x.Sequence})
 		}
 	}
-	return n, d.end(ex, OpTakeBack, nil)
+	return n, keys, d.end(ex, OpTakeBack, nil)
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -35,6 +36,9 @@ type backend interface {
 	settleState(ctx context.Context, table string) (total, held int, dead []string, err error)
 	// unpublished counts the events of table neither published nor dead-lettered.
 	unpublished(ctx context.Context, table string) (int, error)
+	// heldBy lists the ids of the pending events of table leased by the relay named relay
+	// (its fencing tokens start with relay#).
+	heldBy(ctx context.Context, table, relay string) ([]string, error)
 	// begin opens a transaction for a Publisher.
 	begin(ctx context.Context) (tx any, commit, rollback func(context.Context) error, err error)
 }
@@ -82,6 +86,14 @@ func (b *pgBackend) settleState(ctx context.Context, table string) (total, held 
 func (b *pgBackend) unpublished(ctx context.Context, table string) (n int, err error) {
 	err = b.pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NULL AND dead_lettered_at IS NULL`, table)).Scan(&n)
 	return n, err
+}
+
+func (b *pgBackend) heldBy(ctx context.Context, table, relay string) ([]string, error) {
+	rows, err := b.pool.Query(ctx, fmt.Sprintf(`SELECT id::text FROM %q WHERE published_at IS NULL AND dead_lettered_at IS NULL AND starts_with(leased_by, $1)`, table), relay+"#")
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 func (b *pgBackend) restart(mode string) (time.Time, error) {
@@ -188,6 +200,23 @@ func (b *mysqlBackend) settleState(ctx context.Context, table string) (total, he
 func (b *mysqlBackend) unpublished(ctx context.Context, table string) (n int, err error) {
 	err = b.db.QueryRowContext(ctx, fmt.Sprintf("SELECT count(*) FROM `%s` WHERE `published_at` IS NULL AND `dead_lettered_at` IS NULL", table)).Scan(&n)
 	return n, err
+}
+
+func (b *mysqlBackend) heldBy(ctx context.Context, table, relay string) ([]string, error) {
+	rows, err := b.db.QueryContext(ctx, fmt.Sprintf("SELECT `id` FROM `%s` WHERE `published_at` IS NULL AND `dead_lettered_at` IS NULL AND LEFT(`leased_by`, CHAR_LENGTH(?)) = ?", table), relay+"#", relay+"#")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
 }
 
 func (b *mysqlBackend) begin(ctx context.Context) (any, func(context.Context) error, func(context.Context) error, error) {

@@ -134,9 +134,7 @@ type Capabilities struct {
 	ResolvesRows bool
 	// Title is the database's name in messages ("SQLite").
 	Title string
-	// ClaimAhead: the relay claims the next batch while the current one is out. Off for
-	// MariaDB/MySQL: with it, the full chaos trial (relays killed and restarted, two relays)
-	// delivered a run of 100 events twice with no kill in between (not explained yet).
+	// ClaimAhead: the relay claims the next batch while the current one is out.
 	ClaimAhead bool
 	// Floors: the claim starts its scans at floors below which only published, dead-lettered,
 	// blocked or retrying events lie, and reports the next floors' candidates (ClaimResult.Floors);

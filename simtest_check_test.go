@@ -75,7 +75,7 @@ func simCheck(w *simWorld, runErr error) []string {
 		var found simEntry
 		ok := false
 		for _, e := range es {
-			if e.gen == c.gen && e.ds == c.ds && e.i > c.i && e.i < to {
+			if e.token == c.token && e.i > c.i && e.i < to {
 				found, ok = e, true
 			}
 		}
@@ -94,8 +94,8 @@ func simCheck(w *simWorld, runErr error) []string {
 			bad("(d) mark without a claim: %v", m)
 			continue
 		}
-		// The delivery of this lease: the same relay, the same delivery starts (a relay whose
-		// lease was taken back may still deliver its older copy beside a newer lease).
+		// The delivery of this lease, by its token (a relay whose lease was lost may still
+		// deliver its older copy beside a newer lease of the same event).
 		ans, answered := lastOfLease(answers[m.seq], c, m.i)
 		_, emitted := lastOfLease(emits[m.seq], c, m.i)
 		poison := c.ds > cfg.MaxDeliveryStarts

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -194,8 +195,12 @@ func (r *simRelay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.Cl
 	r.w.mu.Unlock()
 	if res != nil {
 		g := r.w.genOf(ex)
-		for _, e := range res.Events {
+		for i, e := range res.Events {
 			r.w.record(simEntry{kind: simClaim, gen: g, seq: e.Sequence, token: p.Token, ds: e.DeliveryStarts})
+			// The lease's token rides in the copy's headers, so that the destination's log
+			// says which lease a delivery belongs to (a relay may deliver a copy of a lease it
+			// lost beside a newer lease of the same event with the same delivery starts).
+			res.Events[i].Headers = simTagHeaders(e.Headers, p.Token)
 		}
 	}
 	return res, err
@@ -333,7 +338,8 @@ func (w *simWorld) answer(g *simGen, msg *message.Message) {
 	n := w.nth[seq]
 	w.nth[seq] = n + 1
 	w.mu.Unlock()
-	w.record(simEntry{kind: simEmit, gen: g.id, seq: seq, ds: ev.DeliveryStarts, what: strconv.Itoa(ev.Attempts)})
+	token := msg.Metadata.Get(simTokenHeader)
+	w.record(simEntry{kind: simEmit, gen: g.id, seq: seq, ds: ev.DeliveryStarts, what: strconv.Itoa(ev.Attempts), token: token})
 	h := simHash(w.p.seed, 2, seq, int64(n))
 	out := w.p.outcome(h % 1000)
 	if (h>>20)%100 < uint64(w.p.slowPct) {
@@ -342,7 +348,7 @@ func (w *simWorld) answer(g *simGen, msg *message.Message) {
 	if g.killed.Load() {
 		return
 	}
-	w.record(simEntry{kind: simAnswer, gen: g.id, seq: seq, what: out, ds: ev.DeliveryStarts})
+	w.record(simEntry{kind: simAnswer, gen: g.id, seq: seq, what: out, ds: ev.DeliveryStarts, token: token})
 	switch out {
 	case simAck:
 		msg.Ack()
@@ -371,4 +377,23 @@ func simHash(xs ...int64) uint64 {
 		h ^= h >> 31
 	}
 	return h
+}
+
+// simTokenHeader is the header the simulation adds to each claimed copy: its lease's token.
+const simTokenHeader = "sim-lease-token"
+
+// simTagHeaders returns the headers object h with simTokenHeader set to token.
+func simTagHeaders(h, token string) string {
+	m := map[string]string{}
+	if h != "" && h != "null" {
+		if err := json.Unmarshal([]byte(h), &m); err != nil {
+			panic(fmt.Sprintf("simulation: headers %q: %v", h, err))
+		}
+	}
+	m[simTokenHeader] = token
+	b, err := json.Marshal(m)
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
 }

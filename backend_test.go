@@ -87,7 +87,13 @@ func pgBackend(t *testing.T) *backend {
 // sqliteBackend opens a fresh SQLite database file for t.
 func sqliteBackend(t *testing.T) *backend {
 	t.Helper()
-	db, err := sql.Open("sqlite", outbox.SQLiteDSN(filepath.Join(t.TempDir(), "outbox.db")))
+	return sqliteBackendAt(t, filepath.Join(t.TempDir(), "outbox.db"))
+}
+
+// sqliteBackendAt opens the SQLite database file at path (closed when t ends).
+func sqliteBackendAt(t *testing.T, path string) *backend {
+	t.Helper()
+	db, err := sql.Open("sqlite", outbox.SQLiteDSN(path))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,6 +46,13 @@ type simPlan struct {
 	faultRate int // per million operations
 	slowPct   int
 	weights   [6]int // per mille: ack, fail, perm, unavailable, not attempted, silent
+	// poison is the sequence of the event that kills the relay delivering it, every time (0:
+	// none). A seed with one has no planned kills, faults or slow answers, no relays sharing a
+	// name, no "not attempted"
+	// answers (each keeps its delivery start) and MaxDeliveryStarts ≥ 3: every delivery start
+	// without an outcome is then the poison event's doing, and (g) holds that only it is
+	// dead-lettered as poison.
+	poison int64
 }
 
 // simWrite is one insert at a virtual time after the start.
@@ -130,6 +137,18 @@ func newSimPlan(seed int64) simPlan {
 		}
 		p.slots = append(p.slots, s)
 	}
+	if draw(4) == 0 {
+		p.poison = int64(1 + draw(events))
+		for i := range p.slots {
+			// A name of its own (a restart still takes back its predecessor's leases): a live
+			// relay sharing it would lose its leases to the other's restart, a start counted
+			// without a crash.
+			p.slots[i].kills, p.slots[i].name = nil, "relay"+strconv.Itoa(i)
+		}
+		p.faultRate, p.slowPct = 0, 0
+		p.weights[0], p.weights[4] = p.weights[0]+p.weights[4], 0
+		p.cfg.MaxDeliveryStarts = max(p.cfg.MaxDeliveryStarts, 3)
+	}
 	return p
 }
 
@@ -151,7 +170,10 @@ func runSim(seed int64) (*simWorld, error) {
 		errs = append(errs, err)
 		mu.Unlock()
 	}
+	crashDone := make(chan struct{}) // closed when the run is over: the crash loops end
+	w.crash = make([]chan *simGen, len(w.p.slots))
 	for i, s := range w.p.slots {
+		w.crash[i] = make(chan *simGen, 1)
 		g, err := w.start(ctx, i, s.name)
 		if err != nil {
 			return w, err
@@ -160,29 +182,59 @@ func runSim(seed int64) (*simWorld, error) {
 		live[i] = g
 		mu.Unlock()
 		jobs.Add(1)
+		// restart kills slot i's live generation when it is dead (nil: any), and starts its
+		// successor after the slot's delay; false when the successor did not start.
+		restart := func(dead *simGen) bool {
+			mu.Lock()
+			g := live[i]
+			mu.Unlock()
+			if dead != nil && g != dead {
+				return true // killed already
+			}
+			h := w.kill(g)
+			time.Sleep(s.restart)
+			g, err := w.start(ctx, i, s.name)
+			if err != nil {
+				fail(err)
+				return false
+			}
+			jobs.Add(1)
+			go func() {
+				defer jobs.Done()
+				w.retaken(h, g)
+			}()
+			mu.Lock()
+			live[i] = g
+			mu.Unlock()
+			return true
+		}
 		go func() {
 			defer jobs.Done()
 			began := time.Now()
 			for _, at := range s.kills {
 				time.Sleep(time.Until(began.Add(at)))
-				mu.Lock()
-				g := live[i]
-				mu.Unlock()
-				h := w.kill(g)
-				time.Sleep(s.restart)
-				g, err := w.start(ctx, i, s.name)
-				if err != nil {
-					fail(err)
+				if !restart(nil) {
 					return
 				}
-				jobs.Add(1)
-				go func() {
-					defer jobs.Done()
-					w.retaken(h, g)
-				}()
-				mu.Lock()
-				live[i] = g
-				mu.Unlock()
+			}
+		}()
+		if w.p.poison == 0 {
+			continue
+		}
+		// The poison event's deliveries kill the relay (asked by its destination), which
+		// restarts after its slot's delay.
+		jobs.Add(1)
+		go func() {
+			defer jobs.Done()
+			for {
+				select {
+				case <-crashDone:
+					return
+				case dead := <-w.crash[i]:
+					if !restart(dead) {
+						return
+					}
+				}
 			}
 		}()
 	}
@@ -217,6 +269,7 @@ func runSim(seed int64) (*simWorld, error) {
 		}
 		time.Sleep(time.Second)
 	}
+	close(crashDone)
 	jobs.Wait()
 	for _, g := range live {
 		w.stop(g)

@@ -11,7 +11,8 @@ import (
 // table's final rows. Each problem names its invariant: (a) nothing lost, (b) per-key order,
 // (c) duplicates only after a kill, a lost lease or a failed mark, (d) attempts counted from
 // failure answers only, (e) dead letters only at MaxAttempts, a permanent answer or
-// MaxDeliveryStarts, (f) a killed relay's leases taken back by its successor.
+// MaxDeliveryStarts, (f) a killed relay's leases taken back by its successor, (g) with an
+// event that kills every relay delivering it, only that event dead-lettered as poison.
 
 // simCheck returns the run's problems (none: it passed).
 func simCheck(w *simWorld, runErr error) []string {
@@ -121,6 +122,11 @@ func simCheck(w *simWorld, runErr error) []string {
 		}
 		if m.what == markFailed || m.what == markPerm {
 			attempts[m.seq]++
+		}
+		// (g) In a seed with a poison event, only it is dead-lettered as poison: the events
+		// that were out with it when it killed their relay are not.
+		if w.p.poison != 0 && m.what == markPerm && !answered && m.seq != w.p.poison {
+			bad("(g) event %d dead-lettered as poison, but only event %d kills its relay: %v", m.seq, w.p.poison, m)
 		}
 	}
 	for _, r := range rows {

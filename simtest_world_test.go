@@ -100,6 +100,9 @@ type simWorld struct {
 	faults map[string]int // gen/op → operations so far
 	held   []*simHeld     // leases of killed generations
 	wg     sync.WaitGroup // destinations' handlers and closing Subscribers
+	// crash[slot] asks the slot's crash loop to kill the generation sent (the poison event's
+	// destination does); set before the relays start.
+	crash []chan *simGen
 }
 
 // simHeld is the unexpired leases a killed generation held, and those still held under its
@@ -340,6 +343,13 @@ func (w *simWorld) answer(g *simGen, msg *message.Message) {
 	w.mu.Unlock()
 	token := msg.Metadata.Get(simTokenHeader)
 	w.record(simEntry{kind: simEmit, gen: g.id, seq: seq, ds: ev.DeliveryStarts, what: strconv.Itoa(ev.Attempts), token: token})
+	if seq == w.p.poison {
+		select { // the delivery kills its relay; a kill already asked for is enough
+		case w.crash[g.slot] <- g:
+		default:
+		}
+		return
+	}
 	h := simHash(w.p.seed, 2, seq, int64(n))
 	out := w.p.outcome(h % 1000)
 	if (h>>20)%100 < uint64(w.p.slowPct) {

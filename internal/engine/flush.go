@@ -30,9 +30,13 @@ type flusher struct {
 	stopc chan struct{}
 	wg    sync.WaitGroup
 	// mu serialises flushes with lease renewals: a renewal expects every row of the batch
-	// not yet written as published (len(items) − written) to be still leased by the token.
+	// not yet written as published or set aside (len(items) − written − setAside) to be still
+	// leased by the token.
 	mu      sync.Mutex
 	written int
+	// setAside counts the batch's events released before emission (see isolate): no
+	// longer expected leased either.
+	setAside int
 }
 
 // newFlusher returns the flusher of the batch claimed under token, not started: its count of

@@ -59,6 +59,9 @@ const (
 	// stateUnavailable: the destination was unavailable (ErrUnavailable); released with
 	// last_error noted, no attempt
 	stateUnavailable
+	// stateSetAside: released before emission with its start taken back, already written
+	// (see isolate); the batch's mark skips it
+	stateSetAside
 )
 
 // failed records a Nack's error: a failure, a permanent failure, an unavailable destination or

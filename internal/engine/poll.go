@@ -63,6 +63,9 @@ func (sub *subscription) poll() (again bool, err error) {
 			sub.heldPolls = 0
 		}
 		if err != nil || b == nil {
+			if err == nil {
+				sub.endIsolation()
+			}
 			return more, err
 		}
 	}
@@ -137,7 +140,7 @@ func (sub *subscription) mayPrefetch(b *leased) bool {
 		sub.noPrefetch--
 		return false
 	}
-	return b.full && !b.held && !sub.contLeftOut && sub.serialFor == 0 && sub.ctx.Err() == nil && sub.dueProbe(time.Now()) == nil
+	return b.full && !b.held && !b.isolated && !sub.contLeftOut && sub.serialFor == 0 && sub.ctx.Err() == nil && sub.dueProbe(time.Now()) == nil
 }
 
 // prefetch claims the next batch while the current one is out, beside the previous batch's

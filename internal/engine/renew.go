@@ -33,7 +33,7 @@ func (sub *subscription) renewWhileOut(token string, items []*item, lost func(),
 				// Rows whose acks the flusher wrote are no longer leased: expect the rest.
 				fl.mu.Lock()
 				n, err := sub.relay.Renew(ctx, s.db, token, seqs)
-				want := int64(len(seqs) - fl.written)
+				want := int64(len(seqs) - fl.written - fl.setAside)
 				fl.mu.Unlock()
 				cancel()
 				switch {

@@ -7,7 +7,8 @@ import (
 
 // deliverable returns the events of a claimed batch to emit: each key's gap-free run from its
 // head, without poison events (dropPoison) and, in a batch claimed ahead, without the events
-// of topics paused since (dropPaused); the rest is released.
+// of topics paused since (dropPaused); the rest is released. A batch with a suspect delivers
+// one event (isolate).
 func (sub *subscription) deliverable(b *leased) []*item {
 	deliver, release := splitRuns(b.items)
 	for _, it := range release {
@@ -17,7 +18,7 @@ func (sub *subscription) deliverable(b *leased) []*item {
 	if b.prefetched {
 		deliver = sub.dropPaused(deliver)
 	}
-	return deliver
+	return sub.isolate(b, deliver)
 }
 
 // splitRuns keeps, for each ordering key, only the run that starts at the key's head with no

@@ -165,6 +165,9 @@ type pipeline struct {
 	// their keys were held by the batch out, e.g. a few hot keys).
 	next       *leased
 	noPrefetch int
+	// isolating: the last batch delivered a suspect alone (see isolate), logged once per
+	// episode.
+	isolating bool
 }
 
 // marks is one batch's mark statement, written beside the delivery of the batches after it.
@@ -193,8 +196,8 @@ type leased struct {
 	// event, so a claim beside it would find nothing; their runs are continued after it.
 	full, held bool
 	// prefetched: claimed while the previous batch was out (its topics may have been paused
-	// since).
-	prefetched bool
+	// since). isolated: it held a suspect (see isolate); no batch is claimed beside it.
+	prefetched, isolated bool
 	// bctx ends emitting (a stop, a lost lease); mctx ends the messages out (CloseTimeout
 	// after a stop, a lost lease at once); lost ends both.
 	bctx, mctx context.Context

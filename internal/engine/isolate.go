@@ -1,0 +1,106 @@
+package engine
+
+import (
+	"github.com/ThreeDotsLabs/watermill"
+)
+
+// suspectStarts is the delivery starts (this claim's included) from which an event is a
+// suspect: its delivery started at least twice before without an outcome, so a relay died (or
+// lost its lease) at least twice while it was out. One crash is routine (a deploy, an OOM
+// kill) and its events go out again in whole batches; a second one with the same events out
+// points at one of them.
+const suspectStarts = 3
+
+// isolate delivers a suspect alone: when deliver (a claimed batch's deliverable events, in
+// sequence order) holds a suspect, only the head of the first suspect's key (the suspect
+// itself when it has no key, or when it is the head) is delivered, and every other event is
+// set aside: released with the start this claim counted taken back, before anything is
+// emitted. A relay that dies while delivering it then charges that event alone, so a batch
+// that keeps crashing the relay dead-letters only the event that crashes it (MaxDeliveryStarts)
+// instead of every event that was out with it. A batch claimed ahead delivers no suspect: it is
+// set aside whole, and the next claim (not ahead) isolates. The batch's marks land before the
+// next claim, so an isolated event's ack is never lost to the next one's crash.
+// Isolation needs MaxDeliveryStarts ≥ suspectStarts; below that it is off. Poll goroutine.
+func (sub *subscription) isolate(b *leased, deliver []*item) []*item {
+	if sub.s.cfg.MaxDeliveryStarts < suspectStarts {
+		return deliver
+	}
+	first := -1
+	suspects := 0
+	for i, it := range deliver {
+		if it.ev.DeliveryStarts >= suspectStarts {
+			if first < 0 {
+				first = i
+			}
+			suspects++
+		}
+	}
+	if first < 0 {
+		if !b.prefetched {
+			sub.endIsolation()
+		}
+		return deliver
+	}
+	b.isolated = true
+	var keep *item
+	if !b.prefetched {
+		keep = deliver[first]
+		if k := keep.ev.OrderingKey; k != "" {
+			for _, it := range deliver[:first] {
+				if it.ev.OrderingKey == k {
+					keep = it // the key's head: its run goes out in order
+					break
+				}
+			}
+		}
+	}
+	if !sub.isolating {
+		sub.isolating = true
+		sub.s.logger.Info("outbox: isolating suspect events: their deliveries started twice or more without an outcome (a relay died with them out); they are delivered one at a time so that only an event that kills the relay is dead-lettered", watermill.LogFields{"suspects": suspects, "max_delivery_starts": sub.s.cfg.MaxDeliveryStarts})
+	}
+	aside := make([]*item, 0, len(deliver))
+	for _, it := range deliver {
+		if it != keep {
+			aside = append(aside, it)
+		}
+	}
+	sub.setAside(b, aside)
+	if keep == nil {
+		return nil
+	}
+	sub.serialFor = max(sub.serialFor, 1) // its marks land before the next claim
+	return []*item{keep}
+}
+
+// endIsolation logs the end of an isolation episode: a claim (not ahead) found no suspect.
+func (sub *subscription) endIsolation() {
+	if sub.isolating {
+		sub.isolating = false
+		sub.s.logger.Info("outbox: suspect events isolated; whole batches resume", nil)
+	}
+}
+
+// setAside releases items of b before any is emitted, taking back the start their claim
+// counted. When the statement fails they stay abandoned, and the batch's mark releases them.
+func (sub *subscription) setAside(b *leased, items []*item) {
+	if len(items) == 0 {
+		return
+	}
+	seqs := make([]int64, len(items))
+	for i, it := range items {
+		it.state = stateAbandoned
+		seqs[i] = it.ev.Sequence
+	}
+	// The renewal no longer expects them leased (a set-aside event lost to another relay is
+	// not this batch's loss: it is not delivered here).
+	b.fl.mu.Lock()
+	b.fl.setAside += len(items)
+	b.fl.mu.Unlock()
+	if _, err := sub.writeMarks(b.token, markSets{abandoned: seqs, eager: items[0].eager}); err != nil {
+		sub.s.logger.Error("outbox: setting events aside failed; the batch's mark releases them", err, watermill.LogFields{"token": b.token, "events": len(items)})
+		return
+	}
+	for _, it := range items {
+		it.state = stateSetAside
+	}
+}

@@ -42,8 +42,19 @@ var (
 	shortSizes = sizes{mode: "short", kill9Events: 20_000, kills: 5, outageEvents: 5_000, outage: 5 * time.Second, restartEvents: 10_000, poisonEvents: 3_000, writerTx: 150}
 )
 
-// keys is the number of ordering keys of every backlog.
-const keys = 1000
+// keys is the number of ordering keys of every backlog: 1,000, or OUTBOX_CHAOS_KEYS (1 to
+// 10,000, e.g. 500 for the kill trial's figure at 500 keys).
+var keys = func() int {
+	v := os.Getenv("OUTBOX_CHAOS_KEYS")
+	if v == "" {
+		return 1000
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 10_000 {
+		panic(fmt.Sprintf("OUTBOX_CHAOS_KEYS=%q: want 1 to 10000", v))
+	}
+	return n
+}()
 
 // suite is one run: a private PostgreSQL cluster and Redis server, the built relay binary, and
 // the report lines of the cells.

@@ -137,6 +137,7 @@ OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environme
 		newBenchCmd(),
 		newInboxCmd(),
 		newCaptureCmd(),
+		newDoctorCmd(),
 		newVersionCmd(),
 	)
 	return root

@@ -95,9 +95,10 @@ func pgPooler(ctx context.Context, cc *pgx.ConnConfig) Check {
 	const what = "transaction-mode pooler detected (two client connections shared one server session)"
 	if mode == pgx.QueryExecModeCacheStatement {
 		// Both prepare the same statement name on whichever server session they get.
-		q := `SELECT 1 /* outbox doctor ` + token + ` */`
-		_, err1 := c1.Exec(ctx, q)
-		_, err2 := c2.Exec(ctx, q)
+		// (Exec without arguments would take the simple protocol and prepare nothing.)
+		q := `SELECT $1::int /* outbox doctor ` + token + ` */`
+		err1 := c1.QueryRow(ctx, q, 1).Scan(new(int))
+		err2 := c2.QueryRow(ctx, q, 1).Scan(new(int))
 		if err := errors.Join(err1, err2); err != nil {
 			return failed(name, what+fmt.Sprintf("; pgx's default exec mode cache_statement fails through it: %s", oneLine(err.Error())),
 				"add default_query_exec_mode=exec (or cache_describe) to the database URL, or run PgBouncer 1.21+ with max_prepared_statements set.")

@@ -326,3 +326,13 @@ func TestDoctorDestinations(t *testing.T) {
 		run(t, map[string]doctor.Verdict{"webhook-guard": doctor.Warn}, "--to", "http://"+brokertest.ClosedPort(t)+"/hook", "--allow-prefix", "127.0.0.0/8")
 	})
 }
+
+// TestDoctorUsage: a missing --db or a bad flag value is a usage error (exit 2) before any
+// connection.
+func TestDoctorUsage(t *testing.T) {
+	wantFailure(t, cli(t, nil, "doctor"), 2, "--db is required", "OUTBOX_DB")
+	wantFailure(t, cli(t, nil, "doctor", "--db", "x.db", "--wakeup", "notify"), 2, `--wakeup "notify"`, `"probe"`, `"listen"`)
+	wantFailure(t, cli(t, nil, "doctor", "--db", "x.db", "--old-tx-warn", "1h", "--old-tx-fail", "1m"), 2, "--old-tx-fail must not be below --old-tx-warn")
+	wantFailure(t, cli(t, nil, "doctor", "--db", "x.db", "--to", "ftp://127.0.0.1/"), 2, "ftp://127.0.0.1/")
+	wantFailure(t, cli(t, []string{"OUTBOX_WAKEUP=notify"}, "doctor", "--db", "x.db"), 2, `environment variable OUTBOX_WAKEUP="notify" (it sets --wakeup)`)
+}

@@ -21,8 +21,8 @@ import (
 // and LISTEN/NOTIFY probes), a *sql.DB for SQLite and MariaDB/MySQL. A check that cannot run
 // (a catalog view the role may not read) is a Fail naming the error; the other checks still
 // run. Errors: a *outbox.ConfigError for an invalid cfg or a handle of the wrong kind. Safe to
-// call concurrently; each call opens at most two extra connections (PostgreSQL) and closes
-// them before it returns.
+// call concurrently; on PostgreSQL each call also opens up to four short-lived connections of
+// its own (two at a time: the pooler and LISTEN/NOTIFY probes) and closes them before it returns.
 func Database(ctx context.Context, db any, cfg Config) ([]Check, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err

@@ -45,7 +45,7 @@ type Check struct {
 	// Detail says what was found (or, when Skipped, why the check does not apply).
 	Detail string `json:"detail"`
 	// Fix says what to do, when Verdict is Warn or Fail; empty otherwise.
-	Fix string `json:"fix,omitempty"`
+	Fix string `json:"fix"`
 }
 
 // Failed reports whether any check failed.

@@ -286,8 +286,12 @@ func pgOldTransactions(ctx context.Context, pool *pgxpool.Pool, cfg Config) []Ch
 		idle = ok("idle-in-transaction", "no session is idle inside a transaction")
 	default:
 		age := time.Duration(*idleFor * float64(time.Second))
+		holding := ""
+		if idleXmin {
+			holding = " holding a snapshot"
+		}
 		detail := fmt.Sprintf("oldest: pid %d (user %q, application %q) idle in a transaction for %s%s, last statement %q; %d session(s) idle in a transaction for %s or longer",
-			*idlePID, idleWho, idleApp, byAge(age), map[bool]string{true: " holding a snapshot", false: ""}[idleXmin], idleSQL, idleN, cfg.OldTxWarn)
+			*idlePID, idleWho, idleApp, byAge(age), holding, idleSQL, idleN, cfg.OldTxWarn)
 		idle = Check{Name: "idle-in-transaction", Verdict: cfg.grade(age), Detail: detail}
 		if idle.Verdict != OK {
 			idle.Fix = fixIdle

@@ -233,7 +233,8 @@ func TestDoctorSQLite(t *testing.T) {
 
 // TestDoctorMariaDB: the checks that apply to MariaDB pass on a migrated table (the shared
 // server: the transaction thresholds are set high so that other tests' transactions do not
-// count), and a dropped index fails the schema check.
+// count), a dropped index fails the schema check, and a transaction left idle fails both
+// transaction checks.
 func TestDoctorMariaDB(t *testing.T) {
 	b := mariadbBackend()
 	db, table := b.fresh(t)
@@ -250,6 +251,31 @@ func TestDoctorMariaDB(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantDoctor(t, with(healthy, map[string]doctor.Verdict{"schema": doctor.Fail}), args...)
+
+	// A transaction of this test left idle: both transaction checks fail (other tests'
+	// transactions on the shared server can only add to that).
+	ctx := context.Background()
+	conn, err := mariadbtest.Raw(t).Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "START TRANSACTION WITH CONSISTENT SNAPSHOT"); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = conn.ExecContext(ctx, "ROLLBACK") }()
+	var id int64
+	if err := conn.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the transaction idle for 2s", func() bool {
+		var n int
+		err := mariadbtest.Raw(t).QueryRow(`SELECT COUNT(*) FROM information_schema.INNODB_TRX t JOIN information_schema.PROCESSLIST p
+			ON p.ID = t.trx_mysql_thread_id WHERE p.ID = ? AND p.COMMAND = 'Sleep' AND p.TIME >= 2`, id).Scan(&n)
+		return err == nil && n == 1
+	})
+	wantDoctor(t, with(healthy, map[string]doctor.Verdict{"schema": doctor.Fail, "idle-in-transaction": doctor.Fail, "oldest-xmin": doctor.Fail}),
+		"--db", db, "--table", table, "--old-tx-warn", "500ms", "--old-tx-fail", "1s")
 }
 
 // sqliteHealthy are the database verdicts of a migrated SQLite file (the destination tests'

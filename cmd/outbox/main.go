@@ -7,6 +7,7 @@
 //	outbox dead list|retry|purge --db URL …      # inspect and act on dead-lettered events
 //	outbox cleanup --db URL --published-older-than 168h --yes
 //	outbox inbox migrate|status|cleanup --db URL …  # the consumer inbox table (package inbox)
+//	outbox doctor  --db URL [--to URL] [--json]  # check the settings the outbox depends on, with fixes
 //	outbox version                               # module version, VCS commit and Go version (also --version)
 //
 // dead purge and cleanup count what they would delete first: without --yes they delete nothing
@@ -18,7 +19,7 @@
 // file:PATH or a path ending in .db, .sqlite or .sqlite3 (SQLite, pure Go). inbox and capture
 // work on PostgreSQL and SQLite only.
 //
-// Every flag of migrate, relay, status, dead and cleanup can also be given as an environment
+// Every flag of migrate, relay, status, dead, cleanup and doctor can also be given as an environment
 // variable named OUTBOX_ and the flag's name in upper case with '-' as '_' (OUTBOX_DB,
 // OUTBOX_TO, OUTBOX_BATCH_SIZE …); a flag on the command line wins over the environment.
 //
@@ -102,7 +103,7 @@ parameters such as ?tls=true go to the driver); sqlite://PATH, sqlite:PATH, file
 ending in .db, .sqlite or .sqlite3 for SQLite. inbox and capture work on PostgreSQL and SQLite
 only.
 
-Every flag of migrate, relay, status, dead and cleanup can also be set through an environment
+Every flag of migrate, relay, status, dead, cleanup and doctor can also be set through an environment
 variable: OUTBOX_ followed by the flag name in upper case with '-' as '_' (OUTBOX_DB, OUTBOX_TO,
 OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environment.`,
 		SilenceErrors: true,
@@ -137,6 +138,7 @@ OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environme
 		newBenchCmd(),
 		newInboxCmd(),
 		newCaptureCmd(),
+		newDoctorCmd(),
 		newVersionCmd(),
 	)
 	return root

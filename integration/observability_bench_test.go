@@ -259,10 +259,14 @@ func obsWrite(b *testing.B, txs int, capture bool) float64 {
 }
 
 // spanCounter is a span processor that counts the spans ended (recorded ones only: the SDK
-// hands no other to its processors).
-type spanCounter struct{ n atomic.Int64 }
+// hands no other to its processors) and their links, kept and dropped.
+type spanCounter struct{ n, links, dropped atomic.Int64 }
 
 func (c *spanCounter) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
-func (c *spanCounter) OnEnd(sdktrace.ReadOnlySpan)                     { c.n.Add(1) }
-func (c *spanCounter) Shutdown(context.Context) error                  { return nil }
-func (c *spanCounter) ForceFlush(context.Context) error                { return nil }
+func (c *spanCounter) OnEnd(s sdktrace.ReadOnlySpan) {
+	c.n.Add(1)
+	c.links.Add(int64(len(s.Links())))
+	c.dropped.Add(int64(s.DroppedLinks()))
+}
+func (c *spanCounter) Shutdown(context.Context) error   { return nil }
+func (c *spanCounter) ForceFlush(context.Context) error { return nil }

@@ -377,6 +377,7 @@ func (p *tracedPublisher) Publish(topic string, msgs ...*message.Message) error 
 	for _, msg := range msgs {
 		var err error
 		if p.mayProcess(msg.Metadata) {
+			growStack() // before publishProcessed's own frame needs more than the stack has
 			err = p.publishProcessed(topic, msg)
 		} else {
 			err = p.pub.Publish(topic, msg)
@@ -392,7 +393,6 @@ func (p *tracedPublisher) Publish(topic string, msgs ...*message.Message) error 
 //
 //go:noinline
 func (p *tracedPublisher) publishProcessed(topic string, msg *message.Message) error {
-	growStack()
 	mctx := msg.Context()
 	cc := p.creation(msg.Metadata)
 	var parent context.Context
@@ -409,17 +409,22 @@ func (p *tracedPublisher) publishProcessed(topic string, msg *message.Message) e
 		return p.pub.Publish(topic, msg)
 	}
 	source := sourceTopic(topic, msg)
-	ap := attrPool.Get().(*[]attribute.KeyValue)
-	attrs := append((*ap)[:0], attrOutbox, attrProcessName, attrProcessType,
-		attribute.String("messaging.destination.name", source),
-		attribute.String("messaging.message.id", msg.UUID),
-		attribute.String("outbox.destination.name", topic))
-	if a, err := strconv.Atoi(msg.Metadata.Get(outbox.MetadataAttempt)); err == nil {
-		attrs = append(attrs, attribute.Int("outbox.attempt", a))
+	ctx, span := p.tracer.Start(parent, p.process.name(source), optProcess)
+	if span.IsRecording() {
+		// Set after Start, not as start options: the SDK would copy them once more from the
+		// options, and an unrecorded span needs none.
+		ap := attrPool.Get().(*[]attribute.KeyValue)
+		attrs := append((*ap)[:0], attrOutbox, attrProcessName, attrProcessType,
+			attribute.String("messaging.destination.name", source),
+			attribute.String("messaging.message.id", msg.UUID),
+			attribute.String("outbox.destination.name", topic))
+		if a, err := strconv.Atoi(msg.Metadata.Get(outbox.MetadataAttempt)); err == nil {
+			attrs = append(attrs, attribute.Int("outbox.attempt", a))
+		}
+		span.SetAttributes(attrs...)
+		putAttrs(ap, attrs)
+		span.AddLink(trace.Link{SpanContext: cc})
 	}
-	ctx, span := p.tracer.Start(parent, p.process.name(source), optProcess, trace.WithAttributes(attrs...),
-		trace.WithLinks(trace.Link{SpanContext: cc}))
-	putAttrs(ap, attrs)
 	msg.SetContext(ctx)
 	err := p.pub.Publish(topic, msg)
 	if err != nil {
@@ -488,17 +493,20 @@ func (p *tracedBatchPublisher) PublishBatch(ctx context.Context, batch []forward
 			break
 		}
 	}
-	ap := attrPool.Get().(*[]attribute.KeyValue)
-	attrs := append((*ap)[:0], p.system, attrSendName, attrSendType,
-		attribute.Int("messaging.batch.message_count", len(batch)))
 	name := "send"
 	if topic != "" {
-		attrs = append(attrs, attribute.String("messaging.destination.name", topic))
 		name = p.send.name(topic)
 	}
-	sctx, span := p.tracer.Start(ctx, name, optRoot, optSend, trace.WithAttributes(attrs...))
-	putAttrs(ap, attrs)
+	sctx, span := p.tracer.Start(ctx, name, optRoot, optSend)
 	if span.IsRecording() {
+		ap := attrPool.Get().(*[]attribute.KeyValue)
+		attrs := append((*ap)[:0], p.system, attrSendName, attrSendType,
+			attribute.Int("messaging.batch.message_count", len(batch)))
+		if topic != "" {
+			attrs = append(attrs, attribute.String("messaging.destination.name", topic))
+		}
+		span.SetAttributes(attrs...)
+		putAttrs(ap, attrs)
 		for i, o := range batch {
 			var cc trace.SpanContext
 			if created != nil && created[i].IsValid() {

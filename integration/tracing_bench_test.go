@@ -3,6 +3,7 @@ package integration_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -35,7 +36,8 @@ const tcBatchSize = 1000
 // (OUTBOX_BENCH_EVENTS) to a destination that does nothing, on the per-message path (a
 // forwarder.Func: a process span per sampled event) and on the batch path (a BatchPublisher: a
 // send span per call linking every event), in the variants of tcModes, interleaved in one run
-// (each round runs them in a rotated order; OUTBOX_BENCH_ROUNDS rounds, default 3). It reports
+// (each round runs them in a rotated order; OUTBOX_BENCH_ROUNDS rounds, default 3;
+// OUTBOX_BENCH_PATH=per-message or batch runs one path only). It reports
 // per path and variant the median events/s and this process's CPU µs per event (getrusage: the
 // relay and the tracer, not the database), the ratios to off (by rate and by CPU: off CPU / on
 // CPU), and the CPU ns per event each variant adds. Each traced drain fails unless exactly the
@@ -47,6 +49,9 @@ func BenchmarkTracingCost(b *testing.B) {
 		name := "per-message"
 		if batch {
 			name = "batch"
+		}
+		if p := os.Getenv("OUTBOX_BENCH_PATH"); p != "" && p != name {
+			continue
 		}
 		b.Run(name, func(b *testing.B) {
 			rates := map[string][]float64{}

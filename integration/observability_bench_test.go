@@ -145,7 +145,8 @@ func obsTraceMode(b *testing.B) (headers string, roots bool, sampledPct int) {
 // obsDrain drains n events (headers: the SQL expression of their headers) to a destination
 // that does nothing, with metrics (observe) and tracing (trace; roots: Config.RootSpans) on
 // or off, and returns events/s and this process's CPU µs per event. With tracing, it fails
-// unless exactly pct % of the deliveries ended a recorded span.
+// unless exactly pct % of the deliveries ended a recorded process span (and, with roots, a
+// create span each).
 func obsDrain(b *testing.B, n int, headers string, observe, trace, roots bool, pct int) (float64, float64) {
 	b.Helper()
 	pool := pgtest.Require(b)
@@ -208,6 +209,9 @@ func obsDrain(b *testing.B, n int, headers string, observe, trace, roots bool, p
 				want++
 			}
 		}
+		if roots {
+			want *= 2 // a create span and a process span per event
+		}
 		if ended.n.Load() != want {
 			b.Fatalf("%d spans recorded, want %d (%d %% of %d events)", ended.n.Load(), want, pct, n)
 		}
@@ -259,10 +263,14 @@ func obsWrite(b *testing.B, txs int, capture bool) float64 {
 }
 
 // spanCounter is a span processor that counts the spans ended (recorded ones only: the SDK
-// hands no other to its processors).
-type spanCounter struct{ n atomic.Int64 }
+// hands no other to its processors) and their links, kept and dropped.
+type spanCounter struct{ n, links, dropped atomic.Int64 }
 
 func (c *spanCounter) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
-func (c *spanCounter) OnEnd(sdktrace.ReadOnlySpan)                     { c.n.Add(1) }
-func (c *spanCounter) Shutdown(context.Context) error                  { return nil }
-func (c *spanCounter) ForceFlush(context.Context) error                { return nil }
+func (c *spanCounter) OnEnd(s sdktrace.ReadOnlySpan) {
+	c.n.Add(1)
+	c.links.Add(int64(len(s.Links())))
+	c.dropped.Add(int64(s.DroppedLinks()))
+}
+func (c *spanCounter) Shutdown(context.Context) error   { return nil }
+func (c *spanCounter) ForceFlush(context.Context) error { return nil }

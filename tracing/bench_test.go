@@ -2,6 +2,7 @@ package tracing_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -76,4 +77,52 @@ func BenchmarkPerEventCost(b *testing.B) {
 	b.ReportMetric(float64(took[0].Nanoseconds())/n, "off-ns/event")
 	b.ReportMetric(float64((took[1]-took[0]).Nanoseconds())/n, "metrics-added-ns/event")
 	b.ReportMetric(float64((took[2]-took[0]).Nanoseconds())/n, "metrics+tracing-added-ns/event")
+}
+
+// BenchmarkSpans measures the relay's spans alone (SDK provider sampling every span, batching
+// to a no-op exporter), per event: "process" is a Publish of one event with a sampled writer's
+// context (one process span), "send" a PublishBatch of 1,000 such events (one send span with
+// 1,000 links), "skip" a Publish of an event whose writer's context is not sampled.
+func BenchmarkSpans(b *testing.B) {
+	limits := sdktrace.NewSpanLimits()
+	limits.LinkCountLimit = 1000
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()), sdktrace.WithRawSpanLimits(limits))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	sampled, _ := writerHeaders(b, true)
+	unsampled, _ := writerHeaders(b, false)
+	bare := forwarder.Func(func(context.Context, *message.Message) error { return nil })
+	traced := tracing.Publisher(bare, tracing.Config{TracerProvider: tp})
+	b.Run("process", func(b *testing.B) {
+		m := eventMessage("0190a5e6-0000-7000-8000-000000000000", sampled)
+		b.ReportAllocs()
+		for range b.N {
+			_ = traced.Publish("orders.created", m)
+		}
+	})
+	b.Run("skip", func(b *testing.B) {
+		m := eventMessage("0190a5e6-0000-7000-8000-000000000000", unsampled)
+		b.ReportAllocs()
+		for range b.N {
+			_ = traced.Publish("orders.created", m)
+		}
+	})
+	b.Run("send", func(b *testing.B) {
+		bp := tracing.Publisher(nopBatch{}, tracing.Config{TracerProvider: tp}).(forwarder.BatchPublisher)
+		batch := make([]forwarder.Outgoing, 1000)
+		for i := range batch {
+			batch[i] = forwarder.Outgoing{Topic: "orders.created", Message: eventMessage("0190a5e6-0000-7000-8000-"+strconv.Itoa(100000000000+i), sampled)}
+		}
+		b.ReportAllocs()
+		for range b.N {
+			_ = bp.PublishBatch(context.Background(), batch)
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(batch)), "ns/event")
+	})
+}
+
+// nopBatch is a BatchPublisher that takes every message and does nothing.
+type nopBatch struct{ forwarder.Func }
+
+func (nopBatch) PublishBatch(_ context.Context, batch []forwarder.Outgoing) []error {
+	return make([]error, len(batch))
 }

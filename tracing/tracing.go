@@ -1,27 +1,28 @@
-// Package tracing connects the trace of the code that wrote an event to the trace of its
-// delivery, with OpenTelemetry and W3C Trace Context (traceparent/tracestate headers):
+// Package tracing connects the trace of the code that wrote an event to the relay's work on it
+// and to the destination's consumers, with OpenTelemetry and W3C Trace Context
+// (traceparent/tracestate headers), following OpenTelemetry's semantic conventions for
+// messaging spans:
 //
 //   - writers: PublisherConfig.InjectHeaders = tracing.InjectHeaders(nil) stores the span
 //     context of each write (the message's Context() for Publish, ctx for Enqueue) in the
-//     event's headers;
-//   - relay: forwarder.New(sub, tracing.Publisher(dest, tracing.Config{}), …) starts a
-//     producer span per delivery whose parent is the writer's span, records topic, event id,
-//     attempt and outcome (the span status), and hands the destination the headers of the
-//     delivery span, so a downstream consumer (Kafka, RabbitMQ, Redis Streams headers,
-//     webhook HTTP headers) continues the same trace.
+//     event's headers. That is the event's creation context: the relay hands it to the
+//     destination unchanged, so a downstream consumer links (or parents) its own spans to the
+//     writer's span, as the conventions ask of a message's creation context.
+//   - relay: forwarder.New(sub, tracing.Publisher(dest, tracing.Config{}), …) records the
+//     relay's work. On the batch path (a destination that takes whole batches, such as Kafka,
+//     RabbitMQ and Redis Streams) each destination call is one span "send <destination>"
+//     with a link to the creation context of each event of the batch. On the per-message path
+//     (the Watermill handler, one event per call: webhooks, Func, other Watermill publishers)
+//     each event gets a span "process <outbox topic>" whose parent is the event's creation
+//     context (and which links to it), so writer and relay share one trace.
 //
-// Parent, not link: a delivery is caused by exactly one write, and making it a child keeps
-// writer, relay and consumer in one trace that a trace view shows as one tree, with the wait
-// in the outbox visible as the gap between the write and the delivery span. (A batch of
-// deliveries is still one span per event.)
-//
-// The writer's sampling decision is the relay's: only an event whose writer's context is
-// sampled gets a span by default. An unsampled writer's context is passed on unchanged (the
-// consumer continues the writer's trace, unsampled), and an event without a trace context
-// gets neither a span nor trace headers; Config.UnsampledSpans and Config.RootSpans change
-// that. A recorded span costs the relay several µs of CPU per delivery, a large share of the
-// relay's own work per event (README, "Operating the relay"), so the share of traced
-// deliveries is set where traces begin: the writers' sampler.
+// Sampling: a send span is a root span, sampled by the TracerProvider's sampler as any root
+// (links are added after the sampling decision, so they never make a span sampled). A
+// process span follows the writer's decision: an event whose creation context is not sampled
+// gets no span by default (a header lookup and one flag read), which is what a parent-based
+// sampler would decide; Config.UnsampledSpans lets the sampler see those too. An event
+// without a creation context gets no span and no trace headers, unless Config.RootSpans
+// gives it one of its own.
 //
 // The root package never imports OpenTelemetry; capture is opt-in through
 // PublisherConfig.InjectHeaders for that reason.
@@ -29,6 +30,8 @@ package tracing
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -46,6 +49,20 @@ import (
 
 // ScopeName is the instrumentation scope of the relay's tracer.
 const ScopeName = "github.com/watermill-outbox/outbox/tracing"
+
+// SystemOutbox is the messaging.system of process spans (the relay consuming the outbox) and
+// the default Config.System.
+const SystemOutbox = "outbox"
+
+// Kinds of the relay's spans. The send span's context is never injected into a message (each
+// message keeps its creation context), so it is a CLIENT span, as the messaging conventions
+// ask of a send span that is not a creation context; create spans are creation contexts
+// (PRODUCER), process spans handle one pushed message (CONSUMER).
+const (
+	SendSpanKind    = trace.SpanKindClient
+	CreateSpanKind  = trace.SpanKindProducer
+	ProcessSpanKind = trace.SpanKindConsumer
+)
 
 // defaultPropagator is W3C Trace Context: the global OTel propagator is a no-op until an
 // application sets one, and a no-op would silently drop every trace.
@@ -75,38 +92,44 @@ func (s setter) Append(key, value string) { s(key, value) }
 func (s setter) Values(string) []string   { return nil }
 
 // Config configures Publisher. The zero value uses the global tracer provider and W3C Trace
-// Context, and starts a delivery span only for events whose writer's context is sampled.
+// Context, names the destination's system "outbox", and gives a process span only to events
+// whose creation context is sampled.
 type Config struct {
 	// TracerProvider gives the relay's tracer; nil means otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
-	// Propagator reads the writer's context from the event's headers and writes the delivery
-	// span's context into the outgoing message's; nil means W3C Trace Context.
+	// Propagator reads the creation context from the events' headers (and writes the context
+	// of a create span, Config.RootSpans); nil means W3C Trace Context.
 	Propagator propagation.TextMapPropagator
-	// UnsampledSpans starts a delivery span also for an event whose writer's context is not
-	// sampled, and lets the TracerProvider's sampler decide whether it is recorded (for a
-	// sampler that may record what the writer did not). Default false: such an event is
-	// handed to the destination with its headers unchanged, so a downstream consumer
-	// continues the writer's (unsampled) trace; the SDK's default sampler
-	// (ParentBased(AlwaysSample)) would not record that span either, and starting it costs
-	// IDs, contexts and headers for nothing.
+	// System is the messaging.system attribute of the send and create spans: the
+	// destination's system, in the conventions' words where they have one ("kafka",
+	// "rabbitmq"; otherwise a name such as "redis" or "webhook"). Default SystemOutbox.
+	System string
+	// UnsampledSpans starts a process span (per-message path) also for an event whose
+	// creation context is not sampled, and lets the TracerProvider's sampler decide whether it
+	// is recorded (for a sampler that may record what the writer did not; a parent-based
+	// sampler would not). Default false: such an event costs a header lookup and one flag
+	// read. The batch path's send spans are roots and always see the sampler.
 	UnsampledSpans bool
-	// RootSpans starts a delivery span, a new trace, for an event that carries no trace
-	// context (written without PublisherConfig.InjectHeaders, or outside any span), subject
-	// to the TracerProvider's sampler. The span is a root even when the message's context
-	// carries a span of the relay's own: each such event has a trace of its own. Default false: such an event gets no span and no trace
-	// headers. A recorded span costs the relay 6-10 µs of CPU, a quarter or more of its own
-	// work per event (README, "What tracing and metrics cost"): turn this on with a sampler
-	// that records a fraction (sdktrace.TraceIDRatioBased).
+	// RootSpans gives an event that carries no readable creation context (written without
+	// PublisherConfig.InjectHeaders, or outside any span) one of its own: a span
+	// "create <destination>" (kind PRODUCER) that is the root of a new trace, never a child
+	// of a span in the relay's own context, so each such event has its own trace. Its
+	// context is written into the outgoing message's headers, the send span links to it, and
+	// on the per-message path it is the parent of the event's process span; the
+	// TracerProvider's sampler decides as for any root. Default false: such an event gets no
+	// span of its own and no trace headers. A recorded span costs the relay several µs of CPU
+	// (docs/performance.md): turn this on with a sampler that records a fraction
+	// (sdktrace.ParentBased(sdktrace.TraceIDRatioBased(…))).
 	RootSpans bool
 }
 
-// Publisher wraps a destination so that each message it is given (one outbox event, as the
-// forwarder hands it over) is published inside a producer span "outbox deliver <topic>" whose
-// parent is the context in the message's headers, and carries that span's context on in its
-// headers. Which events get a span: those whose writer's context is sampled, plus those that
-// Config.UnsampledSpans and Config.RootSpans add; the others are published unchanged. The
-// result is a forwarder.BatchPublisher when pub is one (each message of a batch gets its own
-// span, ended with the batch's result). Safe for concurrent use if pub is.
+// Publisher wraps a destination so that the relay's work on each event is traced (see the
+// package documentation): a PublishBatch call (the forwarder's batch path) is one span
+// "send <destination>" with a link per event that has a creation context, and a Publish call
+// (the per-message path) gives each message whose creation context is sampled a span
+// "process <outbox topic>" whose parent is that context. The events' trace headers reach the
+// destination unchanged (Config.RootSpans adds one to events that have none). The result is
+// a forwarder.BatchPublisher when pub is one. Safe for concurrent use if pub is.
 func Publisher(pub message.Publisher, cfg Config) message.Publisher {
 	if cfg.TracerProvider == nil {
 		cfg.TracerProvider = otel.GetTracerProvider()
@@ -114,9 +137,13 @@ func Publisher(pub message.Publisher, cfg Config) message.Publisher {
 	if cfg.Propagator == nil {
 		cfg.Propagator = defaultPropagator
 	}
+	if cfg.System == "" {
+		cfg.System = SystemOutbox
+	}
 	p := &tracedPublisher{pub: pub, tracer: cfg.TracerProvider.Tracer(ScopeName), prop: cfg.Propagator, fields: cfg.Propagator.Fields(),
-		unsampled: cfg.UnsampledSpans, roots: cfg.RootSpans}
+		system: attribute.String("messaging.system", cfg.System), unsampled: cfg.UnsampledSpans, roots: cfg.RootSpans}
 	_, p.w3c = cfg.Propagator.(propagation.TraceContext)
+	p.process.prefix, p.send.prefix, p.create.prefix = "process ", "send ", "create "
 	if bp, ok := pub.(forwarder.BatchPublisher); ok {
 		return &tracedBatchPublisher{tracedPublisher: p, bp: bp}
 	}
@@ -128,38 +155,58 @@ type tracedPublisher struct {
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator
 	fields []string // the headers prop reads
-	w3c    bool     // prop is W3C Trace Context: the sampled flag is read from traceparent
+	w3c    bool     // prop is W3C Trace Context: traceparent is parsed here, without Extract
+	system attribute.KeyValue
 
 	unsampled, roots bool // Config.UnsampledSpans, Config.RootSpans
 
-	names  sync.Map     // source topic → span name, so that each delivery does not build it
-	nNames atomic.Int64 // entries in names (bounded by maxSpanNames)
+	process, send, create spanNames
 }
 
-// maxSpanNames bounds the span-name cache; topics beyond it get their name built per span.
+// Attributes that are the same on every span of their kind.
+var (
+	attrOutbox      = attribute.String("messaging.system", SystemOutbox)
+	attrProcessName = attribute.String("messaging.operation.name", "process")
+	attrProcessType = attribute.String("messaging.operation.type", "process")
+	attrSendName    = attribute.String("messaging.operation.name", "send")
+	attrSendType    = attribute.String("messaging.operation.type", "send")
+	attrCreateName  = attribute.String("messaging.operation.name", "create")
+	attrCreateType  = attribute.String("messaging.operation.type", "create")
+
+	optProcess = trace.WithSpanKind(ProcessSpanKind)
+	optSend    = trace.WithSpanKind(SendSpanKind)
+	optCreate  = trace.WithSpanKind(CreateSpanKind)
+	optRoot    = trace.WithNewRoot()
+)
+
+// spanNames caches "<prefix><topic>" per topic, so that each span does not build its name.
+type spanNames struct {
+	prefix string
+	names  sync.Map     // topic → name
+	n      atomic.Int64 // entries in names (bounded by maxSpanNames)
+}
+
+// maxSpanNames bounds each span-name cache; topics beyond it get their name built per span.
 const maxSpanNames = 1000
 
-// attrPool holds the attribute slices of span starts: the SDK copies the attributes into the
-// span, so the slice can be reused once Start returned (one allocation less per delivery, and
-// no growth of a slice literal).
-var attrPool = sync.Pool{New: func() any { s := make([]attribute.KeyValue, 0, 6); return &s }}
-
-// spanName returns "outbox deliver <source>", cached per topic.
-func (p *tracedPublisher) spanName(source string) string {
-	if n, ok := p.names.Load(source); ok {
+func (c *spanNames) name(topic string) string {
+	if n, ok := c.names.Load(topic); ok {
 		return n.(string)
 	}
-	n := "outbox deliver " + source
-	if p.nNames.Load() < maxSpanNames {
-		if _, loaded := p.names.LoadOrStore(source, n); !loaded {
-			p.nNames.Add(1)
+	n := c.prefix + topic
+	if c.n.Load() < maxSpanNames {
+		if _, loaded := c.names.LoadOrStore(topic, n); !loaded {
+			c.n.Add(1)
 		}
 	}
 	return n
 }
 
-// hasContext reports whether md carries any header the propagator reads: without one,
-// Extract would only copy ctx.
+// attrPool holds the attribute slices of span starts: the SDK copies the attributes into the
+// span, so the slice can be reused once Start returned.
+var attrPool = sync.Pool{New: func() any { s := make([]attribute.KeyValue, 0, 8); return &s }}
+
+// hasContext reports whether md carries any header the propagator reads.
 func (p *tracedPublisher) hasContext(md message.Metadata) bool {
 	for _, f := range p.fields {
 		if _, ok := md[f]; ok {
@@ -169,12 +216,12 @@ func (p *tracedPublisher) hasContext(md message.Metadata) bool {
 	return false
 }
 
-// mayTrace reports, without parsing anything, whether msg may get a delivery span: it carries
-// a header the propagator reads (and, with W3C Trace Context, a traceparent whose sampled
-// flag is set, unless Config.UnsampledSpans), or none and Config.RootSpans is set. It is the
-// whole cost of an event that gets no span, on a stack kept as small as possible (see
+// mayProcess reports, without parsing anything, whether a message may get a process span: it
+// carries a header the propagator reads (and, with W3C Trace Context, a traceparent whose
+// sampled flag is set, unless Config.UnsampledSpans), or none and Config.RootSpans is set. It
+// is the whole cost of an event that gets no span, on a stack kept as small as possible (see
 // growStack).
-func (p *tracedPublisher) mayTrace(md message.Metadata) bool {
+func (p *tracedPublisher) mayProcess(md message.Metadata) bool {
 	if !p.hasContext(md) {
 		return p.roots
 	}
@@ -186,35 +233,65 @@ func (p *tracedPublisher) mayTrace(md message.Metadata) bool {
 	return true
 }
 
-// parent returns the parent context of msg's delivery span and whether there is to be a span
-// at all (Config.UnsampledSpans, Config.RootSpans).
-func (p *tracedPublisher) parent(ctx context.Context, md message.Metadata) (context.Context, bool) {
-	if !p.mayTrace(md) {
-		return ctx, false
+// creation returns the creation context in md's headers, or an invalid SpanContext when
+// there is none or it cannot be read.
+func (p *tracedPublisher) creation(md message.Metadata) trace.SpanContext {
+	if p.w3c {
+		if sc, ok := parseTraceparent(md["traceparent"]); ok {
+			if ts, has := md["tracestate"]; has && ts != "" {
+				if state, err := trace.ParseTraceState(ts); err == nil {
+					sc = sc.WithTraceState(state)
+				}
+			}
+			return sc
+		}
 	}
 	if !p.hasContext(md) {
-		return rootOf(ctx), true // a root span (Config.RootSpans)
+		return trace.SpanContext{}
 	}
-	ctx = rootOf(ctx) // unreadable headers must not leave the relay's span as the parent
-	pctx := p.prop.Extract(ctx, propagation.MapCarrier(md))
-	sc := trace.SpanContextFromContext(pctx)
-	switch {
-	case !sc.IsValid():
-		return ctx, p.roots // unreadable headers: as if there were none
-	case !sc.IsSampled() && !p.unsampled:
-		return ctx, false
-	}
-	return pctx, true
+	return trace.SpanContextFromContext(p.prop.Extract(context.Background(), propagation.MapCarrier(md)))
 }
 
-// rootOf returns ctx without its span, so that a span started from it begins a new trace: a
-// root span (Config.RootSpans) must not become a child of whatever span the relay's own
-// context carries (its Run context, a middleware's span), or unrelated events share one trace.
-func rootOf(ctx context.Context) context.Context {
-	if !trace.SpanContextFromContext(ctx).IsValid() {
-		return ctx
+// parseTraceparent reads a W3C traceparent of version 00 ("00-<32 hex>-<16 hex>-<2 hex>") as
+// a remote span context, as propagation.TraceContext does; ok is false for any other shape
+// (the propagator decides then), for reserved flag bits and for all-zero ids.
+func parseTraceparent(h string) (trace.SpanContext, bool) {
+	if len(h) != 55 || h[0] != '0' || h[1] != '0' || h[2] != '-' || h[35] != '-' || h[52] != '-' {
+		return trace.SpanContext{}, false
 	}
-	return trace.ContextWithSpanContext(ctx, trace.SpanContext{})
+	var scc trace.SpanContextConfig
+	var flags [1]byte
+	if !unhex(scc.TraceID[:], h[3:35]) || !unhex(scc.SpanID[:], h[36:52]) || !unhex(flags[:], h[53:55]) || flags[0] > 3 {
+		return trace.SpanContext{}, false
+	}
+	scc.TraceFlags = trace.TraceFlags(flags[0]) & (trace.FlagsSampled | trace.FlagsRandom)
+	scc.Remote = true
+	sc := trace.NewSpanContext(scc)
+	return sc, sc.IsValid()
+}
+
+// unhex decodes the lowercase hex s into dst (len(s) == 2*len(dst)); W3C Trace Context
+// refuses uppercase.
+func unhex(dst []byte, s string) bool {
+	for i := range dst {
+		hi, ok1 := hexDigit(s[2*i])
+		lo, ok2 := hexDigit(s[2*i+1])
+		if !ok1 || !ok2 {
+			return false
+		}
+		dst[i] = hi<<4 | lo
+	}
+	return true
+}
+
+func hexDigit(c byte) (byte, bool) {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0', true
+	case c >= 'a' && c <= 'f':
+		return c - 'a' + 10, true
+	}
+	return 0, false
 }
 
 // traceparentSampled reads the sampled flag of a W3C traceparent of version 00
@@ -236,50 +313,72 @@ func traceparentSampled(h string) (sampled, ok bool) {
 	return v&1 == 1, true
 }
 
-// start begins msg's delivery span and replaces the trace headers of msg with the span's.
-func (p *tracedPublisher) start(parent context.Context, topic string, msg *message.Message) (context.Context, trace.Span) {
-	source := msg.Metadata.Get(outbox.MetadataTopic)
-	if source == "" {
-		source = topic
+// sourceTopic is the outbox topic of msg (its outbox-topic metadata), or topic.
+func sourceTopic(topic string, msg *message.Message) string {
+	if s := msg.Metadata.Get(outbox.MetadataTopic); s != "" {
+		return s
 	}
+	return topic
+}
+
+// createSpan gives msg a creation context of its own (Config.RootSpans): a span
+// "create <topic>", root of a new trace whatever ctx carries, ended at once, whose context is
+// written into msg's headers. It returns that context.
+func (p *tracedPublisher) createSpan(ctx context.Context, topic string, msg *message.Message) trace.SpanContext {
 	ap := attrPool.Get().(*[]attribute.KeyValue)
-	attrs := append((*ap)[:0],
-		attribute.String("messaging.system", "outbox"),
-		attribute.String("messaging.operation.type", "send"),
+	attrs := append((*ap)[:0], p.system, attrCreateName, attrCreateType,
 		attribute.String("messaging.destination.name", topic),
-		attribute.String("messaging.message.id", msg.UUID),
-		attribute.String("outbox.topic", source),
-	)
-	if a, err := strconv.Atoi(msg.Metadata.Get(outbox.MetadataAttempt)); err == nil {
-		attrs = append(attrs, attribute.Int("outbox.attempt", a))
-	}
-	ctx, span := p.tracer.Start(parent, p.spanName(source), trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
-	clear(attrs) // drop the references to this message's strings
+		attribute.String("messaging.message.id", msg.UUID))
+	cctx, span := p.tracer.Start(ctx, p.create.name(topic), optRoot, optCreate, trace.WithAttributes(attrs...))
+	putAttrs(ap, attrs)
+	p.prop.Inject(cctx, propagation.MapCarrier(msg.Metadata))
+	span.End()
+	return span.SpanContext()
+}
+
+// putAttrs returns a pooled attribute slice, without references to this span's strings.
+func putAttrs(ap *[]attribute.KeyValue, attrs []attribute.KeyValue) {
+	clear(attrs)
 	*ap = attrs[:0]
 	attrPool.Put(ap)
-	p.prop.Inject(ctx, propagation.MapCarrier(msg.Metadata))
-	return ctx, span
 }
 
-// end records the outcome as the span's status: Ok when the destination took the message,
-// Error with the error otherwise (the outbox then retries or dead-letters the event).
-func end(span trace.Span, err error) {
-	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
-	} else {
-		span.SetStatus(codes.Ok, "")
+// errorType is the error.type attribute of a failed delivery: the outbox's failure class, or
+// the conventions' fallback "_OTHER".
+func errorType(err error) string {
+	switch {
+	case errors.Is(err, outbox.ErrUnavailable):
+		return "unavailable"
+	case errors.Is(err, outbox.ErrPermanent):
+		return "permanent"
+	case errors.Is(err, outbox.ErrNotAttempted):
+		return "not_attempted"
+	case errors.Is(err, forwarder.ErrHeldBack):
+		return "held_back"
+	case errors.Is(err, forwarder.ErrMissingResult):
+		return "missing_result"
 	}
-	span.End()
+	return "_OTHER"
 }
 
-// Publish publishes each message in its own span (one call to the wrapped Publish per
-// message, so each result is its own).
+// fail records err as span's outcome: status Error with the error's text, error.type, and the
+// error as an event.
+func fail(span trace.Span, err error, desc string) {
+	span.SetAttributes(attribute.String("error.type", errorType(err)))
+	span.RecordError(err)
+	span.SetStatus(codes.Error, desc)
+}
+
+// Publish is the per-message path: each message whose creation context is sampled (or that
+// Config.UnsampledSpans and Config.RootSpans add) is published in its own process span, one
+// call to the wrapped Publish per message so that each result is its own; the others are
+// published unchanged.
 func (p *tracedPublisher) Publish(topic string, msgs ...*message.Message) error {
 	for _, msg := range msgs {
 		var err error
-		if p.mayTrace(msg.Metadata) {
-			err = p.publishTraced(topic, msg)
+		if p.mayProcess(msg.Metadata) {
+			growStack() // before publishProcessed's own frame needs more than the stack has
+			err = p.publishProcessed(topic, msg)
 		} else {
 			err = p.pub.Publish(topic, msg)
 		}
@@ -290,19 +389,48 @@ func (p *tracedPublisher) Publish(topic string, msgs ...*message.Message) error 
 	return nil
 }
 
-// publishTraced publishes msg in its delivery span, if parent gives it one.
+// publishProcessed publishes msg in its process span, if it gets one.
 //
 //go:noinline
-func (p *tracedPublisher) publishTraced(topic string, msg *message.Message) error {
-	growStack()
-	parent, ok := p.parent(msg.Context(), msg.Metadata)
-	if !ok {
+func (p *tracedPublisher) publishProcessed(topic string, msg *message.Message) error {
+	mctx := msg.Context()
+	cc := p.creation(msg.Metadata)
+	var parent context.Context
+	switch {
+	case cc.IsValid():
+		parent = trace.ContextWithRemoteSpanContext(mctx, cc)
+	case p.roots:
+		cc = p.createSpan(mctx, topic, msg)
+		parent = trace.ContextWithSpanContext(mctx, cc)
+	default:
+		return p.pub.Publish(topic, msg) // unreadable headers, no RootSpans
+	}
+	if !cc.IsSampled() && !p.unsampled {
 		return p.pub.Publish(topic, msg)
 	}
-	ctx, span := p.start(parent, topic, msg)
+	source := sourceTopic(topic, msg)
+	ctx, span := p.tracer.Start(parent, p.process.name(source), optProcess)
+	if span.IsRecording() {
+		// Set after Start, not as start options: the SDK would copy them once more from the
+		// options, and an unrecorded span needs none.
+		ap := attrPool.Get().(*[]attribute.KeyValue)
+		attrs := append((*ap)[:0], attrOutbox, attrProcessName, attrProcessType,
+			attribute.String("messaging.destination.name", source),
+			attribute.String("messaging.message.id", msg.UUID),
+			attribute.String("outbox.destination.name", topic))
+		if a, err := strconv.Atoi(msg.Metadata.Get(outbox.MetadataAttempt)); err == nil {
+			attrs = append(attrs, attribute.Int("outbox.attempt", a))
+		}
+		span.SetAttributes(attrs...)
+		putAttrs(ap, attrs)
+		span.AddLink(trace.Link{SpanContext: cc})
+	}
 	msg.SetContext(ctx)
 	err := p.pub.Publish(topic, msg)
-	end(span, err)
+	if err != nil {
+		fail(span, err, err.Error())
+	}
+	span.End()
 	return err
 }
 
@@ -310,10 +438,10 @@ func (p *tracedPublisher) publishTraced(topic string, msg *message.Message) erro
 // shallow. The forwarder's per-message path runs each delivery on a new goroutine
 // (Watermill's Router), whose stack starts at 2 KiB; the SDK's span start and end need more
 // (4 KiB do not do), and growing the stack down there copies every frame of the router, the
-// middlewares and the SDK, once per doubling: about 4 µs per delivery, where one copy of the
-// few frames above Publish costs about 1.5 µs (CPU profiles of BenchmarkRelayPathCost; the
-// cost of a copy grows with the frames, not the bytes). CockroachDB's growstack package does
-// the same. A goroutine whose stack is already large pays a call and a 4 KiB clear.
+// middlewares and the SDK, once per doubling, where one copy of the few frames above Publish
+// is cheap (the cost of a copy grows with the frames, not the bytes). CockroachDB's growstack
+// package does the same. A goroutine whose stack is already large pays a call and a 4 KiB
+// clear.
 //
 //go:noinline
 func growStack() {
@@ -334,33 +462,82 @@ type tracedBatchPublisher struct {
 	bp forwarder.BatchPublisher
 }
 
-// PublishBatch publishes batch with the wrapped PublishBatch, one span per message.
+// PublishBatch is the batch path: the wrapped PublishBatch runs inside one span
+// "send <destination>" (kind SendSpanKind; "send" alone when the batch goes to several
+// topics), the root of a trace of its own whatever ctx carries, with messaging.batch.message_count,
+// and, when the sampler records it, a link to each message's creation context (link
+// attribute messaging.message.id). With Config.RootSpans a message without a creation context
+// first gets a create span (see Config.RootSpans). The span's status is Error when any
+// message failed (error.type of the first failure). The destination gets ctx with the send
+// span in it.
 func (p *tracedBatchPublisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing) []error {
-	var spans []trace.Span // nil, or one per message (nil where a message has none)
-	for i, o := range batch {
-		parent, ok := p.parent(o.Message.Context(), o.Message.Metadata)
-		if !ok {
-			continue
-		}
-		if spans == nil {
-			spans = make([]trace.Span, len(batch))
-		}
-		var sctx context.Context
-		sctx, spans[i] = p.start(parent, o.Topic, o.Message)
-		o.Message.SetContext(sctx)
+	if len(batch) == 0 {
+		return p.bp.PublishBatch(ctx, batch)
 	}
-	errs := p.bp.PublishBatch(ctx, batch)
-	for i, s := range spans {
-		if s == nil {
-			continue
+	var created []trace.SpanContext // Config.RootSpans: the create spans' contexts, by index
+	if p.roots {
+		for i, o := range batch {
+			if p.creation(o.Message.Metadata).IsValid() {
+				continue
+			}
+			if created == nil {
+				created = make([]trace.SpanContext, len(batch))
+			}
+			created[i] = p.createSpan(ctx, o.Topic, o.Message)
 		}
-		var err error
-		if i < len(errs) {
-			err = errs[i]
-		} else {
-			err = forwarder.ErrMissingResult
-		}
-		end(s, err)
 	}
+	topic := batch[0].Topic
+	for _, o := range batch[1:] {
+		if o.Topic != topic {
+			topic = ""
+			break
+		}
+	}
+	name := "send"
+	if topic != "" {
+		name = p.send.name(topic)
+	}
+	sctx, span := p.tracer.Start(ctx, name, optRoot, optSend)
+	if span.IsRecording() {
+		ap := attrPool.Get().(*[]attribute.KeyValue)
+		attrs := append((*ap)[:0], p.system, attrSendName, attrSendType,
+			attribute.Int("messaging.batch.message_count", len(batch)))
+		if topic != "" {
+			attrs = append(attrs, attribute.String("messaging.destination.name", topic))
+		}
+		span.SetAttributes(attrs...)
+		putAttrs(ap, attrs)
+		for i, o := range batch {
+			var cc trace.SpanContext
+			if created != nil && created[i].IsValid() {
+				cc = created[i]
+			} else {
+				cc = p.creation(o.Message.Metadata)
+			}
+			if cc.IsValid() {
+				span.AddLink(trace.Link{SpanContext: cc, Attributes: []attribute.KeyValue{attribute.String("messaging.message.id", o.Message.UUID)}})
+			}
+		}
+	}
+	errs := p.bp.PublishBatch(sctx, batch)
+	if span.IsRecording() {
+		failed, first := 0, error(nil)
+		for i := range batch {
+			err := forwarder.ErrMissingResult
+			if i < len(errs) {
+				err = errs[i]
+			}
+			if err != nil {
+				if first == nil {
+					first = err
+				}
+				failed++
+			}
+		}
+		if first != nil {
+			fail(span, first, fmt.Sprintf("%d of %d messages failed; first: %v", failed, len(batch), first))
+		}
+	}
+	span.End()
 	return errs
 }

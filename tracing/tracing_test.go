@@ -151,9 +151,12 @@ func destinations() []destination {
 	}
 }
 
-// TestTraceFromWriterToDestination: the span that wrote an event (Enqueue with the span in
-// ctx, Publish with it in the message's context) is the parent of the relay's delivery span,
-// and the traceparent that reaches each destination is the delivery span's, in the same trace.
+// TestTraceFromWriterToDestination: an event written in a span (Enqueue with the span in
+// ctx, Publish with it in the message's context) reaches each destination with the writer's
+// traceparent unchanged (its creation context), and the relay's span refers to the writer's:
+// on the per-message path (func, webhook) a span "process <topic>" (CONSUMER) that is the
+// writer span's child and links to it; on the batch path (Kafka, Redis, RabbitMQ) a span
+// "send <topic>" (CLIENT), the root of its own trace, with one link, to the writer's span.
 func TestTraceFromWriterToDestination(t *testing.T) {
 	pool := pgtest.Require(t)
 	for _, d := range destinations() {
@@ -162,6 +165,7 @@ func TestTraceFromWriterToDestination(t *testing.T) {
 				ctx := t.Context()
 				topic := fmt.Sprintf("trace-%s-%s", via, uuid.NewString()[:8])
 				pub, received := d.setup(t, topic)
+				_, batch := pub.(forwarder.BatchPublisher)
 				sr := tracetest.NewSpanRecorder()
 				tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
 				schema := outbox.SchemaConfig{Table: pgtest.Table(t)}
@@ -202,31 +206,43 @@ func TestTraceFromWriterToDestination(t *testing.T) {
 					tp0 = received()
 					return tp0 != ""
 				})
-				var delivery sdktrace.ReadOnlySpan
-				pgtest.Eventually(t, 5*time.Second, "the delivery span ended", func() bool {
+				if want := fmt.Sprintf("00-%s-%s-01", write.TraceID(), write.SpanID()); tp0 != want {
+					t.Errorf("traceparent at %s = %q, want the writer's %q", d.name, tp0, want)
+				}
+				name, kind := "process "+topic, trace.SpanKindConsumer
+				if batch {
+					name, kind = "send "+topic, trace.SpanKindClient
+				}
+				var relay sdktrace.ReadOnlySpan
+				pgtest.Eventually(t, 5*time.Second, "the relay's span ended", func() bool {
 					for _, s := range sr.Ended() {
-						if s.Name() == "outbox deliver "+topic {
-							delivery = s
+						if s.Name() == name {
+							relay = s
 						}
 					}
-					return delivery != nil
+					return relay != nil
 				})
-				if delivery.Parent().SpanID() != write.SpanID() || delivery.SpanContext().TraceID() != write.TraceID() {
-					t.Errorf("delivery span parent %s/%s, want the writer's %s/%s", delivery.Parent().TraceID(), delivery.Parent().SpanID(), write.TraceID(), write.SpanID())
+				if n := len(sr.Ended()); n != 2 {
+					t.Errorf("%d spans ended, want the writer's and the relay's", n)
 				}
-				if delivery.SpanKind() != trace.SpanKindProducer {
-					t.Errorf("span kind %v", delivery.SpanKind())
+				if relay.SpanKind() != kind || relay.Status().Code != codes.Unset {
+					t.Errorf("span kind %v, status %v: want %v, unset", relay.SpanKind(), relay.Status(), kind)
 				}
-				want := fmt.Sprintf("00-%s-%s-01", write.TraceID(), delivery.SpanContext().SpanID())
-				if tp0 != want {
-					t.Errorf("traceparent at %s = %q, want %q (the delivery span, same trace)", d.name, tp0, want)
+				if l := relay.Links(); len(l) != 1 || l[0].SpanContext.SpanID() != write.SpanID() || l[0].SpanContext.TraceID() != write.TraceID() {
+					t.Errorf("links %v, want one to the writer's span", l)
 				}
-				attrs := map[string]string{}
-				for _, a := range delivery.Attributes() {
-					attrs[string(a.Key)] = a.Value.Emit()
+				a := attrs(relay.Attributes())
+				if batch {
+					if relay.Parent().IsValid() || a["messaging.batch.message_count"] != "1" || a["messaging.destination.name"] != topic {
+						t.Errorf("send span parent %s, attributes %v: want a root, one message", relay.Parent().SpanID(), a)
+					}
+					return
 				}
-				if attrs["outbox.attempt"] != "1" || delivery.Status().Code != codes.Ok || attrs["outbox.topic"] != topic || attrs["messaging.message.id"] == "" {
-					t.Errorf("delivery span attributes %v", attrs)
+				if relay.Parent().SpanID() != write.SpanID() || relay.SpanContext().TraceID() != write.TraceID() {
+					t.Errorf("process span parent %s/%s, want the writer's %s/%s", relay.Parent().TraceID(), relay.Parent().SpanID(), write.TraceID(), write.SpanID())
+				}
+				if a["outbox.attempt"] != "1" || a["messaging.destination.name"] != topic || a["messaging.message.id"] == "" {
+					t.Errorf("process span attributes %v", a)
 				}
 			})
 		}

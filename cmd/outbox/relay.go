@@ -312,7 +312,7 @@ LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more emp
 			if destTopic != "" {
 				fcfg.Topic = func(string, *message.Message) string { return destTopic }
 			}
-			tracer, err := newRelayTracer(ctx)
+			tracer, err := newRelayTracer(ctx, cfg.BatchSize)
 			if err != nil {
 				return err
 			}
@@ -328,7 +328,7 @@ LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more emp
 			logger.Info("outbox relay starting", fields)
 			// Tracing outside the timing: the destination call's duration is the destination's.
 			running = true
-			return runRelay(ctx, d, cfg, tables, tracer.wrap(stats.wrap(pub, dest.kind)), fcfg, topics, logger, stats)
+			return runRelay(ctx, d, cfg, tables, tracer.wrap(stats.wrap(pub, dest.kind), dest.kind), fcfg, topics, logger, stats)
 		},
 	}
 	f.register(cmd)

@@ -27,9 +27,11 @@ type relayTracer struct {
 	tp *sdktrace.TracerProvider // nil when off
 }
 
-// newRelayTracer builds the tracer provider when OTEL_TRACES_EXPORTER asks for one. Errors:
-// autoexport's for an unknown exporter or protocol (a usage error).
-func newRelayTracer(ctx context.Context) (*relayTracer, error) {
+// newRelayTracer builds the tracer provider when OTEL_TRACES_EXPORTER asks for one; its spans
+// keep up to batchSize links (a send span links every event of a batch) unless
+// OTEL_SPAN_LINK_COUNT_LIMIT sets the limit. Errors: autoexport's for an unknown exporter or
+// protocol (a usage error).
+func newRelayTracer(ctx context.Context, batchSize int) (*relayTracer, error) {
 	name := strings.TrimSpace(os.Getenv("OTEL_TRACES_EXPORTER"))
 	if name == "" || name == "none" || strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true") {
 		return &relayTracer{}, nil
@@ -46,16 +48,24 @@ func newRelayTracer(ctx context.Context) (*relayTracer, error) {
 			res = r
 		}
 	}
-	// The sampler comes from OTEL_TRACES_SAMPLER (default: parent-based, always on).
-	return &relayTracer{tp: sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))}, nil
+	// The sampler comes from OTEL_TRACES_SAMPLER (default: parent-based, always on); the span
+	// limits from the OTEL_SPAN_* variables.
+	limits := sdktrace.NewSpanLimits()
+	if _, set := os.LookupEnv("OTEL_SPAN_LINK_COUNT_LIMIT"); !set && batchSize > limits.LinkCountLimit {
+		limits.LinkCountLimit = batchSize
+	}
+	return &relayTracer{tp: sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res), sdktrace.WithRawSpanLimits(limits))}, nil
 }
 
-// wrap returns pub traced per delivery (tracing.Publisher) when tracing is on.
-func (r *relayTracer) wrap(pub message.Publisher) message.Publisher {
+// messagingSystems is the messaging.system of each destination kind's send spans.
+var messagingSystems = map[destKind]string{destKafka: "kafka", destAMQP: "rabbitmq", destRedis: "redis", destHTTP: "webhook", destAsynq: "asynq"}
+
+// wrap returns pub traced (tracing.Publisher) when tracing is on.
+func (r *relayTracer) wrap(pub message.Publisher, kind destKind) message.Publisher {
 	if r.tp == nil {
 		return pub
 	}
-	return tracing.Publisher(pub, tracing.Config{TracerProvider: r.tp})
+	return tracing.Publisher(pub, tracing.Config{TracerProvider: r.tp, System: messagingSystems[kind]})
 }
 
 // on reports whether spans are exported.

@@ -19,10 +19,10 @@ import (
 
 // TestRelayExportsSpans runs the relay with OTEL_TRACES_EXPORTER=otlp against a loopback OTLP/HTTP
 // collector and a loopback webhook: the event written with a traceparent is delivered in a span
-// "outbox deliver traced" that is a child of the writer's span, the collector receives that span
-// (same trace id, parent = the writer's span id), and the webhook request carries the delivery
-// span's context (same trace id, parent = the delivery span). Without the variable the start
-// line says traces=off.
+// "process traced" (the webhook is on the per-message path) that is a child of the writer's
+// span, the collector receives that span (same trace id, parent = the writer's span id), and the
+// webhook request carries the writer's context unchanged (the event's creation context).
+// Without the variable the start line says traces=off.
 func TestRelayExportsSpans(t *testing.T) {
 	b := postgresBackend()
 	db, table := b.fresh(t)
@@ -76,11 +76,11 @@ func TestRelayExportsSpans(t *testing.T) {
 		"OTEL_BSP_SCHEDULE_DELAY=100", "OTEL_SERVICE_NAME=", "OTEL_SDK_DISABLED="}
 	p := start(t, env, "relay", "--db", db, "--table", table, "--to", hook.URL+"/hook", "--allow-prefix", "127.0.0.0/8", "--poll-interval", "50ms")
 	var got span
-	p.runUntil(t, "the delivery span exported", func() bool {
+	p.runUntil(t, "the process span exported", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, s := range spans {
-			if s.name == "outbox deliver traced" {
+			if s.name == "process traced" {
 				got = s
 				return true
 			}
@@ -88,11 +88,11 @@ func TestRelayExportsSpans(t *testing.T) {
 		return false
 	})
 	if got.trace != traceID || got.parent != writerSpan {
-		t.Errorf("delivery span: trace %s parent %s; want trace %s parent %s (the writer's span)", got.trace, got.parent, traceID, writerSpan)
+		t.Errorf("process span: trace %s parent %s; want trace %s parent %s (the writer's span)", got.trace, got.parent, traceID, writerSpan)
 	}
 	mu.Lock()
-	if want := "00-" + traceID + "-" + got.id + "-01"; len(delivered) != 1 || delivered[0] != want {
-		t.Errorf("webhook traceparent %q, want [%q] (the delivery span's context)", delivered, want)
+	if want := "00-" + traceID + "-" + writerSpan + "-01"; len(delivered) != 1 || delivered[0] != want {
+		t.Errorf("webhook traceparent %q, want [%q] (the writer's context unchanged)", delivered, want)
 	}
 	if len(spans) != 1 {
 		t.Errorf("%d spans exported, want 1: %+v", len(spans), spans)

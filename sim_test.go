@@ -93,7 +93,7 @@ func newSimPlan(seed int64) simPlan {
 	case 0, 1: // PostgreSQL's
 		p.caps = dialect.Capabilities{SkipLocked: true, Continuations: true, ClaimAhead: true, FlushAcks: true, DatabaseClock: true}
 	case 2: // MariaDB's
-		p.caps = dialect.Capabilities{SkipLocked: true, Continuations: true, FlushAcks: true, DatabaseClock: true}
+		p.caps = dialect.Capabilities{SkipLocked: true, Continuations: true, ClaimAhead: true, FlushAcks: true, DatabaseClock: true}
 	default: // SQLite's
 		p.caps = dialect.Capabilities{ClaimAhead: true}
 	}

@@ -134,12 +134,11 @@ type Capabilities struct {
 	ResolvesRows bool
 	// Title is the database's name in messages ("SQLite").
 	Title string
-	// ClaimAhead: the relay claims the next batch while the current one is out. Off for
-	// MariaDB/MySQL: a claim counts a delivery start for every event it leases, also for a
-	// batch claimed ahead that was never emitted, and the MariaDB chaos trial (relays killed
-	// every ~0.6 s) then dead-lettered 10 events as poison (MaxDeliveryStarts) in 1 of 5 full
-	// runs. The start belongs at the emit, not the claim (an open issue for every dialect;
-	// PostgreSQL's slower kill trial has not hit it).
+	// ClaimAhead: the relay claims the next batch while the current one is out. A claim counts
+	// a delivery start for every event it leases, a batch claimed ahead and never emitted
+	// included; a relay killed again and again charges those events, and the relay's suspect
+	// isolation (no event passes three starts unless it is out alone at a death) keeps them
+	// from being dead-lettered as poison.
 	ClaimAhead bool
 	// Floors: the claim starts its scans at floors below which only published, dead-lettered,
 	// blocked or retrying events lie, and reports the next floors' candidates (ClaimResult.Floors);

@@ -105,8 +105,15 @@ type ReplayResult struct {
 	Replayed int64
 }
 
-// replayFilter checks f and o and returns f in the dialect's terms, with Until resolved.
-func replayFilter(f ReplayFilter, o ReplayOptions) (dialect.ReplayFilter, error) {
+// Validate checks f as Replay does before any SQL (a zero Until is taken as now): a
+// *ConfigError naming the field, or nil.
+func (f ReplayFilter) Validate() error {
+	_, err := f.dialect()
+	return err
+}
+
+// dialect checks f and returns it in the dialect's terms, with a zero Until resolved to now.
+func (f ReplayFilter) dialect() (dialect.ReplayFilter, error) {
 	if f.Since.IsZero() {
 		return dialect.ReplayFilter{}, &ConfigError{Field: "ReplayFilter.Since", Reason: "required: the start of the published_at window"}
 	}
@@ -134,13 +141,18 @@ func replayFilter(f ReplayFilter, o ReplayOptions) (dialect.ReplayFilter, error)
 		}
 	}
 	out.Keys = slices.Clone(f.Keys)
+	return out, nil
+}
+
+// Validate checks o as Replay does before any SQL: a *ConfigError naming the field, or nil.
+func (o ReplayOptions) Validate() error {
 	if o.BatchSize < 0 || o.BatchSize > MaxReplayBatch {
-		return dialect.ReplayFilter{}, &ConfigError{Field: "ReplayOptions.BatchSize", Reason: fmt.Sprintf("%d outside 1..%d (0: %d)", o.BatchSize, MaxReplayBatch, DefaultReplayBatch)}
+		return &ConfigError{Field: "ReplayOptions.BatchSize", Reason: fmt.Sprintf("%d outside 1..%d (0: %d)", o.BatchSize, MaxReplayBatch, DefaultReplayBatch)}
 	}
 	if o.Expect < 0 {
-		return dialect.ReplayFilter{}, &ConfigError{Field: "ReplayOptions.Expect", Reason: "must not be negative"}
+		return &ConfigError{Field: "ReplayOptions.Expect", Reason: "must not be negative"}
 	}
-	return out, nil
+	return nil
 }
 
 // Replay re-sends published events: it writes a copy of each event f selects as a new event
@@ -170,8 +182,11 @@ func replayFilter(f ReplayFilter, o ReplayOptions) (dialect.ReplayFilter, error)
 // after an error, ReplayResult.Replayed says how many copies were written. Safe for
 // concurrent use, also after Close; relays may run throughout.
 func (s *Subscriber) Replay(ctx context.Context, f ReplayFilter, o ReplayOptions) (ReplayResult, error) {
-	df, err := replayFilter(f, o)
+	df, err := f.dialect()
 	if err != nil {
+		return ReplayResult{}, err
+	}
+	if err := o.Validate(); err != nil {
 		return ReplayResult{}, err
 	}
 	res := ReplayResult{Until: df.Until}

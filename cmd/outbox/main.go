@@ -134,6 +134,7 @@ OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environme
 		newStatusCmd(),
 		newDeadCmd(),
 		newCleanupCmd(),
+		newReplayCmd(),
 		newBenchCmd(),
 		newInboxCmd(),
 		newCaptureCmd(),

@@ -236,12 +236,28 @@ func testReplay(t *testing.T, b *backend, n, nkeys int) {
 	if got := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE tenant = 'acme' AND ordering_key = 'held' AND published_at IS NOT NULL`, schema.Table)); got != 4 {
 		t.Fatalf("%d rows of tenant acme, want the 2 originals and their 2 copies", got)
 	}
+	// A replay of a replay: the copies keep naming the first original.
+	again, err := sub.Replay(ctx, outbox.ReplayFilter{Since: until, Keys: []string{"held"}}, outbox.ReplayOptions{})
+	if err != nil || again.Selected != 3 || again.Replayed != 3 {
+		t.Fatalf("replay of the copies of key held: %+v %v", again, err)
+	}
+	var heldAgain []string
+	for _, d := range waitDeliveries(t, sink, len(all)+3, time.Minute)[len(all):] {
+		if d.replayID != again.ReplayID.String() || d.key != "held" {
+			t.Fatalf("second replay delivered %+v", d)
+		}
+		heldAgain = append(heldAgain, d.replayOf)
+	}
+	if want := []string{pending[0].ID.String(), held[0].ID.String(), held[1].ID.String()}; fmt.Sprint(heldAgain) != fmt.Sprint(want) {
+		t.Fatalf("second replay of key held: %q, want %q", heldAgain, want)
+	}
+
 	hdrs := "headers"
 	if b.dialect == outbox.DialectPostgreSQL {
 		hdrs = "headers::text"
 	}
-	if got := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE %s LIKE '%%"h":"1"%%' OR %[2]s LIKE '%%"h": "1"%%'`, schema.Table, hdrs)); got != 2 {
-		t.Fatalf("%d rows with header h=1, want the original and its copy", got)
+	if got := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE %s LIKE '%%"h":"1"%%' OR %[2]s LIKE '%%"h": "1"%%'`, schema.Table, hdrs)); got != 3 {
+		t.Fatalf("%d rows with header h=1, want the original and its two copies", got)
 	}
 }
 

@@ -59,7 +59,7 @@ replays and prints how many it sent.`,
 			if f.yes && f.dryRun {
 				return &usageError{errors.New("--yes and --dry-run do not go together: --dry-run only counts, --yes replays")}
 			}
-			if err := checkList(cmd.Flags(), f.topics, topicPatternForm, "topic"); err != nil {
+			if err := checkList(cmd.Flags(), f.topics, topicPatternForm, "topic", "topics"); err != nil {
 				return err
 			}
 			if err := checkList(cmd.Flags(), f.keys, "an ordering key", "key"); err != nil {
@@ -133,12 +133,15 @@ replays and prints how many it sent.`,
 	markRequired(cmd, "since", "TIME", "an RFC 3339 time or a duration before now")
 	cmd.Flags().StringVar(&f.until, "until", "", "end of the window (exclusive): an RFC 3339 time or a duration before now; default now")
 	cmd.Flags().StringSliceVar(&f.topics, "topic", nil, "only events whose topic matches PATTERN: exact, a prefix ending in '*' (\"orders.*\"), or '*'; repeatable or comma-separated")
+	aliasFlag(cmd, "topic", "topics")
 	cmd.Flags().StringSliceVar(&f.keys, "key", nil, "only events of this ordering key; repeatable or comma-separated")
 	cmd.Flags().IntVar(&f.batch, "batch-size", outbox.DefaultReplayBatch, fmt.Sprintf("copies written per transaction, 1..%d", outbox.MaxReplayBatch))
+	// Not OUTBOX_BATCH_SIZE: that one sets the relay's claim batch, often above 1000.
+	_ = cmd.Flags().SetAnnotation("batch-size", envAnnotation, []string{envPrefix + "REPLAY_BATCH_SIZE"})
 	cmd.Flags().BoolVar(&f.yes, "yes", false, "replay: without it the command only counts what it would replay and fails, naming the count (command line only, no environment variable)")
 	_ = cmd.Flags().SetAnnotation("yes", noEnvAnnotation, []string{"true"})
 	cmd.Flags().BoolVar(&f.dryRun, "dry-run", false, "only count what would be replayed, print it and exit 0")
-	for _, name := range []string{"topic", "key"} {
+	for _, name := range []string{"topic", "topics", "key"} {
 		_ = cmd.Flags().SetAnnotation(name, selectAnnotation, []string{"true"})
 	}
 	return withEnv(cmd)

@@ -135,6 +135,18 @@ func testReplay(t *testing.T, b *backend, n, nkeys int) {
 		t.Fatal(err)
 	}
 	first := waitDeliveries(t, sink, n+3, 2*time.Minute)
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) { // every delivery marked
+		bl, err := sub.Backlog(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bl.Pending == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("backlog %+v after every delivery", bl)
+		}
+	}
 	origSeq := map[string]int64{}
 	for _, d := range first {
 		if d.replayOf != "" {
@@ -148,7 +160,6 @@ func testReplay(t *testing.T, b *backend, n, nkeys int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(10 * time.Millisecond) // the window ends after every original's mark
 	until := time.Now()
 	f := outbox.ReplayFilter{Since: since, Until: until, Topics: []string{"r.*"}}
 

@@ -35,7 +35,7 @@ func TestReplayCommand(t *testing.T) {
 			}
 			waitFor(t, 30*time.Second, "all delivered", func() bool {
 				got, _ := received()
-				return len(got) == len(ids)
+				return len(got) == len(ids) && status(t, db, table).Pending == 0 // delivered and marked
 			})
 
 			args := []string{"replay", "--db", db, "--table", table, "--since", "1h", "--topic", "r.*"}

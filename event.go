@@ -31,7 +31,7 @@ const (
 )
 
 var reservedMetadata = []string{MetadataOrderingKey, MetadataIdempotencyKey, MetadataEventID,
-	MetadataTopic, MetadataSequence, MetadataAttempt, MetadataTable}
+	MetadataTopic, MetadataSequence, MetadataAttempt, MetadataTable, MetadataReplayOf, MetadataReplayID}
 
 func isReservedMetadata(k string) bool {
 	for _, r := range reservedMetadata {

@@ -6,12 +6,13 @@
 //	outbox status  --db URL                      # backlog: pending, oldest pending age, dead letters
 //	outbox dead list|retry|purge --db URL …      # inspect and act on dead-lettered events
 //	outbox cleanup --db URL --published-older-than 168h --yes
+//	outbox replay  --db URL --since 2h [--until …] [--topic …] [--key …] --yes  # send published events again
 //	outbox inbox migrate|status|cleanup --db URL …  # the consumer inbox table (package inbox)
 //	outbox doctor  --db URL [--to URL] [--json]  # check the settings the outbox depends on, with fixes
 //	outbox version                               # module version, VCS commit and Go version (also --version)
 //
-// dead purge and cleanup count what they would delete first: without --yes they delete nothing
-// and exit 2 naming the count; --dry-run prints the count and exits 0.
+// dead purge, cleanup and replay count what they would act on first: without --yes they change
+// nothing and exit 2 naming the count; --dry-run prints the count and exits 0.
 //
 // Database URLs: postgres://… or postgresql://… (PostgreSQL, through a pgx pool);
 // mysql://user:password@host:3306/dbname or mariadb://… (MariaDB 10.6+ or MySQL 8, through
@@ -19,9 +20,10 @@
 // file:PATH or a path ending in .db, .sqlite or .sqlite3 (SQLite, pure Go). inbox and capture
 // work on PostgreSQL and SQLite only.
 //
-// Every flag of migrate, relay, status, dead, cleanup and doctor can also be given as an environment
-// variable named OUTBOX_ and the flag's name in upper case with '-' as '_' (OUTBOX_DB,
-// OUTBOX_TO, OUTBOX_BATCH_SIZE …); a flag on the command line wins over the environment.
+// Every flag of migrate, relay, status, dead, cleanup, replay (but --yes) and doctor can also be
+// given as an environment variable named OUTBOX_ and the flag's name in upper case with '-' as '_'
+// (OUTBOX_DB, OUTBOX_TO, OUTBOX_BATCH_SIZE …); a flag on the command line wins over the
+// environment.
 //
 // Errors are printed as one line on stderr, naming the fix, and the exit status is non-zero:
 // 1 for a failure, 2 for a usage error. An unknown command is a usage error printed as cobra
@@ -103,7 +105,7 @@ parameters such as ?tls=true go to the driver); sqlite://PATH, sqlite:PATH, file
 ending in .db, .sqlite or .sqlite3 for SQLite. inbox and capture work on PostgreSQL and SQLite
 only.
 
-Every flag of migrate, relay, status, dead, cleanup and doctor can also be set through an environment
+Every flag of migrate, relay, status, dead, cleanup, replay and doctor can also be set through an environment
 variable: OUTBOX_ followed by the flag name in upper case with '-' as '_' (OUTBOX_DB, OUTBOX_TO,
 OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environment.`,
 		SilenceErrors: true,
@@ -135,6 +137,7 @@ OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environme
 		newStatusCmd(),
 		newDeadCmd(),
 		newCleanupCmd(),
+		newReplayCmd(),
 		newBenchCmd(),
 		newInboxCmd(),
 		newCaptureCmd(),

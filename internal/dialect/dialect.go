@@ -215,6 +215,46 @@ type Dialect interface {
 	CountOlder(ctx context.Context, ex Executor, t *Table, column string, olderThan time.Duration) (int64, error)
 	Backlog(ctx context.Context, ex Executor, t *Table) (BacklogRow, error)
 	BacklogByTopic(ctx context.Context, ex Executor, t *Table) ([]BacklogRow, error)
+
+	// Replay (copies of published events, written back through Insert).
+
+	// CountReplay returns how many published events f selects and the highest sequence among
+	// them (0 when none), reading the published_at index over f's window.
+	CountReplay(ctx context.Context, ex Executor, t *Table, f ReplayFilter) (n, maxSeq int64, err error)
+	// ScanReplay returns up to limit published events f selects after the cursor (in
+	// published_at, sequence order; a zero cursor starts at f.Since), as cursors.
+	ScanReplay(ctx context.Context, ex Executor, t *Table, f ReplayFilter, after ReplayMark, limit int) ([]ReplayMark, error)
+	// ReadReplay reads the events of seqs (by primary key) in sequence order, with their extra
+	// columns as one JSON object (nil without extra columns). Missing sequences are left out.
+	ReadReplay(ctx context.Context, ex Executor, t *Table, seqs []int64) ([]ReplayRow, error)
+}
+
+// ReplayFilter selects published events for a replay: published_at in [Since, Until), sequence
+// at most MaxSeq (0: no bound), topic matching any of Topics (none: every topic), ordering key
+// in Keys (none: any key, unordered events included).
+type ReplayFilter struct {
+	Since, Until time.Time
+	Topics       []Topic
+	Keys         []string
+	MaxSeq       int64
+}
+
+// ReplayMark is a published event's place in the published_at index: ScanReplay's cursor.
+type ReplayMark struct {
+	PublishedAt time.Time
+	Sequence    int64
+}
+
+// ReplayRow is a published event to copy: its columns as Insert takes them, and its extra
+// columns as a JSON object (nil when the table has none).
+type ReplayRow struct {
+	Sequence    int64
+	ID          string
+	Topic       string
+	Payload     []byte
+	Headers     string
+	OrderingKey *string
+	Extra       *string
 }
 
 // InsertRow is one event to write. Payload is JSON text or binary (Table.Payload); Headers is

@@ -127,6 +127,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("MarkUnavailableAbandoned", s.markUnavailable)
 	t.Run("TakeBack", s.takeBack)
 	t.Run("DeadLetters", s.deadLetters)
+	t.Run("Replay", s.replay)
 	t.Run("PurgeDeadReleasesKey", s.purgeKeyed)
 	t.Run("Cleanup", s.cleanup)
 	t.Run("Backlog", s.backlog)

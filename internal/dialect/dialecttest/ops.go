@@ -2,6 +2,8 @@ package dialecttest
 
 import (
 	"context"
+	"encoding/json"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -290,4 +292,95 @@ func (s *suite) missingTable(t *testing.T) {
 	if d.MissingTable(nil) {
 		t.Fatal("MissingTable(nil) is true")
 	}
+}
+
+// replay: CountReplay, ScanReplay and ReadReplay select published events by published_at
+// window, topic, key and highest sequence; ScanReplay pages in (published_at, sequence) order
+// through events published by one mark (equal times); ReadReplay reads by sequence, in order.
+func (s *suite) replay(t *testing.T) {
+	ctx := context.Background()
+	d := s.h.Dialect
+	tb := s.table(t)
+	rows := []dialect.InsertRow{ev("a", "k1", ""), ev("a", "k2", ""), ev("b", "k1", ""), ev("a", "", ""), ev("c", "k1", "")}
+	seq := s.insert(t, tb, rows...)
+	r := d.NewRelay(tb, cfg(10, 10), all)
+	wantSeqs(t, "replay setup", s.claim(t, r, 10, "rp"), seq...)
+	s.mark(t, r, &dialect.MarkParams{Token: "rp", Acked: seq})
+	s.backdate(t, tb, "published_at", 2*time.Hour, seq[0])
+	s.backdate(t, tb, "published_at", time.Hour, seq[1])
+	pending := s.insert(t, tb, ev("a", "k1", ""))[0]
+	now := time.Now()
+	win := dialect.ReplayFilter{Since: now.Add(-90 * time.Minute), Until: now.Add(time.Minute)}
+	with := func(mod func(*dialect.ReplayFilter)) dialect.ReplayFilter {
+		f := win
+		mod(&f)
+		return f
+	}
+	for _, c := range []struct {
+		name string
+		f    dialect.ReplayFilter
+		want []int64 // in published_at, sequence order
+	}{
+		{"window", win, seq[1:]},
+		{"wider window", with(func(f *dialect.ReplayFilter) { f.Since = now.Add(-3 * time.Hour) }), seq},
+		{"window ends before", with(func(f *dialect.ReplayFilter) { f.Until = now.Add(-30 * time.Minute) }), seq[1:2]},
+		{"topic", with(func(f *dialect.ReplayFilter) { f.Topics = []dialect.Topic{{Value: "a"}} }), []int64{seq[1], seq[3]}},
+		{"topics", with(func(f *dialect.ReplayFilter) { f.Topics = []dialect.Topic{{Value: "b"}, {Prefix: true, Value: "c"}} }), []int64{seq[2], seq[4]}},
+		{"all topics", with(func(f *dialect.ReplayFilter) { f.Topics = []dialect.Topic{{All: true}} }), seq[1:]},
+		{"key", with(func(f *dialect.ReplayFilter) { f.Keys = []string{"k1"} }), []int64{seq[2], seq[4]}},
+		{"keys and topic", with(func(f *dialect.ReplayFilter) { f.Keys, f.Topics = []string{"k1", "k2"}, []dialect.Topic{{Value: "a"}} }), []int64{seq[1]}},
+		{"max sequence", with(func(f *dialect.ReplayFilter) { f.MaxSeq = seq[3] }), seq[1:4]},
+		{"nothing", with(func(f *dialect.ReplayFilter) { f.Topics = []dialect.Topic{{Value: "zzz"}} }), nil},
+	} {
+		n, top, err := d.CountReplay(ctx, s.h.Ex, tb, c.f)
+		wantTop := int64(0)
+		for _, q := range c.want {
+			wantTop = max(wantTop, q)
+		}
+		if err != nil || n != int64(len(c.want)) || top != wantTop {
+			t.Errorf("CountReplay %s = %d, %d, %v; want %d, %d", c.name, n, top, err, len(c.want), wantTop)
+		}
+		// One event per page: the cursor steps through equal published_at values.
+		var got []int64
+		var cur dialect.ReplayMark
+		for range 10 {
+			page, err := d.ScanReplay(ctx, s.h.Ex, tb, c.f, cur, 1)
+			if err != nil {
+				t.Fatalf("ScanReplay %s: %v", c.name, err)
+			}
+			if len(page) == 0 {
+				break
+			}
+			got = append(got, page[0].Sequence)
+			cur = page[0]
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("ScanReplay %s by pages of 1 = %v, want %v", c.name, got, c.want)
+		}
+		page, err := d.ScanReplay(ctx, s.h.Ex, tb, c.f, dialect.ReplayMark{}, 100)
+		var whole []int64
+		for _, m := range page {
+			whole = append(whole, m.Sequence)
+		}
+		if err != nil || !slices.Equal(whole, c.want) {
+			t.Errorf("ScanReplay %s = %v, %v; want %v", c.name, whole, err, c.want)
+		}
+	}
+	got, err := d.ReadReplay(ctx, s.h.Ex, tb, []int64{seq[4], pending + 1000, seq[1]})
+	if err != nil || len(got) != 2 {
+		t.Fatalf("ReadReplay = %+v, %v; want 2 rows", got, err)
+	}
+	for i, want := range []int{1, 4} {
+		g, w := got[i], rows[want]
+		if g.Sequence != seq[want] || g.ID != w.ID || g.Topic != w.Topic || strOf(g.OrderingKey) != strOf(w.OrderingKey) || g.Extra != nil ||
+			!sameJSON(text(g.Payload), text(w.Payload)) || !sameJSON(g.Headers, w.Headers) {
+			t.Errorf("ReadReplay row %d = %+v, want %+v at %d", i, g, w, seq[want])
+		}
+	}
+}
+
+// sameJSON reports whether a and b are the same JSON value (a database may reformat it).
+func sameJSON(a, b string) bool {
+	var x, y any
+	return json.Unmarshal([]byte(a), &x) == nil && json.Unmarshal([]byte(b), &y) == nil && reflect.DeepEqual(x, y)
 }

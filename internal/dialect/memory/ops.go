@@ -221,3 +221,70 @@ func (d *DB) BacklogByTopic(ctx context.Context, ex dialect.Executor, _ *dialect
 	out := d.backlogs(time.Now())
 	return out, d.end(ex, "", nil)
 }
+
+// replayed reports whether x is a published event f selects.
+func replayed(x *Row, f dialect.ReplayFilter) bool {
+	if x.PublishedAt.IsZero() || x.PublishedAt.Before(f.Since) || !x.PublishedAt.Before(f.Until) || f.MaxSeq > 0 && x.Sequence > f.MaxSeq {
+		return false
+	}
+	if len(f.Topics) > 0 && !slices.ContainsFunc(f.Topics, func(tp dialect.Topic) bool { return matchTopic(tp, x.Topic) }) {
+		return false
+	}
+	return len(f.Keys) == 0 || x.OrderingKey != nil && slices.Contains(f.Keys, *x.OrderingKey)
+}
+
+// CountReplay implements dialect.Dialect.
+func (d *DB) CountReplay(ctx context.Context, ex dialect.Executor, _ *dialect.Table, f dialect.ReplayFilter) (int64, int64, error) {
+	if err := d.begin(ctx, ex, ""); err != nil {
+		return 0, 0, err
+	}
+	var n, top int64
+	for _, x := range d.rows {
+		if replayed(x, f) {
+			n, top = n+1, max(top, x.Sequence)
+		}
+	}
+	return n, top, d.end(ex, "", nil)
+}
+
+// ScanReplay implements dialect.Dialect.
+func (d *DB) ScanReplay(ctx context.Context, ex dialect.Executor, _ *dialect.Table, f dialect.ReplayFilter, after dialect.ReplayMark, limit int) ([]dialect.ReplayMark, error) {
+	if err := d.begin(ctx, ex, ""); err != nil {
+		return nil, err
+	}
+	var out []dialect.ReplayMark
+	for _, x := range d.rows {
+		if !replayed(x, f) {
+			continue
+		}
+		if after.Sequence != 0 && (x.PublishedAt.Before(after.PublishedAt) || x.PublishedAt.Equal(after.PublishedAt) && x.Sequence <= after.Sequence) {
+			continue
+		}
+		out = append(out, dialect.ReplayMark{PublishedAt: x.PublishedAt, Sequence: x.Sequence})
+	}
+	slices.SortFunc(out, func(a, b dialect.ReplayMark) int {
+		if c := a.PublishedAt.Compare(b.PublishedAt); c != 0 {
+			return c
+		}
+		return int(a.Sequence - b.Sequence)
+	})
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out, d.end(ex, "", nil)
+}
+
+// ReadReplay implements dialect.Dialect.
+func (d *DB) ReadReplay(ctx context.Context, ex dialect.Executor, _ *dialect.Table, seqs []int64) ([]dialect.ReplayRow, error) {
+	if err := d.begin(ctx, ex, ""); err != nil {
+		return nil, err
+	}
+	var out []dialect.ReplayRow
+	for _, x := range d.rows {
+		if slices.Contains(seqs, x.Sequence) {
+			out = append(out, dialect.ReplayRow{Sequence: x.Sequence, ID: x.ID, Topic: x.Topic, Payload: x.Payload, Headers: x.Headers, OrderingKey: x.OrderingKey, Extra: x.Extra})
+		}
+	}
+	slices.SortFunc(out, func(a, b dialect.ReplayRow) int { return int(a.Sequence - b.Sequence) })
+	return out, d.end(ex, "", nil)
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/watermill-outbox/outbox/internal/dialect"
@@ -188,4 +189,76 @@ func (*Dialect) BacklogByTopic(ctx context.Context, ex dialect.Executor, t *dial
 		return nil
 	})
 	return out, err
+}
+
+// replayWhere renders a replay filter as a condition on published events (o), read through the
+// published_at index.
+func replayWhere(f dialect.ReplayFilter, args *[]any) string {
+	*args = append(*args, timeText(f.Since), timeText(f.Until))
+	w := "o.`published_at` >= ? AND o.`published_at` < ?"
+	if f.MaxSeq > 0 {
+		*args = append(*args, f.MaxSeq)
+		w += " AND o.`sequence` <= ?"
+	}
+	if len(f.Topics) > 0 {
+		var conds []string
+		for _, tp := range f.Topics {
+			conds = append(conds, topicSQL(tp, "o.`topic`", args))
+		}
+		w += " AND (" + strings.Join(conds, " OR ") + ")"
+	}
+	if len(f.Keys) > 0 {
+		w += " AND " + listSQL("o.`ordering_key`", f.Keys, args)
+	}
+	return w
+}
+
+// publishedIdx is the FORCE INDEX clause of the published_at index: the window bounds the scan.
+func publishedIdx(t *dialect.Table) string {
+	return " FORCE INDEX (" + ident(t.IndexBase+"_published_idx") + ")"
+}
+
+// CountReplay implements dialect.Dialect.
+func (*Dialect) CountReplay(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.ReplayFilter) (int64, int64, error) {
+	var args []any
+	w := replayWhere(f, &args)
+	rs, err := ex.Query(ctx, "SELECT COUNT(*), MAX(o.`sequence`) FROM "+namesOf(t).table+" o"+publishedIdx(t)+" WHERE "+w, args...)
+	if err != nil {
+		return 0, 0, err
+	}
+	return dialect.ScanReplayCount(rs)
+}
+
+// ScanReplay implements dialect.Dialect.
+func (*Dialect) ScanReplay(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.ReplayFilter, after dialect.ReplayMark, limit int) ([]dialect.ReplayMark, error) {
+	var args []any
+	w := replayWhere(f, &args)
+	start := timeText(dialect.ReplayStart(f, after))
+	args = append(args, start, start, after.Sequence)
+	w += " AND o.`published_at` >= ? AND (o.`published_at` > ? OR o.`sequence` > ?)"
+	rs, err := ex.Query(ctx, "SELECT "+selectTime("o.`published_at`")+", o.`sequence` FROM "+namesOf(t).table+" o"+publishedIdx(t)+" WHERE "+w+
+		" ORDER BY o.`published_at`, o.`sequence` LIMIT "+itoa(max(limit, 0)), args...)
+	if err != nil {
+		return nil, err
+	}
+	return dialect.ScanReplayMarks(rs, limit)
+}
+
+// ReadReplay implements dialect.Dialect.
+func (*Dialect) ReadReplay(ctx context.Context, ex dialect.Executor, t *dialect.Table, seqs []int64) ([]dialect.ReplayRow, error) {
+	extra := "NULL"
+	if len(t.Extra) > 0 {
+		var parts []string
+		for _, c := range t.Extra {
+			parts = append(parts, dialect.SingleQuote(c.Name)+", o."+ident(c.Name))
+		}
+		extra = "JSON_OBJECT(" + strings.Join(parts, ", ") + ")"
+	}
+	var args []any
+	in := listSQL("o.`sequence`", seqs, &args)
+	rs, err := ex.Query(ctx, "SELECT o.`sequence`, o.`id`, o.`topic`, o.`payload`, o.`headers`, o.`ordering_key`, "+extra+" FROM "+namesOf(t).table+" o WHERE "+in+" ORDER BY o.`sequence`", args...)
+	if err != nil {
+		return nil, err
+	}
+	return dialect.ScanReplayRows(rs, len(seqs))
 }

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/watermill-outbox/outbox/internal/dialect"
@@ -138,4 +139,72 @@ func (Dialect) TableExists(ctx context.Context, ex dialect.Executor, t *dialect.
 		return false, err
 	}
 	return dialect.ScanOne[bool](rs)
+}
+
+// replayWhere renders a replay filter as a condition on published events, served by the
+// published_at index (published_idx): the window bounds it.
+func replayWhere(f dialect.ReplayFilter, p params) string {
+	w := `"published_at" >= ` + p.add("since", f.Since) + ` AND "published_at" < ` + p.add("until", f.Until)
+	if f.MaxSeq > 0 {
+		w += ` AND "sequence" <= ` + p.add("max", f.MaxSeq)
+	}
+	if len(f.Topics) > 0 {
+		var conds []string
+		for _, tp := range f.Topics {
+			conds = append(conds, topicCond(`"topic"`, tp, p))
+		}
+		w += ` AND (` + strings.Join(conds, " OR ") + `)`
+	}
+	if len(f.Keys) > 0 {
+		w += ` AND "ordering_key" = ANY(` + p.add("keys", f.Keys) + `::text[])`
+	}
+	return w
+}
+
+// CountReplay implements dialect.Dialect.
+func (Dialect) CountReplay(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.ReplayFilter) (int64, int64, error) {
+	p := params{}
+	rs, err := query(ctx, ex, `SELECT count(*), max("sequence") FROM `+dialect.DoubleQuote(t.Parts...)+` WHERE `+replayWhere(f, p), p, true)
+	if err != nil {
+		return 0, 0, err
+	}
+	return dialect.ScanReplayCount(rs)
+}
+
+// ScanReplay implements dialect.Dialect: a range scan of published_idx from the cursor's
+// published_at, sorted by sequence within equal times.
+func (Dialect) ScanReplay(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.ReplayFilter, after dialect.ReplayMark, limit int) ([]dialect.ReplayMark, error) {
+	p := params{}
+	w := replayWhere(f, p)
+	start := p.add("from", dialect.ReplayStart(f, after))
+	w += ` AND "published_at" >= ` + start + ` AND ("published_at", "sequence") > (` + start + `, ` + p.add("after", after.Sequence) + `)`
+	q := fmt.Sprintf(`SELECT "published_at", "sequence" FROM %s WHERE %s ORDER BY "published_at", "sequence" LIMIT %d`, dialect.DoubleQuote(t.Parts...), w, limit)
+	rs, err := query(ctx, ex, q, p, true)
+	if err != nil {
+		return nil, err
+	}
+	return dialect.ScanReplayMarks(rs, limit)
+}
+
+// ReadReplay implements dialect.Dialect: primary-key lookups.
+func (Dialect) ReadReplay(ctx context.Context, ex dialect.Executor, t *dialect.Table, seqs []int64) ([]dialect.ReplayRow, error) {
+	payload := `"payload"::text`
+	if t.Payload == dialect.PayloadBytea {
+		payload = `"payload"`
+	}
+	extra := `NULL::text`
+	if len(t.Extra) > 0 {
+		var parts []string
+		for _, c := range t.Extra {
+			parts = append(parts, dialect.SingleQuote(c.Name)+`, `+dialect.DoubleQuote(c.Name))
+		}
+		extra = `json_build_object(` + strings.Join(parts, ", ") + `)::text`
+	}
+	q := fmt.Sprintf(`SELECT "sequence", "id"::text, "topic", %s, "headers"::text, "ordering_key", %s FROM %s WHERE "sequence" = ANY(@seqs::bigint[]) ORDER BY "sequence"`,
+		payload, extra, dialect.DoubleQuote(t.Parts...))
+	rs, err := query(ctx, ex, q, params{"seqs": seqs}, false)
+	if err != nil {
+		return nil, err
+	}
+	return dialect.ScanReplayRows(rs, len(seqs))
 }

@@ -2,7 +2,9 @@ package sqlite
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/watermill-outbox/outbox/internal/dialect"
@@ -99,4 +101,69 @@ func (Dialect) BacklogByTopic(ctx context.Context, ex dialect.Executor, t *diale
 		return nil, err
 	}
 	return dialect.ScanBacklogByTopic(rs)
+}
+
+// replayWhere renders a replay filter as a condition on published events (published_at
+// microseconds, served by the published_at index).
+func replayWhere(f dialect.ReplayFilter, args *[]any) string {
+	w := `"published_at" >= ` + param(args, micros(f.Since)) + ` AND "published_at" < ` + param(args, micros(f.Until))
+	if f.MaxSeq > 0 {
+		w += ` AND "sequence" <= ` + param(args, f.MaxSeq)
+	}
+	if len(f.Topics) > 0 {
+		var conds []string
+		for _, tp := range f.Topics {
+			conds = append(conds, topicCond(`"topic"`, tp, args))
+		}
+		w += ` AND (` + strings.Join(conds, " OR ") + `)`
+	}
+	if len(f.Keys) > 0 {
+		w += ` AND "ordering_key" IN (SELECT value FROM json_each(` + param(args, dialect.JSONList(f.Keys)) + `))`
+	}
+	return w
+}
+
+// CountReplay implements dialect.Dialect.
+func (Dialect) CountReplay(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.ReplayFilter) (int64, int64, error) {
+	var args []any
+	rs, err := ex.Query(ctx, `SELECT count(*), max("sequence") FROM `+quote(t)+` WHERE `+replayWhere(f, &args), args...)
+	if err != nil {
+		return 0, 0, err
+	}
+	return dialect.ScanReplayCount(rs)
+}
+
+// ScanReplay implements dialect.Dialect.
+func (Dialect) ScanReplay(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.ReplayFilter, after dialect.ReplayMark, limit int) ([]dialect.ReplayMark, error) {
+	var args []any
+	w := replayWhere(f, &args)
+	start := param(&args, micros(dialect.ReplayStart(f, after)))
+	w += ` AND "published_at" >= ` + start + ` AND ("published_at" > ` + start + ` OR "sequence" > ` + param(&args, after.Sequence) + `)`
+	rs, err := ex.Query(ctx, fmt.Sprintf(`SELECT "published_at", "sequence" FROM %s WHERE %s ORDER BY "published_at", "sequence" LIMIT %d`, quote(t), w, limit), args...)
+	if err != nil {
+		return nil, err
+	}
+	return dialect.ScanReplayMarks(rs, limit)
+}
+
+// ReadReplay implements dialect.Dialect.
+func (Dialect) ReadReplay(ctx context.Context, ex dialect.Executor, t *dialect.Table, seqs []int64) ([]dialect.ReplayRow, error) {
+	extra := `NULL`
+	if len(t.Extra) > 0 {
+		var parts []string
+		for _, c := range t.Extra {
+			parts = append(parts, dialect.SingleQuote(c.Name)+`, `+dialect.DoubleQuote(c.Name))
+		}
+		extra = `json_object(` + strings.Join(parts, ", ") + `)`
+	}
+	list, err := json.Marshal(seqs)
+	if err != nil {
+		return nil, err
+	}
+	rs, err := ex.Query(ctx, fmt.Sprintf(`SELECT "sequence", "id", "topic", "payload", "headers", "ordering_key", %s FROM %s WHERE "sequence" IN (SELECT value FROM json_each($1)) ORDER BY "sequence"`,
+		extra, quote(t)), string(list))
+	if err != nil {
+		return nil, err
+	}
+	return dialect.ScanReplayRows(rs, len(seqs))
 }

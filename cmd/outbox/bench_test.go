@@ -53,11 +53,8 @@ func TestBench(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer d.Close()
-			if d.pool != nil {
-				err = d.pool.QueryRow(t.Context(), q).Scan(&left)
-			} else {
-				err = d.sqlDB.QueryRowContext(t.Context(), q).Scan(&left)
-			}
+			n, err := d.Int(t.Context(), q)
+			left = int(n)
 			if err != nil || left != 0 {
 				t.Fatalf("%d bench tables left (%v)", left, err)
 			}

@@ -79,7 +79,6 @@ func (*Dialect) Capabilities() dialect.Capabilities {
 		DatabaseClock:   true,
 		SchemaQualified: true,
 		FillFactor:      false,
-		ResolvesRows:    true,
 		// ClaimAhead stays off: see dialect.Capabilities.ClaimAhead.
 		Title: "MariaDB/MySQL",
 		// MariaDB's JSON functions refuse nesting deeper than 31 levels (JSON_VALID is 0 for

@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/watermill-outbox/outbox/internal/dialect/dburl"
 	"github.com/watermill-outbox/outbox/internal/dialect/mysql/mysqlurl"
 	"github.com/watermill-outbox/outbox/internal/mariadbtest"
 )
@@ -310,13 +311,8 @@ func TestMariaDBEndToEnd(t *testing.T) {
 // demoTables lists the demo's tables in the shared MariaDB database.
 func demoTables(t *testing.T) []string {
 	t.Helper()
-	rows, err := mariadbtest.Require(t).QueryContext(context.Background(),
+	names, err := dburl.SQLDB{DB: mariadbtest.Require(t)}.Strings(context.Background(),
 		`SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND (TABLE_NAME LIKE 'outbox!_demo!_%' ESCAPE '!' OR TABLE_NAME LIKE 'demo!_orders!_%' ESCAPE '!')`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	names, err := scanStrings(rows)
 	if err != nil {
 		t.Fatal(err)
 	}

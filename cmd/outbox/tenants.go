@@ -75,20 +75,3 @@ func (f *dbFlags) openTables(ctx context.Context, elems []string) (*database, []
 func (d *database) matchTables(ctx context.Context, pattern string) ([]string, error) {
 	return d.MatchTables(ctx, pattern)
 }
-
-// scanStrings reads the single text column of pgx or database/sql rows.
-func scanStrings(rs interface {
-	Next() bool
-	Scan(dest ...any) error
-	Err() error
-}) ([]string, error) {
-	var out []string
-	for rs.Next() {
-		var s string
-		if err := rs.Scan(&s); err != nil {
-			return nil, err
-		}
-		out = append(out, s)
-	}
-	return out, rs.Err()
-}

@@ -178,12 +178,13 @@ func Parse(s, forms string) (u URL, ok bool, err error) {
 	for n := range parsers {
 		names = append(names, n)
 	}
-	mu.RUnlock()
 	sort.Strings(names)
-	for _, n := range names {
-		mu.RLock()
-		p := parsers[n]
-		mu.RUnlock()
+	ps := make([]Parser, len(names))
+	for i, n := range names {
+		ps[i] = parsers[n]
+	}
+	mu.RUnlock()
+	for _, p := range ps {
 		if u, ok, err := p.Parse(s, forms); ok || err != nil {
 			return u, true, err
 		}

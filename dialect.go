@@ -4,8 +4,6 @@ import (
 	"database/sql"
 	"fmt"
 	"net/url"
-	"reflect"
-	"strings"
 
 	"github.com/watermill-outbox/outbox/internal/dialect"
 	"github.com/watermill-outbox/outbox/internal/dialect/postgres"
@@ -143,25 +141,22 @@ func SQLiteDSN(path string) string {
 // driverDialect guesses the dialect of a database/sql handle from its driver's package path:
 // ok is false when db is not a *sql.DB or *sql.Conn or its driver is not recognised.
 func driverDialect(db any) (d Dialect, ok bool) {
-	var drv any
-	switch h := db.(type) {
-	case *sql.DB:
-		drv = h.Driver()
-	default:
+	h, isDB := db.(*sql.DB)
+	if !isDB {
 		return 0, false
 	}
-	t := reflect.TypeOf(drv)
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
+	if name, ok := dialect.DriverDialect(h.Driver()); ok {
+		return dialectNamed(name)
 	}
-	pkg := strings.ToLower(t.PkgPath())
-	switch {
-	case strings.Contains(pkg, "sqlite"):
-		return DialectSQLite, true
-	case strings.Contains(pkg, "pgx"), strings.Contains(pkg, "lib/pq"):
-		return DialectPostgreSQL, true
-	case strings.Contains(pkg, "mysql"):
-		return DialectMySQL, true
+	return 0, false
+}
+
+// dialectNamed returns the Dialect whose String is name.
+func dialectNamed(name string) (Dialect, bool) {
+	for _, d := range []Dialect{DialectPostgreSQL, DialectSQLite, DialectMySQL} {
+		if d.String() == name {
+			return d, true
+		}
 	}
 	return 0, false
 }

@@ -96,72 +96,14 @@ func (p *Publisher) insert(ctx context.Context, rows []row, events bool) ([]Even
 			p.cfg.OnInserted(topics)
 		}
 		return nil, nil
-	case p.s.caps.ResolvesRows:
-		// One answer per row, in order: inserted, or stored in its scope (Duplicate).
-		if len(stored) != n {
-			return nil, fmt.Errorf("outbox: insert into %s: %d events returned for %d", p.s.table, len(stored), n)
-		}
-		out := make([]Event, n)
-		for i, st := range stored {
-			out[i] = storedEvent(st)
-		}
-		return p.written(out, start), nil
 	}
-	byID := make(map[string]Event, n)
-	byKey := map[string]Event{}
-	for _, st := range stored {
-		ev := storedEvent(st)
-		if ev.IdempotencyKey != "" {
-			if _, seen := byKey[ev.IdempotencyKey]; !seen || !ev.Duplicate {
-				byKey[ev.IdempotencyKey] = ev
-			}
-		}
-		if !ev.Duplicate {
-			byID[ev.ID.String()] = ev
-		}
-	}
-	if idem && (p.s.scoped() || len(in.ExtraNames) > 0) {
-		out, err := p.resolveByScope(ctx, rows, byID)
-		if err != nil {
-			return nil, err
-		}
-		return p.written(out, start), nil
+	// One answer per row, in order: inserted, or stored in its scope (Duplicate).
+	if len(stored) != n {
+		return nil, fmt.Errorf("outbox: insert into %s: %d events returned for %d", p.s.table, len(stored), n)
 	}
 	out := make([]Event, n)
-	var missing []string
-	for i, r := range rows {
-		if ev, ok := byID[in.Rows[i].ID]; ok {
-			out[i] = ev
-			continue
-		}
-		if r.ikey == nil {
-			return nil, fmt.Errorf("outbox: insert into %s: event %s not returned", p.s.table, in.Rows[i].ID)
-		}
-		ev, ok := byKey[*r.ikey]
-		if !ok {
-			missing = append(missing, *r.ikey)
-			continue
-		}
-		ev.Duplicate = true
-		out[i] = ev
-	}
-	if len(missing) > 0 {
-		// A concurrent transaction committed this key while the statement waited on it: its
-		// row is newer than the statement's snapshot (READ COMMITTED), so read it again.
-		if err := p.readStored(ctx, missing, byKey); err != nil {
-			return nil, err
-		}
-		for i, r := range rows {
-			if out[i].Sequence != 0 {
-				continue
-			}
-			ev, ok := byKey[*r.ikey]
-			if !ok {
-				return nil, fmt.Errorf("outbox: insert into %s: idempotency key %q neither inserted nor found", p.s.table, *r.ikey)
-			}
-			ev.Duplicate = true
-			out[i] = ev
-		}
+	for i, st := range stored {
+		out[i] = storedEvent(st)
 	}
 	return p.written(out, start), nil
 }
@@ -197,18 +139,6 @@ func appendNew(topics []string, topic string) []string {
 		return topics
 	}
 	return append(topics, topic)
-}
-
-func (p *Publisher) readStored(ctx context.Context, keys []string, byKey map[string]Event) error {
-	stored, err := p.s.d.ReadStored(ctx, p.ex, p.s.t, keys)
-	if err != nil {
-		return fmt.Errorf("outbox: read stored events: %w", err)
-	}
-	for _, st := range stored {
-		ev := storedEvent(st)
-		byKey[ev.IdempotencyKey] = ev
-	}
-	return nil
 }
 
 // storedEvent is the Event of a stored row (no payload: the writer has it).

@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"github.com/watermill-outbox/outbox/internal/dialect"
@@ -84,63 +83,4 @@ func encodesNull(v any) bool {
 	}
 	b, err := EncodePayload(v)
 	return err == nil && string(b) == "null"
-}
-
-// resolveByScope fills out[i] for every row: the event this call inserted (byID), or the
-// stored event of its idempotency key in its scope, read again by (scope columns, key) with
-// one statement. It is used when the table is scoped or the call carries extra columns. For
-// an unscoped table the stored event must agree with every extra column the row sets
-// (compared as text in the column's type); otherwise the key belongs to another tenant and
-// the call fails with an *IdempotencyConflictError instead of returning that event.
-func (p *Publisher) resolveByScope(ctx context.Context, rows []row, byID map[string]Event) ([]Event, error) {
-	out := make([]Event, len(rows))
-	var probes []dialect.Probe
-	for i, r := range rows {
-		if ev, ok := byID[r.id.String()]; ok {
-			out[i] = ev
-			continue
-		}
-		if r.ikey == nil {
-			return nil, fmt.Errorf("outbox: insert into %s: event %s not returned", p.s.table, r.id)
-		}
-		e := r.extra
-		if e == nil {
-			e = map[string]any{}
-		}
-		probes = append(probes, dialect.Probe{Index: i, Key: *r.ikey, Extra: e})
-	}
-	if len(probes) == 0 {
-		return out, nil
-	}
-	res, err := p.s.d.ResolveScoped(ctx, p.ex, p.s.t, probes)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: read stored events: %w", err)
-	}
-	found := make(map[int]bool, len(probes))
-	var conflicts []int
-	for _, r := range res {
-		i := r.Index
-		if i < 0 || i >= len(rows) {
-			return nil, fmt.Errorf("outbox: read stored events: row %d out of range", i)
-		}
-		found[i] = true
-		if !r.Same {
-			conflicts = append(conflicts, i)
-			continue
-		}
-		ev := storedEvent(r.Stored)
-		ev.Duplicate = true
-		out[i] = ev
-	}
-	if len(conflicts) > 0 {
-		slices.Sort(conflicts)
-		i := conflicts[0]
-		return nil, &IdempotencyConflictError{Index: i, Key: *rows[i].ikey}
-	}
-	for _, pr := range probes {
-		if !found[pr.Index] {
-			return nil, fmt.Errorf("outbox: insert into %s: idempotency key %q neither inserted nor found", p.s.table, pr.Key)
-		}
-	}
-	return out, nil
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/watermill-outbox/outbox"
 )
@@ -67,8 +66,8 @@ func (e Extension) encode(tg *target) ([]byte, error) {
 // outbox.capture_extension (set_config(…, true)) that the triggers read. A later call replaces
 // the earlier one. SQLite has no transaction-local settings: use WithExtension there.
 func SetExtension(ctx context.Context, tx any, schema outbox.SchemaConfig, ext Extension) error {
-	if schema.Dialect == outbox.DialectSQLite {
-		return &outbox.ConfigError{Field: "SchemaConfig.Dialect", Reason: "SQLite has no transaction-local settings: use WithExtension", Err: ErrInvalid}
+	if be, ok := backends[schema.Dialect]; ok && !be.txSettings() {
+		return &outbox.ConfigError{Field: "SchemaConfig.Dialect", Reason: be.title() + " has no transaction-local settings: use WithExtension", Err: ErrInvalid}
 	}
 	_, b, err := ext.prepare(schema)
 	if err != nil {
@@ -96,62 +95,7 @@ func WithExtension(ctx context.Context, tx any, schema outbox.SchemaConfig, ext 
 	if err != nil {
 		return err
 	}
-	if schema.Dialect == outbox.DialectPostgreSQL {
-		if err := setExtension(ctx, tx, string(b)); err != nil {
-			return err
-		}
-		fnErr := fn()
-		if err := setExtension(context.WithoutCancel(ctx), tx, ""); err != nil && fnErr == nil {
-			return err
-		}
-		return fnErr
-	}
-	var sets []string
-	if len(ext.Headers) > 0 {
-		h, _ := json.Marshal(ext.Headers)
-		sets = append(sets, fmt.Sprintf(`"headers" = json_patch("headers", %s)`, quoteLiteral(string(h))))
-	}
-	if len(ext.Payload) > 0 {
-		if tg.cfg.PayloadType == outbox.PayloadBytea {
-			return &outbox.ConfigError{Field: "Extension.Payload", Reason: "a BYTEA outbox payload cannot take envelope keys on SQLite", Err: ErrInvalid}
-		}
-		expr := `"payload"`
-		for _, k := range sortedKeys(ext.Payload) {
-			v, err := json.Marshal(ext.Payload[k])
-			if err != nil {
-				return &outbox.ConfigError{Field: "Extension.Payload", Reason: err.Error(), Err: ErrInvalid}
-			}
-			path, _ := json.Marshal(k)
-			expr = fmt.Sprintf("json_insert(%s, %s, json(%s))", expr, quoteLiteral("$."+string(path)), quoteLiteral(string(v)))
-		}
-		sets = append(sets, `"payload" = `+expr)
-	}
-	for _, k := range sortedKeys(ext.Columns) {
-		v, err := json.Marshal(ext.Columns[k])
-		if err != nil {
-			return &outbox.ConfigError{Field: "Extension.Columns", Reason: err.Error(), Err: ErrInvalid}
-		}
-		sets = append(sets, fmt.Sprintf("%s = json_extract(%s, '$')", quoteIdent(k), quoteLiteral(string(v))))
-	}
-	if len(sets) == 0 {
-		return fn()
-	}
-	name := quoteIdent("outbox_capture_extension_" + tg.parts[len(tg.parts)-1])
-	return inTxOnly(ctx, tx, func(c conn) error {
-		if err := c.exec(ctx, "DROP TRIGGER IF EXISTS temp."+name); err != nil {
-			return fmt.Errorf("capture: set extension: %w", err)
-		}
-		ddl := fmt.Sprintf(`CREATE TEMP TRIGGER %s AFTER INSERT ON main.%s FOR EACH ROW BEGIN UPDATE %s SET %s WHERE "sequence" = NEW."sequence"; END`,
-			name, tg.table, tg.table, strings.Join(sets, ", "))
-		if err := c.exec(ctx, ddl); err != nil {
-			return fmt.Errorf("capture: set extension: %w", err)
-		}
-		fnErr := fn()
-		if err := c.exec(context.WithoutCancel(ctx), "DROP TRIGGER IF EXISTS temp."+name); err != nil && fnErr == nil {
-			return fmt.Errorf("capture: clear extension: %w", err)
-		}
-		return fnErr
-	})
+	return tg.be.withExtension(ctx, tx, tg, ext, b, fn)
 }
 
 // inTxOnly runs fn on the caller's transaction; any other handle is a *outbox.ConfigError

@@ -3,7 +3,6 @@ package capture
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/watermill-outbox/outbox"
@@ -42,24 +41,7 @@ func Install(ctx context.Context, db any, schema outbox.SchemaConfig, tables ...
 				return fmt.Errorf("capture: install: %w", err)
 			}
 		}
-		if schema.Dialect == outbox.DialectSQLite {
-			return nil
-		}
-		var names []string
-		ensured := false
-		for _, r := range p.tables {
-			names = append(names, r.display)
-			if r.cat.partitioned && !ensured {
-				if err := pgEnsureEventTrigger(ctx, c, p.tg, r.field("Name"), r.display); err != nil {
-					return err
-				}
-				ensured = true
-			}
-		}
-		if err := c.exec(ctx, fmt.Sprintf("SELECT set_config(%s, '', true)", quoteLiteral(pgSyncSetting))); err != nil {
-			return fmt.Errorf("capture: install: %w", err)
-		}
-		return pgVerify(ctx, c, p.tg, names, true)
+		return p.tg.be.installed(ctx, c, p)
 	})
 }
 
@@ -75,20 +57,10 @@ func SQL(ctx context.Context, db any, schema outbox.SchemaConfig, tables ...Tabl
 		if err != nil {
 			return err
 		}
-		stmts := p.stmts
-		if slices.ContainsFunc(p.tables, func(r *resolved) bool { return r.cat.partitioned }) {
-			stmts = append(stmts, pgEventTriggerStatements(p.tg)...)
-		}
+		begin, more := p.tg.be.script(p)
+		stmts := append(p.stmts, more...)
 		var b strings.Builder
-		begin := "BEGIN;\n"
-		if schema.Dialect == outbox.DialectSQLite {
-			begin = "BEGIN IMMEDIATE;\n"
-		}
 		b.WriteString(begin)
-		if schema.Dialect == outbox.DialectPostgreSQL {
-			tg, _ := newTarget(schema)
-			fmt.Fprintf(&b, "SELECT pg_advisory_xact_lock(%d);\n", tg.seed)
-		}
 		for _, st := range stmts {
 			b.WriteString(st)
 			b.WriteString(";\n")
@@ -110,29 +82,9 @@ func Uninstall(ctx context.Context, db any, schema outbox.SchemaConfig, tables .
 		return err
 	}
 	return inTx(ctx, db, func(c conn) error {
-		var stmts []string
-		if schema.Dialect == outbox.DialectPostgreSQL {
-			stmts = append(stmts, fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", tg.seed))
-		}
-		for _, t := range tables {
-			if schema.Dialect == outbox.DialectSQLite {
-				stmts = append(stmts, sqliteUninstall(t.Name)...)
-				continue
-			}
-			got, err := queryStrings(ctx, c, `SELECT n.nspname::text || '.' || c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, quoteParts(t.Name))
-			if err != nil {
-				return fmt.Errorf("capture: uninstall %s: %w", t.Name, err)
-			}
-			if len(got) == 1 {
-				schemaName, table, _ := strings.Cut(got[0], ".")
-				// The triggers calling the table's function elsewhere: its partitions.
-				others, err := queryStrings(ctx, c, `SELECT format('DROP TRIGGER %I ON %s', t.tgname, t.tgrelid::regclass) FROM pg_trigger t
-WHERE t.tgfoid = to_regprocedure($1) AND t.tgrelid <> to_regclass($2) ORDER BY t.tgrelid, t.tgname`, pgFunction(schemaName, table)+"()", quoteParts(t.Name))
-				if err != nil {
-					return fmt.Errorf("capture: uninstall %s: %w", t.Name, err)
-				}
-				stmts = append(append(stmts, others...), pgUninstall(schemaName, table)...)
-			}
+		stmts, err := tg.be.uninstall(ctx, c, tg, tables)
+		if err != nil {
+			return err
 		}
 		for _, st := range stmts {
 			if err := c.exec(ctx, st); err != nil {
@@ -172,19 +124,13 @@ func generate(ctx context.Context, c conn, schema outbox.SchemaConfig, tables []
 			return nil, err
 		}
 	}
-	sqlite := schema.Dialect == outbox.DialectSQLite
 	p := &plan{tg: tg}
-	if !sqlite && withLock {
-		if err := c.exec(ctx, fmt.Sprintf("SELECT pg_advisory_xact_lock(%d), set_config(%s, 'on', true)", tg.seed, quoteLiteral(pgSyncSetting))); err != nil {
+	if lock := tg.be.lock(tg); lock != "" && withLock {
+		if err := c.exec(ctx, lock); err != nil {
 			return nil, fmt.Errorf("capture: lock: %w", err)
 		}
 	}
-	var exists bool
-	if sqlite {
-		exists, err = sqliteOutboxExists(ctx, c, tg)
-	} else {
-		exists, err = pgOutboxExists(ctx, c, tg)
-	}
+	exists, err := tg.be.outboxExists(ctx, c, tg)
 	if err != nil {
 		return nil, fmt.Errorf("capture: read catalog: %w", err)
 	}
@@ -193,12 +139,7 @@ func generate(ctx context.Context, c conn, schema outbox.SchemaConfig, tables []
 	}
 	seen := map[string]int{}
 	for i, ch := range checkedTables {
-		var cat *catalog
-		if sqlite {
-			cat, err = sqliteCatalog(ctx, c, ch.Name, tg)
-		} else {
-			cat, err = pgCatalog(ctx, c, ch.Name, tg)
-		}
+		cat, err := tg.be.catalog(ctx, c, ch.Name, tg)
 		if err != nil {
 			return nil, err
 		}
@@ -214,11 +155,7 @@ func generate(ctx context.Context, c conn, schema outbox.SchemaConfig, tables []
 		}
 		seen[r.display] = i
 		p.tables = append(p.tables, r)
-		if sqlite {
-			p.stmts = append(p.stmts, r.sqliteStatements(tg)...)
-		} else {
-			p.stmts = append(p.stmts, r.pgStatements(tg)...)
-		}
+		p.stmts = append(p.stmts, tg.be.statements(r, tg)...)
 	}
 	return p, nil
 }

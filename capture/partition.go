@@ -203,28 +203,7 @@ func Verify(ctx context.Context, db any, schema outbox.SchemaConfig, tables ...T
 		return err
 	}
 	return inTx(ctx, db, func(c conn) error {
-		if schema.Dialect == outbox.DialectSQLite {
-			return sqliteVerify(ctx, c, tables)
-		}
-		exists, err := pgOutboxExists(ctx, c, tg)
-		if err != nil {
-			return fmt.Errorf("capture: read catalog: %w", err)
-		}
-		if !exists {
-			return &outbox.ConfigError{Field: "SchemaConfig.Table", Reason: fmt.Sprintf("outbox table %s does not exist: run outbox.Migrate first", tg.table), Err: ErrOutboxTable}
-		}
-		var names []string
-		for i, t := range tables {
-			got, err := queryStrings(ctx, c, `SELECT n.nspname::text || '.' || c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, quoteParts(t.Name))
-			if err != nil {
-				return fmt.Errorf("capture: verify %s: %w", t.Name, err)
-			}
-			if len(got) != 1 {
-				return &outbox.ConfigError{Field: fmt.Sprintf("Table[%d].Name", i), Reason: fmt.Sprintf("no table %q", t.Name), Err: ErrUnknownTable}
-			}
-			names = append(names, got[0])
-		}
-		return pgVerify(ctx, c, tg, names, len(tables) > 0)
+		return tg.be.verify(ctx, c, tg, tables)
 	})
 }
 

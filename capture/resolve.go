@@ -75,6 +75,7 @@ type target struct {
 	schemaName string
 	parts      []string
 	seed       int64 // the Publisher's per-key lock seed
+	be         backend
 	extras     []string
 }
 
@@ -82,11 +83,15 @@ func newTarget(cfg outbox.SchemaConfig) (*target, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	be, err := backendOf(cfg)
+	if err != nil {
+		return nil, err
+	}
 	name := cfg.Table
 	if name == "" {
 		name = outbox.DefaultTable
 	}
-	t := &target{cfg: cfg, parts: strings.Split(name, ".")}
+	t := &target{cfg: cfg, be: be, parts: strings.Split(name, ".")}
 	t.table = pgx.Identifier(t.parts).Sanitize()
 	t.written = t.table
 	// The seed of the Publisher's per-ordering-key lock and of Migrate's lock: FNV-1a (64

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql/driver"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -251,4 +252,90 @@ func sqliteVerify(ctx context.Context, c conn, tables []Table) error {
 		return &VerifyError{Problems: problems}
 	}
 	return nil
+}
+
+// sqliteBackend is SQLite.
+type sqliteBackend struct{}
+
+func (sqliteBackend) title() string       { return "SQLite" }
+func (sqliteBackend) lock(*target) string { return "" }
+
+func (sqliteBackend) outboxExists(ctx context.Context, c conn, tg *target) (bool, error) {
+	return sqliteOutboxExists(ctx, c, tg)
+}
+
+func (sqliteBackend) catalog(ctx context.Context, c conn, name string, tg *target) (*catalog, error) {
+	return sqliteCatalog(ctx, c, name, tg)
+}
+
+func (sqliteBackend) statements(r *resolved, tg *target) []string { return r.sqliteStatements(tg) }
+
+func (sqliteBackend) installed(context.Context, conn, *plan) error { return nil }
+
+func (sqliteBackend) script(*plan) (string, []string) { return "BEGIN IMMEDIATE;\n", nil }
+
+func (sqliteBackend) uninstall(_ context.Context, _ conn, _ *target, tables []Table) ([]string, error) {
+	var stmts []string
+	for _, t := range tables {
+		stmts = append(stmts, sqliteUninstall(t.Name)...)
+	}
+	return stmts, nil
+}
+
+// verify checks each named table (SQLite triggers cannot be disabled and fire for every
+// session); without tables it checks nothing.
+func (sqliteBackend) verify(ctx context.Context, c conn, _ *target, tables []Table) error {
+	return sqliteVerify(ctx, c, tables)
+}
+
+func (sqliteBackend) txSettings() bool { return false }
+
+// withExtension installs a temporary trigger on the outbox table for fn's duration.
+func (sqliteBackend) withExtension(ctx context.Context, tx any, tg *target, ext Extension, _ []byte, fn func() error) error {
+	var sets []string
+	if len(ext.Headers) > 0 {
+		h, _ := json.Marshal(ext.Headers)
+		sets = append(sets, fmt.Sprintf(`"headers" = json_patch("headers", %s)`, quoteLiteral(string(h))))
+	}
+	if len(ext.Payload) > 0 {
+		if tg.cfg.PayloadType == outbox.PayloadBytea {
+			return &outbox.ConfigError{Field: "Extension.Payload", Reason: "a BYTEA outbox payload cannot take envelope keys on SQLite", Err: ErrInvalid}
+		}
+		expr := `"payload"`
+		for _, k := range sortedKeys(ext.Payload) {
+			v, err := json.Marshal(ext.Payload[k])
+			if err != nil {
+				return &outbox.ConfigError{Field: "Extension.Payload", Reason: err.Error(), Err: ErrInvalid}
+			}
+			path, _ := json.Marshal(k)
+			expr = fmt.Sprintf("json_insert(%s, %s, json(%s))", expr, quoteLiteral("$."+string(path)), quoteLiteral(string(v)))
+		}
+		sets = append(sets, `"payload" = `+expr)
+	}
+	for _, k := range sortedKeys(ext.Columns) {
+		v, err := json.Marshal(ext.Columns[k])
+		if err != nil {
+			return &outbox.ConfigError{Field: "Extension.Columns", Reason: err.Error(), Err: ErrInvalid}
+		}
+		sets = append(sets, fmt.Sprintf("%s = json_extract(%s, '$')", quoteIdent(k), quoteLiteral(string(v))))
+	}
+	if len(sets) == 0 {
+		return fn()
+	}
+	name := quoteIdent("outbox_capture_extension_" + tg.parts[len(tg.parts)-1])
+	return inTxOnly(ctx, tx, func(c conn) error {
+		if err := c.exec(ctx, "DROP TRIGGER IF EXISTS temp."+name); err != nil {
+			return fmt.Errorf("capture: set extension: %w", err)
+		}
+		ddl := fmt.Sprintf(`CREATE TEMP TRIGGER %s AFTER INSERT ON main.%s FOR EACH ROW BEGIN UPDATE %s SET %s WHERE "sequence" = NEW."sequence"; END`,
+			name, tg.table, tg.table, strings.Join(sets, ", "))
+		if err := c.exec(ctx, ddl); err != nil {
+			return fmt.Errorf("capture: set extension: %w", err)
+		}
+		fnErr := fn()
+		if err := c.exec(context.WithoutCancel(ctx), "DROP TRIGGER IF EXISTS temp."+name); err != nil && fnErr == nil {
+			return fmt.Errorf("capture: clear extension: %w", err)
+		}
+		return fnErr
+	})
 }

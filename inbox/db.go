@@ -5,14 +5,13 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"reflect"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/internal/dialect"
 )
 
 // PgxBeginner begins pgx transactions: *pgxpool.Pool and *pgx.Conn satisfy it.
@@ -25,11 +24,13 @@ type PgxBeginner interface {
 // zero value is invalid.
 type DB[T any] struct {
 	// start begins a transaction and runs the inbox INSERT in it, returning its row count.
-	start   func(ctx context.Context, insert string, args []any) (T, int64, error)
-	commit  func(ctx context.Context, tx T) error
-	abort   func(ctx context.Context, tx T) error
-	handle  any
-	dialect *outbox.Dialect // the dialect the handle's driver tells, nil when unknown
+	start  func(ctx context.Context, insert string, args []any) (T, int64, error)
+	commit func(ctx context.Context, tx T) error
+	abort  func(ctx context.Context, tx T) error
+	handle any
+	// driver is the name of the dialect the handle's driver speaks ("postgresql", "sqlite";
+	// see outbox.Dialect.String), "" when unknown.
+	driver string
 }
 
 // FromPgx returns the DB of a pgx pool or connection (PostgreSQL); every message is processed
@@ -45,13 +46,12 @@ type DB[T any] struct {
 // a message fails with an error naming the connection's transaction status). Any other
 // PgxBeginner gets pgx's own transaction and one more round trip per message.
 func FromPgx(db PgxBeginner, opts pgx.TxOptions) DB[pgx.Tx] {
-	pg := outbox.DialectPostgreSQL
 	begin := beginSQL(opts)
 	d := DB[pgx.Tx]{
-		commit:  func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
-		abort:   func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
-		handle:  db,
-		dialect: &pg,
+		commit: func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
+		abort:  func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
+		handle: db,
+		driver: outbox.DialectPostgreSQL.String(),
 	}
 	switch h := db.(type) {
 	case *pgxpool.Pool:
@@ -116,27 +116,9 @@ func FromSQL(db *sql.DB, opts *sql.TxOptions) DB[*sql.Tx] {
 		handle: db,
 	}
 	if db != nil {
-		d.dialect = driverDialect(db)
+		d.driver, _ = dialect.DriverDialect(db.Driver())
 	}
 	return d
-}
-
-// driverDialect tells the dialect of db's driver from its package path, nil when unknown.
-func driverDialect(db *sql.DB) *outbox.Dialect {
-	t := reflect.TypeOf(db.Driver())
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	var d outbox.Dialect
-	switch pkg := strings.ToLower(t.PkgPath()); {
-	case strings.Contains(pkg, "sqlite"):
-		d = outbox.DialectSQLite
-	case strings.Contains(pkg, "pgx"), strings.Contains(pkg, "lib/pq"):
-		d = outbox.DialectPostgreSQL
-	default:
-		return nil
-	}
-	return &d
 }
 
 // rows is what the package reads query results through.
@@ -175,14 +157,14 @@ func newExecer(db any, d outbox.Dialect) (execer, error) {
 	case nil:
 		return nil, &outbox.ConfigError{Field: "db", Reason: "nil database handle", Err: outbox.ErrUnsupportedDB}
 	case pgxHandle:
-		if d == outbox.DialectSQLite {
-			return nil, &outbox.ConfigError{Field: "db", Reason: "a pgx handle cannot serve the SQLite dialect: open the SQLite file with database/sql", Err: outbox.ErrUnsupportedDB}
+		if dd, ok := dialects[d]; ok && dd.pgxRefusal() != "" {
+			return nil, &outbox.ConfigError{Field: "db", Reason: dd.pgxRefusal(), Err: outbox.ErrUnsupportedDB}
 		}
 		return pgxExecer{h}, nil
 	case sqlHandle:
 		if sdb, ok := h.(*sql.DB); ok {
-			if got := driverDialect(sdb); got != nil && *got != d {
-				return nil, &outbox.ConfigError{Field: "inbox.SchemaConfig.Dialect", Reason: fmt.Sprintf("the *sql.DB's driver is %s but the dialect is %s", *got, d), Err: outbox.ErrUnsupportedDB}
+			if got, ok := dialect.DriverDialect(sdb.Driver()); ok && got != d.String() {
+				return nil, &outbox.ConfigError{Field: "inbox.SchemaConfig.Dialect", Reason: fmt.Sprintf("the *sql.DB's driver is %s but the dialect is %s", got, d), Err: outbox.ErrUnsupportedDB}
 			}
 		}
 		return sqlExecer{h}, nil

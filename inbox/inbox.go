@@ -173,8 +173,8 @@ func New[T any](db DB[T], cfg Config, logger watermill.LoggerAdapter) (*Inbox[T]
 		return nil, err
 	}
 	cfg.setDefaults()
-	if db.dialect != nil && *db.dialect != cfg.Schema.Dialect {
-		return nil, &outbox.ConfigError{Field: "inbox.Config.Schema.Dialect", Reason: fmt.Sprintf("the database is %s but the dialect is %s", *db.dialect, cfg.Schema.Dialect), Err: outbox.ErrUnsupportedDB}
+	if db.driver != "" && db.driver != cfg.Schema.Dialect.String() {
+		return nil, &outbox.ConfigError{Field: "inbox.Config.Schema.Dialect", Reason: fmt.Sprintf("the database is %s but the dialect is %s", db.driver, cfg.Schema.Dialect), Err: outbox.ErrUnsupportedDB}
 	}
 	s, err := cfg.Schema.compile()
 	if err != nil {
@@ -267,10 +267,7 @@ func (in *Inbox[T]) process(msg *message.Message, h HandlerFunc[T]) (Result, err
 
 // attempt runs one transaction for msg.
 func (in *Inbox[T]) attempt(ctx context.Context, msg *message.Message, key string, topic *string, h HandlerFunc[T]) (res Result, err error) {
-	args := []any{in.cfg.Consumer, key, topic}
-	if in.s.sqlite {
-		args = append(args, time.Now().UnixMicro())
-	}
+	args := in.s.d.insertArgs([]any{in.cfg.Consumer, key, topic})
 	tx, n, err := in.db.start(ctx, in.s.insertSQL, args)
 	if err != nil {
 		return 0, fmt.Errorf("outbox inbox: begin and record message %q in %s: %w", key, in.s.table, err)

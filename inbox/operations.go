@@ -26,13 +26,8 @@ func Cleanup(ctx context.Context, db any, cfg SchemaConfig, consumer string, old
 	if err != nil {
 		return 0, err
 	}
-	var args []any
-	cutoff := "now() - $1 * interval '1 microsecond'"
-	args = append(args, olderThan.Microseconds())
-	if s.sqlite {
-		args[0] = time.Now().Add(-olderThan).UnixMicro()
-		cutoff = "$1"
-	}
+	cutoff, arg := s.d.cutoff(olderThan)
+	args := []any{arg}
 	where := `"processed_at" < ` + cutoff
 	if consumer != "" {
 		args = append(args, consumer)
@@ -151,9 +146,4 @@ func (m *microTime) Scan(src any) error {
 	return nil
 }
 
-func timeDest(s *schema, t *time.Time) any {
-	if s.sqlite {
-		return (*microTime)(t)
-	}
-	return t
-}
+func timeDest(s *schema, t *time.Time) any { return s.d.timeDest(t) }

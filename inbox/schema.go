@@ -33,7 +33,7 @@ type schema struct {
 	cfg       SchemaConfig
 	table     string // quoted, possibly qualified
 	tableName string // unquoted table part
-	sqlite    bool
+	d         dialectSQL
 	lockSeed  int64 // Migrate's advisory lock
 	insertSQL string
 }
@@ -58,27 +58,21 @@ func (c SchemaConfig) compile() (*schema, error) {
 			return nil, &outbox.ConfigError{Field: "inbox.SchemaConfig.Table", Reason: fmt.Sprintf("%q: each part must be 1..49 bytes without NUL", c.Table)}
 		}
 	}
-	switch c.Dialect {
-	case outbox.DialectPostgreSQL:
-	case outbox.DialectSQLite:
-		if len(parts) > 1 {
-			return nil, &outbox.ConfigError{Field: "inbox.SchemaConfig.Table", Reason: fmt.Sprintf("%q: a SQLite table name cannot be schema-qualified", c.Table)}
-		}
-	default:
+	d, ok := dialects[c.Dialect]
+	if !ok {
 		return nil, &outbox.ConfigError{Field: "inbox.SchemaConfig.Dialect", Reason: fmt.Sprintf("unknown dialect %d", c.Dialect)}
 	}
-	s := &schema{cfg: c, table: pgx.Identifier(parts).Sanitize(), tableName: parts[len(parts)-1], sqlite: c.Dialect == outbox.DialectSQLite}
+	if len(parts) > 1 && !d.qualified() {
+		return nil, &outbox.ConfigError{Field: "inbox.SchemaConfig.Table", Reason: fmt.Sprintf("%q: a %s table name cannot be schema-qualified", c.Table, d.title())}
+	}
+	s := &schema{cfg: c, table: pgx.Identifier(parts).Sanitize(), tableName: parts[len(parts)-1], d: d}
 	h := fnv.New64a()
 	h.Write([]byte("inbox:" + s.table))
 	s.lockSeed = int64(h.Sum64())
-	now := "now()"
-	if s.sqlite {
-		now = "$4"
-	}
 	// ON CONFLICT DO NOTHING never aborts the transaction: a concurrent transaction holding
 	// the same key makes this statement wait for it, then insert (it rolled back) or skip
 	// (it committed).
-	s.insertSQL = fmt.Sprintf(`INSERT INTO %s ("consumer", "message_id", "topic", "processed_at") VALUES ($1, $2, $3, %s) ON CONFLICT ("consumer", "message_id") DO NOTHING`, s.table, now)
+	s.insertSQL = fmt.Sprintf(`INSERT INTO %s ("consumer", "message_id", "topic", "processed_at") VALUES ($1, $2, $3, %s) ON CONFLICT ("consumer", "message_id") DO NOTHING`, s.table, d.insertNow())
 	return s, nil
 }
 
@@ -86,28 +80,7 @@ func (c SchemaConfig) compile() (*schema, error) {
 func (s *schema) statements() []string {
 	idx := pgx.Identifier{s.tableName + "_processed_idx"}.Sanitize()
 	// An index lives in its table's schema: CREATE INDEX takes the unqualified name.
-	if s.sqlite {
-		return []string{
-			fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
-	"consumer"     TEXT NOT NULL CHECK ("consumer" <> ''),
-	"message_id"   TEXT NOT NULL CHECK ("message_id" <> ''),
-	"topic"        TEXT NULL,
-	"processed_at" INTEGER NOT NULL,
-	PRIMARY KEY ("consumer", "message_id")
-) WITHOUT ROWID`, s.table),
-			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("processed_at")`, idx, s.table),
-		}
-	}
-	return []string{
-		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
-	"consumer"     VARCHAR(255) NOT NULL CHECK ("consumer" <> ''),
-	"message_id"   VARCHAR(255) NOT NULL CHECK ("message_id" <> ''),
-	"topic"        VARCHAR(255) NULL,
-	"processed_at" TIMESTAMPTZ NOT NULL DEFAULT now(),
-	PRIMARY KEY ("consumer", "message_id")
-)`, s.table),
-		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("processed_at")`, idx, s.table),
-	}
+	return s.d.statements(s.table, idx)
 }
 
 // SchemaSQL returns the inbox table's DDL for its dialect as one script of idempotent
@@ -144,21 +117,7 @@ func Migrate(ctx context.Context, db any, cfg SchemaConfig) error {
 	if err != nil {
 		return err
 	}
-	if s.sqlite {
-		for _, st := range s.statements() {
-			if _, err := ex.exec(ctx, st); err != nil {
-				return fmt.Errorf("outbox inbox: migrate %s: %w", s.table, err)
-			}
-		}
-		return nil
-	}
-	script := fmt.Sprintf("SELECT pg_advisory_xact_lock(%d);\n", s.lockSeed)
-	for _, st := range s.statements() {
-		script += st + ";\n"
-	}
-	// A parameterless multi-statement script runs through the simple query protocol as one
-	// implicit transaction (or inside the caller's), so the lock covers every statement.
-	if _, err := ex.script(ctx, script); err != nil {
+	if err := s.d.migrate(ctx, ex, s); err != nil {
 		return fmt.Errorf("outbox inbox: migrate %s: %w", s.table, err)
 	}
 	return nil

@@ -17,7 +17,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/watermill-outbox/outbox"
@@ -174,12 +173,12 @@ func (b *bench) table() string {
 }
 
 func (b *bench) schema(table string) outbox.SchemaConfig {
-	return schemaFor(b.d.url.kind, table)
+	return schemaFor(b.d.url, table)
 }
 
 func (b *bench) migrate(table string) (outbox.SchemaConfig, error) {
 	s := b.schema(table)
-	return s, outbox.Migrate(b.ctx, b.d.handle(), s)
+	return s, outbox.Migrate(b.ctx, b.d.Handle(), s)
 }
 
 func runBench(ctx context.Context, out io.Writer, d *database, f benchFlags) error {
@@ -194,7 +193,7 @@ func runBench(ctx context.Context, out io.Writer, d *database, f benchFlags) err
 		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		for _, t := range b.tables {
-			_ = d.dropTables(cctx, d.outboxTables(t)...)
+			_ = d.dropTables(cctx, d.OutboxTables(t)...)
 		}
 	}()
 	fmt.Fprintf(out, "outbox bench: %s, tables %s_*, %s (medians), %d events per drain\n", d.where(), b.base, plural(int64(f.rounds), "round", "rounds"), f.events)
@@ -365,7 +364,7 @@ func (b *bench) seed(schema outbox.SchemaConfig, n, keys int) error {
 			}
 			ins = append(ins, in)
 		}
-		err := b.d.inTx(b.ctx, func(tx any, _ txExec) error {
+		err := b.d.InTx(b.ctx, func(tx any, _ txExec) error {
 			pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Schema: schema}, nil)
 			if err != nil {
 				return err
@@ -377,7 +376,7 @@ func (b *bench) seed(schema outbox.SchemaConfig, n, keys int) error {
 			return err
 		}
 	}
-	b.settle(schema.Table)
+	b.d.Settle(b.ctx, schema.Table)
 	return nil
 }
 
@@ -389,7 +388,7 @@ func (b *bench) drainOurs(keys int, held bool) (float64, error) {
 		return 0, err
 	}
 	if held {
-		release, err := b.holdSnapshot(schema.Table)
+		release, err := b.d.HoldSnapshot(b.ctx, schema.Table)
 		if err != nil {
 			return 0, fmt.Errorf("holding a snapshot: %w", err)
 		}
@@ -401,7 +400,7 @@ func (b *bench) drainOurs(keys int, held bool) (float64, error) {
 	var marked atomic.Int64
 	done := make(chan struct{})
 	n := int64(b.f.events)
-	sub, err := outbox.NewSubscriber(b.d.handle(), outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, MaxRunPerKey: 100, Concurrency: 100,
+	sub, err := outbox.NewSubscriber(b.d.Handle(), outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, MaxRunPerKey: 100, Concurrency: 100,
 		PollInterval: 10 * time.Millisecond, Hooks: outbox.Hooks{OnDelivered: func(outbox.DeliveredInfo) {
 			if marked.Add(1) == n {
 				close(done)
@@ -438,7 +437,7 @@ func (b *bench) drainRaw(keys int) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := b.rawIndex(schema.Table); err != nil {
+	if err := b.d.RawIndex(b.ctx, schema.Table); err != nil {
 		return 0, err
 	}
 	if err := b.seed(schema, b.f.events, keys); err != nil {
@@ -447,7 +446,7 @@ func (b *bench) drainRaw(keys int) (float64, error) {
 	start := time.Now()
 	total := 0
 	for {
-		n, err := b.rawRound(schema.Table)
+		n, err := b.d.RawRound(b.ctx, schema.Table)
 		if err != nil {
 			return 0, err
 		}
@@ -466,10 +465,10 @@ func (b *bench) drainRaw(keys int) (float64, error) {
 // (which writes what is compared), and returns transactions/s.
 func (b *bench) writeLoop(event func(tx any, exec txExec, i int) error) (float64, error) {
 	biz := b.table()
-	if err := b.d.exec(b.ctx, `CREATE TABLE `+b.d.ident(biz)+` (id `+b.d.keyType()+` PRIMARY KEY, v INTEGER NOT NULL)`); err != nil {
+	if err := b.d.Exec(b.ctx, `CREATE TABLE `+b.d.Ident(biz)+` (id `+b.d.KeyType()+` PRIMARY KEY, v INTEGER NOT NULL)`); err != nil {
 		return 0, err
 	}
-	insert := `INSERT INTO ` + b.d.ident(biz) + ` (id, v) VALUES (` + b.d.params(2) + `)`
+	insert := `INSERT INTO ` + b.d.Ident(biz) + ` (id, v) VALUES (` + b.d.Params(2) + `)`
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	var once sync.Once
@@ -484,7 +483,7 @@ func (b *bench) writeLoop(event func(tx any, exec txExec, i int) error) (float64
 				if i > b.f.tx {
 					return
 				}
-				err := b.d.inTx(b.ctx, func(tx any, exec txExec) error {
+				err := b.d.InTx(b.ctx, func(tx any, exec txExec) error {
 					if err := exec(insert, watermill.NewUUID(), i); err != nil {
 						return err
 					}
@@ -521,10 +520,10 @@ func (b *bench) writeOurs() (float64, error) {
 // creation time; one index), as a hand-written outbox or watermill-sql's would be.
 func (b *bench) writeRaw() (float64, error) {
 	t := b.table()
-	if err := b.d.exec(b.ctx, `CREATE TABLE `+b.d.ident(t)+` `+b.rawEventsColumns()); err != nil {
+	if err := b.d.Exec(b.ctx, `CREATE TABLE `+b.d.Ident(t)+` `+b.d.RawEventsColumns()); err != nil {
 		return 0, err
 	}
-	insert := `INSERT INTO ` + b.d.ident(t) + ` (id, payload, topic) VALUES (` + b.d.params(2) + `, 'orders')`
+	insert := `INSERT INTO ` + b.d.Ident(t) + ` (id, payload, topic) VALUES (` + b.d.Params(2) + `, 'orders')`
 	return b.writeLoop(func(_ any, exec txExec, i int) error {
 		return exec(insert, watermill.NewUUID(), `{"order":`+strconv.Itoa(i)+`}`)
 	})
@@ -546,7 +545,7 @@ func (b *bench) latency(held bool) (latencyResult, error) {
 		return latencyResult{}, err
 	}
 	if held {
-		release, err := b.holdSnapshot(schema.Table)
+		release, err := b.d.HoldSnapshot(b.ctx, schema.Table)
 		if err != nil {
 			return latencyResult{}, fmt.Errorf("holding a snapshot: %w", err)
 		}
@@ -557,15 +556,11 @@ func (b *bench) latency(held bool) (latencyResult, error) {
 	// The relay gets a pool of its own, as in its own process (outbox relay): on the writers'
 	// pool (pgxpool's default size is 4) its claims and marks queued for a connection behind
 	// --writers transactions.
-	relayDB := b.d.handle()
-	if b.d.pool != nil {
-		pool, err := pgxpool.NewWithConfig(b.ctx, b.d.url.pg.Copy())
-		if err != nil {
-			return latencyResult{}, err
-		}
-		defer pool.Close()
-		relayDB = pool
+	relayDB, closeRelayDB, err := b.d.NewHandle(b.ctx)
+	if err != nil {
+		return latencyResult{}, err
 	}
+	defer closeRelayDB()
 	sub, err := outbox.NewSubscriber(relayDB, outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, PollInterval: 10 * time.Millisecond, Wakeup: w}, b.logger)
 	if err != nil {
 		return latencyResult{}, err
@@ -625,7 +620,7 @@ func (b *bench) latency(held bool) (latencyResult, error) {
 				if b.f.latKeys > 0 {
 					outbox.SetOrderingKey(m, "k"+strconv.FormatInt(i%int64(b.f.latKeys), 10))
 				}
-				err := b.d.inTx(ctx, func(tx any, _ txExec) error {
+				err := b.d.InTx(ctx, func(tx any, _ txExec) error {
 					pub, err := outbox.NewPublisher(tx, coll.PublisherConfig(outbox.PublisherConfig{Schema: schema}), nil)
 					if err != nil {
 						return err

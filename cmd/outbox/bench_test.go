@@ -40,24 +40,20 @@ func TestBench(t *testing.T) {
 				t.Fatalf("no table prefix in %s", out)
 			}
 			var left int
-			q := `SELECT count(*) FROM pg_tables WHERE tablename LIKE '` + prefix[1] + `%'`
-			switch b.name {
-			case "sqlite":
-				q = `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name LIKE '` + prefix[1] + `%'`
-			case "mariadb": // the key-lock tables <table>_keys included
-				q = `SELECT count(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE '` + prefix[1] + `%'`
-			}
+			q := map[string]string{
+				"postgres": `SELECT count(*) FROM pg_tables WHERE tablename LIKE '` + prefix[1] + `%'`,
+				"sqlite":   `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name LIKE '` + prefix[1] + `%'`,
+				// the key-lock tables <table>_keys included
+				"mariadb": `SELECT count(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE '` + prefix[1] + `%'`,
+			}[b.name]
 			u, _ := parseDBURL(db)
 			d, err := openDB(t.Context(), u, "x", openOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer d.Close()
-			if d.pool != nil {
-				err = d.pool.QueryRow(t.Context(), q).Scan(&left)
-			} else {
-				err = d.sqlDB.QueryRowContext(t.Context(), q).Scan(&left)
-			}
+			n, err := d.Int(t.Context(), q)
+			left = int(n)
 			if err != nil || left != 0 {
 				t.Fatalf("%d bench tables left (%v)", left, err)
 			}

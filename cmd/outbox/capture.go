@@ -9,6 +9,7 @@ import (
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/capture"
+	"github.com/watermill-outbox/outbox/internal/dialect/dburl"
 )
 
 // captureFlags are the flags of outbox capture install|sql|uninstall: the database, the outbox
@@ -81,7 +82,7 @@ func (f *captureFlags) run(cmd *cobra.Command, fn func(d *database, tables []cap
 	if err != nil {
 		return err
 	}
-	if err := refuseMySQL(u, "outbox capture", "package capture has no MariaDB/MySQL trigger generator"); err != nil {
+	if err := refuseUnsupported(u, "outbox capture", capture.Supports(u.Dialect()), "package capture has no "+dburl.Title(u)+" trigger generator"); err != nil {
 		return err
 	}
 	df := dbFlags{db: f.db, table: f.outboxTable}
@@ -134,7 +135,7 @@ func newCaptureInstallCmd() *cobra.Command {
 	return captureSubCmd("install --db URL --table NAME [--payload after] [--exclude COL] …",
 		"Create or regenerate the capture triggers (idempotent; re-run after ALTER TABLE)", true, false,
 		func(cmd *cobra.Command, f *captureFlags, d *database, tables []capture.Table) error {
-			if err := capture.Install(cmd.Context(), d.handle(), d.schema, tables...); err != nil {
+			if err := capture.Install(cmd.Context(), d.Handle(), d.schema, tables...); err != nil {
 				return d.queryError("installing capture triggers", err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "capture triggers installed on %s in %s\n", strings.Join(f.tables, ", "), d.where())
@@ -146,7 +147,7 @@ func newCaptureSQLCmd() *cobra.Command {
 	return captureSubCmd("sql --db URL --table NAME [--payload after] …",
 		"Print the DDL install would run (for migration tools or psql); changes nothing", true, false,
 		func(cmd *cobra.Command, _ *captureFlags, d *database, tables []capture.Table) error {
-			script, err := capture.SQL(cmd.Context(), d.handle(), d.schema, tables...)
+			script, err := capture.SQL(cmd.Context(), d.Handle(), d.schema, tables...)
 			if err != nil {
 				return d.queryError("generating capture triggers", err)
 			}
@@ -158,7 +159,7 @@ func newCaptureSQLCmd() *cobra.Command {
 func newCaptureUninstallCmd() *cobra.Command {
 	return captureSubCmd("uninstall --db URL --table NAME", "Drop the capture triggers of tables (idempotent)", false, false,
 		func(cmd *cobra.Command, f *captureFlags, d *database, tables []capture.Table) error {
-			if err := capture.Uninstall(cmd.Context(), d.handle(), d.schema, tables...); err != nil {
+			if err := capture.Uninstall(cmd.Context(), d.Handle(), d.schema, tables...); err != nil {
 				return d.queryError("dropping capture triggers", err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "capture triggers dropped from %s in %s\n", strings.Join(f.tables, ", "), d.where())
@@ -174,7 +175,7 @@ func newCaptureVerifyCmd() *cobra.Command {
 			if len(f.tables) > 0 {
 				what = strings.Join(f.tables, ", ")
 			}
-			err := capture.Verify(cmd.Context(), d.handle(), d.schema, tables...)
+			err := capture.Verify(cmd.Context(), d.Handle(), d.schema, tables...)
 			var ve *capture.VerifyError
 			if errors.As(err, &ve) {
 				for _, p := range ve.Problems {

@@ -78,7 +78,7 @@ func postgresBackend() backend {
 			pool := pgtest.Require(t)
 			var ids []string
 			err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-				pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Schema: schemaFor(kindPostgres, table)}, nil)
+				pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Schema: outbox.SchemaConfig{Table: table}}, nil)
 				if err != nil {
 					return err
 				}
@@ -104,12 +104,12 @@ func sqliteBackend() backend {
 			if err != nil {
 				t.Fatal(err)
 			}
-			sdb, err := sql.Open("sqlite", sqliteDSN(u.path))
+			sdb, err := sql.Open("sqlite", sqliteDSN(u.File()))
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer sdb.Close()
-			return publishSQL(t, sdb, kindSQLite, table, evs)
+			return publishSQL(t, sdb, outbox.DialectSQLite, table, evs)
 		},
 	}
 }
@@ -123,7 +123,7 @@ func mariadbBackend() backend {
 			return mariadbURL(t), mariadbtest.Table(t)
 		},
 		publish: func(t *testing.T, _ string, table string, evs []testEvent) []string {
-			return publishSQL(t, mariadbtest.Require(t), kindMySQL, table, evs)
+			return publishSQL(t, mariadbtest.Require(t), outbox.DialectMySQL, table, evs)
 		},
 	}
 }
@@ -146,13 +146,13 @@ func mariadbURL(t *testing.T) string {
 
 // publishSQL writes evs in one transaction of db through outbox.NewPublisher and returns their
 // ids.
-func publishSQL(t *testing.T, db *sql.DB, kind dbKind, table string, evs []testEvent) []string {
+func publishSQL(t *testing.T, db *sql.DB, dialect outbox.Dialect, table string, evs []testEvent) []string {
 	t.Helper()
 	tx, err := db.Begin()
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Schema: schemaFor(kind, table)}, nil)
+	pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Schema: outbox.SchemaConfig{Table: table, Dialect: dialect}}, nil)
 	if err != nil {
 		_ = tx.Rollback()
 		t.Fatal(err)

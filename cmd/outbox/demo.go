@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -26,6 +25,8 @@ import (
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/forwarder"
+	"github.com/watermill-outbox/outbox/internal/dialect/dburl"
+	"github.com/watermill-outbox/outbox/internal/dialect/sqlite/sqliteurl"
 	"github.com/watermill-outbox/outbox/wakeup"
 )
 
@@ -176,7 +177,7 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 	// The database.
 	runID := randomHex(4)
 	var (
-		u       dbURL
+		u       dburl.URL
 		tempDir string
 	)
 	switch {
@@ -185,13 +186,13 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 			return err
 		}
 	case f.dbFile != "":
-		u = dbURL{raw: f.dbFile, shown: f.dbFile, kind: kindSQLite, path: f.dbFile}
+		u = sqliteurl.File(f.dbFile)
 	default:
 		if tempDir, err = os.MkdirTemp("", "outbox-demo-"); err != nil {
 			return fmt.Errorf("creating a temporary directory: %v (set TMPDIR or use --db-file)", err)
 		}
 		path := filepath.Join(tempDir, "demo.db")
-		u = dbURL{raw: path, shown: path, kind: kindSQLite, path: path}
+		u = sqliteurl.File(path)
 		defer func() {
 			if !f.keep {
 				_ = os.RemoveAll(tempDir)
@@ -207,10 +208,10 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 		return err
 	}
 	defer d.Close()
-	if err := outbox.Migrate(ctx, d.handle(), d.schema); err != nil {
+	if err := outbox.Migrate(ctx, d.Handle(), d.schema); err != nil {
 		return d.queryError("creating the outbox table", err)
 	}
-	if err := d.exec(ctx, fmt.Sprintf(`CREATE TABLE %s (id %s PRIMARY KEY, customer %[2]s NOT NULL, seq INTEGER NOT NULL, amount_cents INTEGER NOT NULL)`, d.ident(business), d.keyType())); err != nil {
+	if err := d.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (id %s PRIMARY KEY, customer %[2]s NOT NULL, seq INTEGER NOT NULL, amount_cents INTEGER NOT NULL)`, d.Ident(business), d.KeyType())); err != nil {
 		return d.queryError("creating the demo table", err)
 	}
 	defer func() {
@@ -219,7 +220,7 @@ func runDemo(ctx context.Context, f demoFlags, stdout, stderr io.Writer) (err er
 		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		_ = d.dropTables(cctx, append([]string{business}, d.outboxTables(table)...)...)
+		_ = d.dropTables(cctx, append([]string{business}, d.OutboxTables(table)...)...)
 	}()
 
 	tr := newTracker()
@@ -345,7 +346,7 @@ type demoRelay struct {
 
 // startDemoRelay starts a relay of d's outbox table into the sink s.
 func startDemoRelay(ctx context.Context, d *database, w *wakeup.InProcess, s *demoSink, fcfg forwarder.Config, tr *tracker, logger watermill.LoggerAdapter) (*demoRelay, error) {
-	sub, err := outbox.NewSubscriber(d.handle(), outbox.SubscriberConfig{
+	sub, err := outbox.NewSubscriber(d.Handle(), outbox.SubscriberConfig{
 		Schema:       d.schema,
 		PollInterval: 200 * time.Millisecond,
 		BatchSize:    500,
@@ -446,25 +447,19 @@ func backlogNote(rate float64, r demoReport) string {
 
 // keptLines are the report's closing lines under --keep: what was kept, where, how to look at
 // it and how to drop it.
-func keptLines(d *database, u dbURL, tempDir, table, business string) []string {
+func keptLines(d *database, u dburl.URL, tempDir, table, business string) []string {
 	if tempDir != "" {
 		return []string{
-			fmt.Sprintf("kept                SQLite file %s (outbox table %s, demo table %s)", u.path, table, business),
-			fmt.Sprintf("inspect             outbox status --db %s", shellQuote(u.path)),
+			fmt.Sprintf("kept                SQLite file %s (outbox table %s, demo table %s)", u.File(), table, business),
+			fmt.Sprintf("inspect             outbox status --db %s", shellQuote(u.File())),
 			fmt.Sprintf("drop                rm -r %s", shellQuote(tempDir)),
 		}
 	}
-	lines := []string{
+	return []string{
 		fmt.Sprintf("kept                tables %s and %s in %s", table, business, d.where()),
-		fmt.Sprintf("inspect             outbox status --db %s --table %s", shellQuote(u.shown), table),
+		fmt.Sprintf("inspect             outbox status --db %s --table %s", shellQuote(u.Shown()), table),
+		"drop                " + u.DropCommand(append([]string{business}, d.OutboxTables(table)...)),
 	}
-	switch u.kind {
-	case kindSQLite:
-		return append(lines, fmt.Sprintf("drop                sqlite3 %s %s", shellQuote(u.path), shellQuote(fmt.Sprintf("DROP TABLE %s; DROP TABLE %s;", business, table))))
-	case kindMySQL:
-		return append(lines, "drop                "+mysqlClientCommand(u, "DROP TABLE "+strings.Join(append([]string{business}, d.outboxTables(table)...), ", ")))
-	}
-	return append(lines, fmt.Sprintf("drop                psql %s -c %s", shellQuote(u.shown), shellQuote(fmt.Sprintf("DROP TABLE %s, %s", business, table))))
 }
 
 // writeDemo runs the writers and returns the first error other than a purposeful rollback.
@@ -498,7 +493,7 @@ func writeDemo(ctx context.Context, d *database, business string, w *wakeup.InPr
 			}
 		}
 	}
-	insert := fmt.Sprintf(`INSERT INTO %s (id, customer, seq, amount_cents) VALUES (%s)`, d.ident(business), d.params(4))
+	insert := fmt.Sprintf(`INSERT INTO %s (id, customer, seq, amount_cents) VALUES (%s)`, d.Ident(business), d.Params(4))
 	for wr := range f.writers {
 		wg.Add(1)
 		go func() {
@@ -525,7 +520,7 @@ func writeDemo(ctx context.Context, d *database, business string, w *wakeup.InPr
 				)
 				start := time.Now()
 				tr.wrote(start)
-				err := d.inTx(ctx, func(tx any, exec txExec) error {
+				err := d.InTx(ctx, func(tx any, exec txExec) error {
 					if err := exec(insert, order, cust, seq[cust]+events, amount); err != nil {
 						return err
 					}

@@ -89,17 +89,14 @@ error. --json prints a JSON array of {name, verdict, detail, fix}.`,
 			if err != nil {
 				return err
 			}
-			if u.pg != nil {
-				u.pg.ConnConfig.RuntimeParams["application_name"] = doctorApplicationName
-			}
-			d, err := openDB(ctx, u, f.table, openOptions{})
+			d, err := openDB(ctx, u, f.table, openOptions{applicationName: doctorApplicationName})
 			if err != nil {
 				return err
 			}
 			defer d.Close()
 			cfg.Schema = d.schema
 			cfg.MigrateHint = d.migrateHint()
-			checks, err := doctor.Database(ctx, d.handle(), cfg)
+			checks, err := doctor.Database(ctx, d.Handle(), cfg)
 			if err != nil {
 				return err
 			}
@@ -178,7 +175,7 @@ func schemaOK(checks []doctor.Check) bool {
 // pendingTopics returns up to maxPendingQueues topics with pending events (none when they
 // cannot be read: the RabbitMQ check then says it has no queue to check).
 func pendingTopics(ctx context.Context, d *database) []string {
-	sub, err := outbox.NewSubscriber(d.handle(), outbox.SubscriberConfig{Schema: d.schema}, nil)
+	sub, err := outbox.NewSubscriber(d.Handle(), outbox.SubscriberConfig{Schema: d.schema}, nil)
 	if err != nil {
 		return nil
 	}

@@ -21,7 +21,7 @@ func deadLetterAll(t *testing.T, db, table string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sdb, err := sql.Open("sqlite", sqliteDSN(u.path))
+	sdb, err := sql.Open("sqlite", sqliteDSN(u.File()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +146,7 @@ func TestInboxTableNotFromOutboxEnv(t *testing.T) {
 	mustRun(t, nil, "migrate", "--db", db, "--table", table)
 	r := cli(t, []string{"OUTBOX_TABLE=" + table}, "inbox", "migrate", "--db", db)
 	u, _ := parseDBURL(db)
-	sdb, err := sql.Open("sqlite", sqliteDSN(u.path))
+	sdb, err := sql.Open("sqlite", sqliteDSN(u.File()))
 	if err != nil {
 		t.Fatal(err)
 	}

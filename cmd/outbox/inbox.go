@@ -3,18 +3,16 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/inbox"
+	"github.com/watermill-outbox/outbox/internal/dialect/dburl"
 )
 
 // inboxFlags are the --db and --table flags of the inbox commands (--table names the inbox
@@ -37,13 +35,10 @@ func (f *inboxFlags) open(ctx context.Context, create bool) (*database, inbox.Sc
 	if err != nil {
 		return nil, inbox.SchemaConfig{}, err
 	}
-	if err := refuseMySQL(u, "outbox inbox", "package inbox has no MariaDB/MySQL dialect"); err != nil {
+	if err := refuseUnsupported(u, "outbox inbox", inbox.Supports(u.Dialect()), "package inbox has no "+dburl.Title(u)+" dialect"); err != nil {
 		return nil, inbox.SchemaConfig{}, err
 	}
-	cfg := inbox.SchemaConfig{Table: f.table}
-	if u.kind == kindSQLite {
-		cfg.Dialect = outbox.DialectSQLite
-	}
+	cfg := inbox.SchemaConfig{Table: f.table, Dialect: u.Dialect()}
 	if err := cfg.Validate(); err != nil {
 		return nil, cfg, badFlag("table", fmt.Sprintf(" %q: %v", f.table, err))
 	}
@@ -57,9 +52,8 @@ func (f *inboxFlags) open(ctx context.Context, create bool) (*database, inbox.Sc
 // inboxError is the one-line message of a failed inbox statement; a missing table names the
 // command that creates it.
 func (f *inboxFlags) inboxError(d *database, doing string, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" || strings.Contains(err.Error(), "no such table") {
-		return fmt.Errorf("inbox table %q not found in %s: create it with `outbox inbox migrate --db %s --table %s` (or inbox.Migrate)", f.table, d.where(), shellQuote(d.url.shown), shellQuote(f.table))
+	if d.url.SQL().MissingTable(err) {
+		return fmt.Errorf("inbox table %q not found in %s: create it with `outbox inbox migrate --db %s --table %s` (or inbox.Migrate)", f.table, d.where(), shellQuote(d.url.Shown()), shellQuote(f.table))
 	}
 	return d.queryError(doing, err)
 }
@@ -89,7 +83,7 @@ func newInboxMigrateCmd() *cobra.Command {
 				return err
 			}
 			defer d.Close()
-			if err := inbox.Migrate(ctx, d.handle(), cfg); err != nil {
+			if err := inbox.Migrate(ctx, d.Handle(), cfg); err != nil {
 				return d.queryError(fmt.Sprintf("migrating inbox table %q", f.table), err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "inbox table %q is ready in %s\n", f.table, d.where())
@@ -129,7 +123,7 @@ func newInboxStatusCmd() *cobra.Command {
 				return err
 			}
 			defer d.Close()
-			st, err := inbox.Status(ctx, d.handle(), cfg)
+			st, err := inbox.Status(ctx, d.Handle(), cfg)
 			if err != nil {
 				return f.inboxError(d, "reading the inbox", err)
 			}
@@ -187,7 +181,7 @@ processed again: keep records longer than any redelivery can come.`,
 				return err
 			}
 			defer d.Close()
-			n, err := inbox.Cleanup(ctx, d.handle(), cfg, consumer, olderThan)
+			n, err := inbox.Cleanup(ctx, d.Handle(), cfg, consumer, olderThan)
 			if err != nil {
 				return f.inboxError(d, "deleting inbox records", err)
 			}

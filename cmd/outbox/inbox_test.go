@@ -59,10 +59,9 @@ func TestInboxCommands(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cfg := inbox.SchemaConfig{Table: table}
-			process := func(consumer string, n int) {
-				switch u.kind {
-				case kindPostgres:
+			cfg := inbox.SchemaConfig{Table: table, Dialect: u.Dialect()}
+			processors := map[outbox.Dialect]func(consumer string, n int){
+				outbox.DialectPostgreSQL: func(consumer string, n int) {
 					in, err := inbox.New(inbox.FromPgx(pgtest.Require(t), pgx.TxOptions{}), inbox.Config{Schema: cfg, Consumer: consumer}, nil)
 					if err != nil {
 						t.Fatal(err)
@@ -72,13 +71,13 @@ func TestInboxCommands(t *testing.T) {
 							t.Fatal(err)
 						}
 					}
-				case kindSQLite:
-					sdb, err := sql.Open("sqlite", sqliteDSN(u.path))
+				},
+				outbox.DialectSQLite: func(consumer string, n int) {
+					sdb, err := sql.Open("sqlite", sqliteDSN(u.File()))
 					if err != nil {
 						t.Fatal(err)
 					}
 					defer sdb.Close()
-					cfg.Dialect = outbox.DialectSQLite
 					in, err := inbox.New(inbox.FromSQL(sdb, nil), inbox.Config{Schema: cfg, Consumer: consumer, Outbox: outbox.PublisherConfig{Schema: outbox.SchemaConfig{Dialect: outbox.DialectSQLite}}}, nil)
 					if err != nil {
 						t.Fatal(err)
@@ -88,8 +87,9 @@ func TestInboxCommands(t *testing.T) {
 							t.Fatal(err)
 						}
 					}
-				}
+				},
 			}
+			process := processors[u.Dialect()]
 			process("billing", 3)
 			process("shipping", 1)
 
@@ -144,7 +144,7 @@ func TestRelayAsynqKill(t *testing.T) {
 
 	var ids []string
 	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-		pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Schema: schemaFor(kindPostgres, table)}, nil)
+		pub, err := outbox.NewPublisher(tx, outbox.PublisherConfig{Schema: outbox.SchemaConfig{Table: table}}, nil)
 		if err != nil {
 			return err
 		}

@@ -6,6 +6,7 @@ import (
 	"context"
 
 	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/internal/dialect/dburl"
 )
 
 // errTableNotFound is matched by checkTable's error when the outbox table does not exist.
@@ -17,16 +18,9 @@ type (
 	topicBacklog = outbox.TopicBacklog
 )
 
-// schemaFor is the outbox schema of table in a database of kind.
-func schemaFor(kind dbKind, table string) outbox.SchemaConfig {
-	cfg := outbox.SchemaConfig{Table: table}
-	switch kind {
-	case kindSQLite:
-		cfg.Dialect = outbox.DialectSQLite
-	case kindMySQL:
-		cfg.Dialect = outbox.DialectMySQL
-	}
-	return cfg
+// schemaFor is the outbox schema of table in u's database.
+func schemaFor(u dburl.URL, table string) outbox.SchemaConfig {
+	return outbox.SchemaConfig{Table: table, Dialect: u.Dialect()}
 }
 
 // sqliteDSN is the DSN of the SQLite file at path, with the settings the outbox needs.
@@ -34,7 +28,7 @@ func sqliteDSN(path string) string { return outbox.SQLiteDSN(path) }
 
 // checkTable returns an error wrapping errTableNotFound when d's outbox table does not exist.
 func checkTable(ctx context.Context, d *database) error {
-	return outbox.CheckTable(ctx, d.handle(), d.schema)
+	return outbox.CheckTable(ctx, d.Handle(), d.schema)
 }
 
 // backlogByTopic returns the backlog of every topic with pending or dead-lettered events.

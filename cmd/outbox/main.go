@@ -40,6 +40,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/watermill-outbox/outbox/internal/dialect/dburl"
 )
 
 // envPrefix starts the name of the environment variable of every flag (see bindEnv).
@@ -85,11 +87,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 // oneLine folds a multi-line message into one line.
-func oneLine(s string) string {
-	s = strings.TrimSpace(s)
-	s = strings.ReplaceAll(s, "\r", "")
-	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " ; ")), " ")
-}
+func oneLine(s string) string { return dburl.OneLine(s) }
 
 func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{

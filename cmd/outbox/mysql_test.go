@@ -14,6 +14,8 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/watermill-outbox/outbox/internal/dialect/dburl"
+	"github.com/watermill-outbox/outbox/internal/dialect/mysql/mysqlurl"
 	"github.com/watermill-outbox/outbox/internal/mariadbtest"
 )
 
@@ -73,12 +75,13 @@ func TestParseMySQLURL(t *testing.T) {
 			t.Errorf("%s: %v", tc.in, err)
 			continue
 		}
-		c := u.my
-		if u.kind != kindMySQL || c == nil {
-			t.Errorf("%s: kind %v", tc.in, u.kind)
+		my, ok := u.(*mysqlurl.URL)
+		if !ok {
+			t.Errorf("%s: parsed as %T", tc.in, u)
 			continue
 		}
-		got := want{addr: c.Addr, user: c.User, passwd: c.Passwd, db: c.DBName, shown: u.shown, timeout: c.Timeout, parseTime: c.ParseTime,
+		c := my.Config
+		got := want{addr: c.Addr, user: c.User, passwd: c.Passwd, db: c.DBName, shown: u.Shown(), timeout: c.Timeout, parseTime: c.ParseTime,
 			interpolate: c.InterpolateParams, tls: c.TLSConfig, loc: c.Loc.String(), params: c.Params}
 		if c.Net != "tcp" || fmt.Sprint(got) != fmt.Sprint(tc.want) {
 			t.Errorf("%s:\n got %+v (net %s)\nwant %+v", tc.in, got, c.Net, tc.want)
@@ -308,13 +311,8 @@ func TestMariaDBEndToEnd(t *testing.T) {
 // demoTables lists the demo's tables in the shared MariaDB database.
 func demoTables(t *testing.T) []string {
 	t.Helper()
-	rows, err := mariadbtest.Require(t).QueryContext(context.Background(),
+	names, err := dburl.SQLDB{DB: mariadbtest.Require(t)}.Strings(context.Background(),
 		`SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND (TABLE_NAME LIKE 'outbox!_demo!_%' ESCAPE '!' OR TABLE_NAME LIKE 'demo!_orders!_%' ESCAPE '!')`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	names, err := scanStrings(rows)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -57,7 +57,7 @@ func (f *dbFlags) withSubscriber(ctx context.Context, fn func(d *database, sub *
 		return err
 	}
 	defer d.Close()
-	sub, err := outbox.NewSubscriber(d.handle(), outbox.SubscriberConfig{Schema: d.schema}, nil)
+	sub, err := outbox.NewSubscriber(d.Handle(), outbox.SubscriberConfig{Schema: d.schema}, nil)
 	if err != nil {
 		return err
 	}
@@ -88,8 +88,8 @@ tables together.`,
 			} else if schema != "" {
 				return d.schemaMissingError(schema)
 			}
-			if err := outbox.Migrate(ctx, d.handle(), d.schema); err != nil {
-				if schemaGone(err) { // dropped meanwhile
+			if err := outbox.Migrate(ctx, d.Handle(), d.schema); err != nil {
+				if d.SchemaGone(err) { // dropped meanwhile
 					if i := strings.IndexByte(d.tableName(), '.'); i > 0 {
 						return d.schemaMissingError(d.tableName()[:i])
 					}
@@ -164,7 +164,7 @@ func (r *watchReader) read(ctx context.Context) ([]topicBacklog, error) {
 		case err != nil:
 			return nil, &stopWatch{err}
 		}
-		sub, err := outbox.NewSubscriber(d.handle(), outbox.SubscriberConfig{Schema: d.schema}, nil)
+		sub, err := outbox.NewSubscriber(d.Handle(), outbox.SubscriberConfig{Schema: d.schema}, nil)
 		if err != nil {
 			d.Close()
 			return nil, &stopWatch{err}

@@ -19,7 +19,6 @@ import (
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/forwarder"
 	"github.com/watermill-outbox/outbox/health"
-	"github.com/watermill-outbox/outbox/wakeup/sqlitewal"
 )
 
 // relayFlags are the outbox.SubscriberConfig settings as flags.
@@ -64,7 +63,7 @@ func (f *relayFlags) register(cmd *cobra.Command) {
 
 // config returns the SubscriberConfig of the flags, validated. A bad value is a usage error
 // naming the flag.
-func (f *relayFlags) config(schema outbox.SchemaConfig) (outbox.SubscriberConfig, error) {
+func (f *relayFlags) config(schema outbox.SchemaConfig, probes bool) (outbox.SubscriberConfig, error) {
 	cfg := outbox.SubscriberConfig{
 		Schema:          schema,
 		BatchSize:       f.batchSize,
@@ -85,7 +84,7 @@ func (f *relayFlags) config(schema outbox.SchemaConfig) (outbox.SubscriberConfig
 		MaxDeliveryStarts:          f.maxStarts,
 	}
 	switch {
-	case schema.Dialect != outbox.DialectPostgreSQL:
+	case !probes:
 		// No probe there: the flag's default is not an error (the start log says how the
 		// relay wakes); a value given explicitly is refused below by Validate.
 		if f.wakeProbe != outbox.DefaultWakeProbeInterval {
@@ -262,7 +261,7 @@ LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more emp
 					return &usageError{fmt.Errorf("topic pattern %q: use an exact topic, a prefix ending in '*' (\"orders.*\") or '*' for all", t)}
 				}
 			}
-			if _, err := rf.config(outbox.SchemaConfig{}); err != nil {
+			if _, err := rf.config(outbox.SchemaConfig{}, true); err != nil {
 				return err
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
@@ -289,7 +288,7 @@ LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more emp
 				return err
 			}
 			defer d.Close()
-			cfg, err := rf.config(d.schema)
+			cfg, err := rf.config(d.schema, d.probes())
 			if err != nil {
 				return err
 			}
@@ -317,8 +316,8 @@ LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more emp
 				return err
 			}
 			defer tracer.close(logger)
-			shown := map[string]string{"db": d.url.shown, "to": dest.shown, "delivery-timeout": effectiveDeliveryTimeout(cfg).String()}
-			if d.url.kind != kindPostgres {
+			shown := map[string]string{"db": d.url.Shown(), "to": dest.shown, "delivery-timeout": effectiveDeliveryTimeout(cfg).String()}
+			if !d.probes() {
 				shown["wake-probe"] = "0s" // PostgreSQL only
 			}
 			fields := startFields(cmd, shown)
@@ -358,7 +357,7 @@ func runRelay(ctx context.Context, d *database, cfg outbox.SubscriberConfig, tab
 		fwds []*forwarder.Forwarder
 		subs []relaySubscriber
 	)
-	if w := relayWakeup(d, cfg, logger); w != nil {
+	if w := d.RelayWakeup(cfg, logger); w != nil {
 		defer w.Close()
 		cfg.Wakeup = w
 	}
@@ -417,7 +416,7 @@ func runRelay(ctx context.Context, d *database, cfg outbox.SubscriberConfig, tab
 	for i, sub := range subs {
 		outages[i] = sub
 	}
-	stats.serve(runCtx, subs[0], outages, d.handle(), ready, runners, logger)
+	stats.serve(runCtx, subs[0], outages, d.Handle(), ready, runners, logger)
 	<-runCtx.Done()
 	logger.Info("outbox relay stopping", nil)
 	closeAll()
@@ -427,46 +426,6 @@ func runRelay(ctx context.Context, d *database, cfg outbox.SubscriberConfig, tab
 		return fmt.Errorf("relay: %s", oneLine(err.Error()))
 	}
 	logger.Info("outbox relay stopped", stats.summary(context.WithoutCancel(ctx), subs[0]))
-	return nil
-}
-
-// relayWakeup returns what wakes the relay between polls besides the Subscriber itself, nil
-// for nothing, and logs how the relay wakes. The writers run in other processes: on SQLite the
-// relay watches the file's write-ahead log (wakeup/sqlitewal); on PostgreSQL the Subscriber
-// probes the table's sequence (SubscriberConfig.WakeProbeInterval, --wake-probe), which needs
-// nothing from the writers and works through a transaction pooler; MariaDB/MySQL relays poll
-// every --poll-interval (no LISTEN/NOTIFY, no probe).
-func relayWakeup(d *database, cfg outbox.SubscriberConfig, logger watermill.LoggerAdapter) *sqlitewal.Watcher {
-	fields := watermill.LogFields{"poll-interval": cfg.PollInterval.String()}
-	switch d.url.kind {
-	case kindSQLite:
-		w, err := sqlitewal.New(d.url.path, logger)
-		if err != nil {
-			fields["err"] = err
-			logger.Info("SQLite wakeup unavailable, the relay polls every --poll-interval", fields)
-			return nil
-		}
-		fields["wakeup"] = "sqlite-wal"
-		logger.Info("outbox relay wakes on each commit to the SQLite file, and polls every --poll-interval", fields)
-		return w
-	case kindMySQL:
-		fields["wakeup"] = "none"
-		logger.Info("outbox relay polls every --poll-interval: MariaDB/MySQL has no LISTEN/NOTIFY to wake it (lower --poll-interval for lower latency)", fields)
-	default:
-		if cfg.DisableWakeProbe {
-			fields["wakeup"] = "none"
-			logger.Info("outbox relay polls every --poll-interval: --wake-probe=0 turned the probe off", fields)
-			return nil
-		}
-		interval := cfg.WakeProbeInterval
-		if interval == 0 {
-			interval = outbox.DefaultWakeProbeInterval
-		}
-		fields["wakeup"] = "probe"
-		fields["wake-probe"] = interval.String()
-		fields["wake-probe-idle"] = (outbox.WakeProbeIdleFactor * interval).String()
-		logger.Info("outbox relay claims as soon as any writer commits: it probes the table's sequence every --wake-probe (every wake-probe-idle after a second without writes; no signal from writers needed, works through PgBouncer), and polls every --poll-interval", fields)
-	}
 	return nil
 }
 
@@ -480,7 +439,7 @@ type relaySubscriber interface {
 // newRelaySubscriber returns a Subscriber of cfg, or a MultiSubscriber over tables.
 func newRelaySubscriber(d *database, cfg outbox.SubscriberConfig, tables []string, logger watermill.LoggerAdapter) (relaySubscriber, error) {
 	if tables == nil {
-		return outbox.NewSubscriber(d.handle(), cfg, logger)
+		return outbox.NewSubscriber(d.Handle(), cfg, logger)
 	}
-	return outbox.NewMultiSubscriber(d.handle(), outbox.MultiSubscriberConfig{Tables: tables, Subscriber: cfg}, logger)
+	return outbox.NewMultiSubscriber(d.Handle(), outbox.MultiSubscriberConfig{Tables: tables, Subscriber: cfg}, logger)
 }

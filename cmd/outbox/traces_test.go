@@ -28,7 +28,7 @@ func TestRelayExportsSpans(t *testing.T) {
 	db, table := b.fresh(t)
 	mustRun(t, nil, "migrate", "--db", db, "--table", table)
 	const traceID, writerSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-	pub, err := outbox.NewPublisher(pgtest.Require(t), outbox.PublisherConfig{Schema: schemaFor(kindPostgres, table)}, nil)
+	pub, err := outbox.NewPublisher(pgtest.Require(t), outbox.PublisherConfig{Schema: outbox.SchemaConfig{Table: table}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,38 +3,40 @@ package main
 import (
 	"errors"
 	"testing"
+
+	"github.com/watermill-outbox/outbox"
 )
 
 // TestParseDBURL: every accepted --db form and the refused ones (no database involved).
 func TestParseDBURL(t *testing.T) {
 	for _, tc := range []struct {
-		in   string
-		kind dbKind
-		path string
-		host string
+		in      string
+		dialect outbox.Dialect
+		path    string
+		host    string
 	}{
-		{in: "postgres://u:p@db.internal:6432/app?sslmode=disable", kind: kindPostgres, host: "db.internal:6432"},
-		{in: "postgresql://u@127.0.0.1/app", kind: kindPostgres, host: "127.0.0.1:5432"},
-		{in: "POSTGRES://u@[::1]:5433/app", kind: kindPostgres, host: "[::1]:5433"},
-		{in: "sqlite:///var/lib/outbox.db", kind: kindSQLite, path: "/var/lib/outbox.db"},
-		{in: "sqlite://rel/outbox.db", kind: kindSQLite, path: "rel/outbox.db"},
-		{in: "sqlite:outbox.db", kind: kindSQLite, path: "outbox.db"},
-		{in: "sqlite:/tmp/x", kind: kindSQLite, path: "/tmp/x"},
-		{in: "file:/tmp/x.sqlite?mode=rwc", kind: kindSQLite, path: "/tmp/x.sqlite"},
-		{in: "./data/outbox.db", kind: kindSQLite, path: "./data/outbox.db"},
-		{in: "/abs/outbox.sqlite", kind: kindSQLite, path: "/abs/outbox.sqlite"},
-		{in: "outbox.sqlite3", kind: kindSQLite, path: "outbox.sqlite3"},
+		{in: "postgres://u:p@db.internal:6432/app?sslmode=disable", dialect: outbox.DialectPostgreSQL, host: "db.internal:6432"},
+		{in: "postgresql://u@127.0.0.1/app", dialect: outbox.DialectPostgreSQL, host: "127.0.0.1:5432"},
+		{in: "POSTGRES://u@[::1]:5433/app", dialect: outbox.DialectPostgreSQL, host: "[::1]:5433"},
+		{in: "sqlite:///var/lib/outbox.db", dialect: outbox.DialectSQLite, path: "/var/lib/outbox.db"},
+		{in: "sqlite://rel/outbox.db", dialect: outbox.DialectSQLite, path: "rel/outbox.db"},
+		{in: "sqlite:outbox.db", dialect: outbox.DialectSQLite, path: "outbox.db"},
+		{in: "sqlite:/tmp/x", dialect: outbox.DialectSQLite, path: "/tmp/x"},
+		{in: "file:/tmp/x.sqlite?mode=rwc", dialect: outbox.DialectSQLite, path: "/tmp/x.sqlite"},
+		{in: "./data/outbox.db", dialect: outbox.DialectSQLite, path: "./data/outbox.db"},
+		{in: "/abs/outbox.sqlite", dialect: outbox.DialectSQLite, path: "/abs/outbox.sqlite"},
+		{in: "outbox.sqlite3", dialect: outbox.DialectSQLite, path: "outbox.sqlite3"},
 	} {
 		u, err := parseDBURL(tc.in)
 		if err != nil {
 			t.Errorf("%s: %v", tc.in, err)
 			continue
 		}
-		if u.kind != tc.kind || u.path != tc.path {
-			t.Errorf("%s: kind %v path %q, want %v %q", tc.in, u.kind, u.path, tc.kind, tc.path)
+		if u.Dialect() != tc.dialect || u.File() != tc.path {
+			t.Errorf("%s: dialect %v path %q, want %v %q", tc.in, u.Dialect(), u.File(), tc.dialect, tc.path)
 		}
-		if tc.kind == kindPostgres {
-			if got := (&database{url: u}).hostPort(); got != tc.host {
+		if tc.host != "" {
+			if got := u.HostPort(); got != tc.host {
 				t.Errorf("%s: host %q, want %q", tc.in, got, tc.host)
 			}
 		}

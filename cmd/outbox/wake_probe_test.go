@@ -126,7 +126,7 @@ func writeEvents(tb testing.TB, pool *pgxpool.Pool, schema outbox.SchemaConfig, 
 // extra, delivering to a webhook receiver here.
 func benchRelay(b *testing.B, extra ...string) (outbox.SchemaConfig, *receiver, *process) {
 	table := pgtest.Table(b)
-	schema := schemaFor(kindPostgres, table)
+	schema := outbox.SchemaConfig{Table: table}
 	if err := outbox.Migrate(context.Background(), pgtest.Require(b), schema); err != nil {
 		b.Fatal(err)
 	}

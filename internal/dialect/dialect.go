@@ -127,11 +127,6 @@ type Capabilities struct {
 	SchemaQualified bool
 	// FillFactor: SchemaConfig.FillFactor applies.
 	FillFactor bool
-	// ResolvesRows: Insert returns one Stored per row, in input order — the inserted event or
-	// the stored event of the row's idempotency key in its scope — and an *IdempotencyConflict
-	// for an unscoped table whose stored event's extra columns differ; the caller reads
-	// nothing back.
-	ResolvesRows bool
 	// Title is the database's name in messages ("SQLite").
 	Title string
 	// ClaimAhead: the relay claims the next batch while the current one is out. A claim counts
@@ -177,10 +172,12 @@ type Dialect interface {
 
 	// Insert writes the rows in the caller's transaction, in order, each ordering key's rows
 	// after every earlier committed or in-flight row of that key (per-key commit order),
-	// and returns the inserted events; it may also return, for rows whose idempotency key (in
-	// its scope) was already stored, that stored event with Duplicate set (the caller reads
-	// the others with ReadStored or ResolveScoped). A failed Insert leaves the caller's
-	// transaction as it was before the call where the database allows it.
+	// and returns one Stored per row, in input order: the inserted event, or for a row whose
+	// idempotency key (in its scope) was already stored, that stored event with Duplicate set
+	// (OnePerRow assembles this from what an INSERT … RETURNING gave back). An unscoped
+	// table's stored event whose extra columns differ from the row's is an
+	// *IdempotencyConflict. With p.NoReturn it may return nil. A failed Insert leaves the
+	// caller's transaction as it was before the call where the database allows it.
 	Insert(ctx context.Context, ex Executor, p *InsertParams) ([]Stored, error)
 	// ReadStored reads the stored events of idempotency keys (unscoped table).
 	ReadStored(ctx context.Context, ex Executor, t *Table, keys []string) ([]Stored, error)

@@ -1,6 +1,11 @@
 package dialect
 
-import "sync"
+import (
+	"database/sql/driver"
+	"reflect"
+	"strings"
+	"sync"
+)
 
 // The dialects linked into the program, by Name. PostgreSQL is built into the root package;
 // the others register themselves when the program imports their public package
@@ -30,4 +35,32 @@ func Registered(name string) Dialect {
 	registryMu.RLock()
 	defer registryMu.RUnlock()
 	return registry[name]
+}
+
+// driverPackages maps a fragment of a database/sql driver's package path to the name of the
+// dialect the driver speaks, tried in order. Recognising a driver needs no dialect linked.
+var driverPackages = []struct{ fragment, name string }{
+	{"sqlite", "sqlite"},
+	{"pgx", "postgresql"},
+	{"lib/pq", "postgresql"},
+	{"mysql", "mysql"},
+}
+
+// DriverDialect returns the name of the dialect a database/sql driver speaks, told from its
+// package path; ok is false for a driver it does not recognise.
+func DriverDialect(drv driver.Driver) (name string, ok bool) {
+	if drv == nil {
+		return "", false
+	}
+	t := reflect.TypeOf(drv)
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	pkg := strings.ToLower(t.PkgPath())
+	for _, p := range driverPackages {
+		if strings.Contains(pkg, p.fragment) {
+			return p.name, true
+		}
+	}
+	return "", false
 }

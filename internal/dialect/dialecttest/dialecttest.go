@@ -5,7 +5,7 @@
 // connecting (pgx, database/sql, a transaction-mode pooler …).
 //
 // A new dialect's package adds one test that calls Run with a Harness for its database. Checks
-// that depend on a capability (Capabilities.Continuations, Floors, Notify, ResolvesRows) run
+// that depend on a capability (Capabilities.Continuations, Floors, Notify) run
 // only for dialects that have it, and say so when skipped. Every table is fresh (Harness.Table),
 // so the suite may share a database server with other tests.
 //

@@ -204,7 +204,7 @@ func (s *suite) insertRows(t *testing.T) {
 }
 
 // insertIdempotent: a repeated idempotency key stores nothing; the stored event is what
-// Insert returns for it (Duplicate, ResolvesRows) or what ReadStored reads.
+// Insert returns for it (Duplicate, one Stored per row) and what ReadStored reads.
 func (s *suite) insertIdempotent(t *testing.T) {
 	ctx := context.Background()
 	d := s.h.Dialect
@@ -225,24 +225,9 @@ func (s *suite) insertIdempotent(t *testing.T) {
 	if rows[0].ID != first[0].ID || rows[1].ID != again[0].ID || rows[2].ID != again[2].ID {
 		t.Fatalf("rows %v, want %s, %s, %s", rows, first[0].ID, again[0].ID, again[2].ID)
 	}
-	if d.Capabilities().ResolvesRows {
-		if len(st) != 3 || st[0].Duplicate || st[0].ID != again[0].ID || !st[1].Duplicate || st[1].Sequence != first[0].Sequence ||
-			st[1].ID != first[0].ID || st[2].Duplicate || st[2].ID != again[2].ID {
-			t.Fatalf("ResolvesRows Insert returned %+v, want the new event, the stored one (Duplicate) and the new one", st)
-		}
-	} else {
-		var fresh []string
-		for _, g := range st {
-			switch {
-			case g.Duplicate && (g.Sequence != first[0].Sequence || g.ID != first[0].ID):
-				t.Fatalf("Duplicate %+v is not the stored event %+v", g, first[0])
-			case !g.Duplicate:
-				fresh = append(fresh, g.ID)
-			}
-		}
-		if !slices.Equal(fresh, []string{again[0].ID, again[2].ID}) {
-			t.Fatalf("inserted events returned %v, want %s and %s", fresh, again[0].ID, again[2].ID)
-		}
+	if len(st) != 3 || st[0].Duplicate || st[0].ID != again[0].ID || !st[1].Duplicate || st[1].Sequence != first[0].Sequence ||
+		st[1].ID != first[0].ID || st[2].Duplicate || st[2].ID != again[2].ID {
+		t.Fatalf("Insert returned %+v, want the new event, the stored one (Duplicate) and the new one", st)
 	}
 	got, err := d.ReadStored(ctx, s.h.Ex, tb, []string{"i1", "nope"})
 	if err != nil || len(got) != 1 || got[0].Sequence != first[0].Sequence || got[0].ID != first[0].ID || strOf(got[0].OrderingKey) != "k" ||
@@ -252,7 +237,7 @@ func (s *suite) insertIdempotent(t *testing.T) {
 }
 
 // insertExtra: extra columns are stored and claimed; ResolveScoped tells an unscoped table's
-// stored event with other extra values apart (Same false), and a ResolvesRows dialect refuses
+// stored event with other extra values apart (Same false), and Insert refuses
 // such a write with *dialect.IdempotencyConflict.
 func (s *suite) insertExtra(t *testing.T) {
 	ctx := context.Background()
@@ -290,17 +275,15 @@ func (s *suite) insertExtra(t *testing.T) {
 		res[1].Index != 7 || res[1].Same || res[1].Sequence != st[0].Sequence {
 		t.Fatalf("ResolveScoped = %+v; want probe 4 the same event, probe 7 another tenant's (Same false), none for 9", res)
 	}
-	if d.Capabilities().ResolvesRows {
-		b := ev("a", "", "i1")
-		b.Extra = ptr(`{"tenant":"other"}`)
-		_, err := s.insertRes(t, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{ev("a", "", ""), b}, ExtraNames: []string{"tenant"}})
-		var c *dialect.IdempotencyConflict
-		if !errors.As(err, &c) || c.Index != 1 || c.Key != "i1" {
-			t.Fatalf("Insert of another tenant's key: %v, want *IdempotencyConflict{Index 1, Key i1}", err)
-		}
-		if got := len(s.rows(t, tb)); got != 2 {
-			t.Fatalf("%d rows after the refused write, want 2", got)
-		}
+	b := ev("a", "", "i1")
+	b.Extra = ptr(`{"tenant":"other"}`)
+	_, err = s.insertRes(t, &dialect.InsertParams{Table: tb, Rows: []dialect.InsertRow{ev("a", "", ""), b}, ExtraNames: []string{"tenant"}})
+	var c *dialect.IdempotencyConflict
+	if !errors.As(err, &c) || c.Index != 1 || c.Key != "i1" {
+		t.Fatalf("Insert of another tenant's key: %v, want *IdempotencyConflict{Index 1, Key i1}", err)
+	}
+	if got := len(s.rows(t, tb)); got != 2 {
+		t.Fatalf("%d rows after the refused write, want 2", got)
 	}
 }
 
@@ -329,7 +312,7 @@ func (s *suite) insertScoped(t *testing.T) {
 	if len(rows) != 2 || rows[0].ID != a.ID || rows[1].ID != b.ID {
 		t.Fatalf("rows %v, want a's and b's", rows)
 	}
-	if d.Capabilities().ResolvesRows && (len(st) != 1 || !st[0].Duplicate || st[0].ID != a.ID) {
+	if len(st) != 1 || !st[0].Duplicate || st[0].ID != a.ID {
 		t.Fatalf("repeat in scope a returned %+v, want a's event as Duplicate", st)
 	}
 	res, err := d.ResolveScoped(ctx, s.h.Ex, tb, []dialect.Probe{{Index: 0, Key: "k", Extra: map[string]any{"tenant": "b"}}, {Index: 1, Key: "k", Extra: map[string]any{"tenant": "c"}}})
@@ -427,7 +410,7 @@ func (s *suite) insertIdempotentRace(t *testing.T) {
 					t.Fatalf("B's Insert returned %+v; want %s (Duplicate %v)", st, want, commit)
 				}
 			}
-			if s.h.Dialect.Capabilities().ResolvesRows && len(st) != 1 {
+			if len(st) != 1 {
 				t.Fatalf("B's Insert returned %d events, want 1", len(st))
 			}
 		})

@@ -107,7 +107,7 @@ var _ dialect.Dialect = (*DB)(nil)
 // ClaimAhead, FlushAcks and DatabaseClock, with Floors off.
 func New(opts ...Option) *DB {
 	d := &DB{idem: map[string]*Row{}, caps: dialect.Capabilities{SkipLocked: true, Continuations: true, ClaimAhead: true,
-		FlushAcks: true, DatabaseClock: true, ResolvesRows: true, Title: "memory"}}
+		FlushAcks: true, DatabaseClock: true, Title: "memory"}}
 	for _, o := range opts {
 		o(d)
 	}

@@ -427,8 +427,8 @@ func scanEach(rs dialect.Rows, fn func(rs dialect.Rows) error) error {
 }
 
 // ReadStored reads the stored events of idempotency keys (an unscoped table), with a plain
-// read: in a REPEATABLE READ transaction it sees the transaction's snapshot. The root package
-// does not call it for this dialect (Capabilities.ResolvesRows: Insert answers every row).
+// read: in a REPEATABLE READ transaction it sees the transaction's snapshot. Insert does not
+// call it (it answers every row itself).
 func (*Dialect) ReadStored(ctx context.Context, ex dialect.Executor, t *dialect.Table, keys []string) ([]dialect.Stored, error) {
 	if len(keys) == 0 {
 		return nil, nil

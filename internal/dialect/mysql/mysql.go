@@ -79,7 +79,6 @@ func (*Dialect) Capabilities() dialect.Capabilities {
 		DatabaseClock:   true,
 		SchemaQualified: true,
 		FillFactor:      false,
-		ResolvesRows:    true,
 		ClaimAhead:      true,
 		Title:           "MariaDB/MySQL",
 		// MariaDB's JSON functions refuse nesting deeper than 31 levels (JSON_VALID is 0 for

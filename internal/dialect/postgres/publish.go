@@ -153,7 +153,8 @@ func (sh insertShape) build() string {
 }
 
 // Insert implements dialect.Dialect: one statement (per-key advisory locks, INSERT, ON CONFLICT
-// DO NOTHING, NOTIFY and the read of stored events by idempotency key).
+// DO NOTHING, NOTIFY and the read of stored events by idempotency key), then the read-back of
+// what it did not return (dialect.OnePerRow): one Stored per row.
 func (Dialect) Insert(ctx context.Context, ex dialect.Executor, p *dialect.InsertParams) ([]dialect.Stored, error) {
 	t := p.Table
 	sh := insertShape{table: dialect.DoubleQuote(t.Parts...), payload: t.Payload, seed: t.LockSeed, notify: p.Notify,
@@ -230,7 +231,11 @@ func (Dialect) Insert(ctx context.Context, ex dialect.Executor, p *dialect.Inser
 		}
 		out = append(out, st)
 	}
-	return out, rs.Err()
+	if err := rs.Err(); err != nil {
+		return nil, err
+	}
+	rs.Close()
+	return dialect.OnePerRow(ctx, Dialect{}, ex, p, out)
 }
 
 // ReadStored implements dialect.Dialect.

@@ -14,10 +14,19 @@ import (
 const maxRowsPerInsert = 500
 
 // Insert implements dialect.Dialect: multi-row INSERT … ON CONFLICT DO NOTHING RETURNING
-// statements (in one transaction when the handle is not one). Events whose idempotency key
-// already existed are not returned; the caller reads them (ReadStored). SQLite's single writer
-// gives per-key commit order without locks.
-func (Dialect) Insert(ctx context.Context, ex dialect.Executor, p *dialect.InsertParams) ([]dialect.Stored, error) {
+// statements (in one transaction when the handle is not one), then the read-back of events
+// whose idempotency key already existed (dialect.OnePerRow): one Stored per row. SQLite's
+// single writer gives per-key commit order without locks.
+func (d Dialect) Insert(ctx context.Context, ex dialect.Executor, p *dialect.InsertParams) ([]dialect.Stored, error) {
+	out, err := d.insert(ctx, ex, p)
+	if err != nil {
+		return nil, err
+	}
+	return dialect.OnePerRow(ctx, d, ex, p, out)
+}
+
+// insert runs the INSERT statements and returns the events they inserted.
+func (Dialect) insert(ctx context.Context, ex dialect.Executor, p *dialect.InsertParams) ([]dialect.Stored, error) {
 	t := p.Table
 	now := micros(time.Now())
 	var out []dialect.Stored

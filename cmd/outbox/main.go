@@ -6,6 +6,7 @@
 //	outbox status  --db URL                      # backlog: pending, oldest pending age, dead letters
 //	outbox dead list|retry|purge --db URL …      # inspect and act on dead-lettered events
 //	outbox cleanup --db URL --published-older-than 168h --yes
+//	outbox console --db URL [--token T]         # the operator console (HTML): backlog, blocked keys, dead letters
 //	outbox inbox migrate|status|cleanup --db URL …  # the consumer inbox table (package inbox)
 //	outbox version                               # module version, VCS commit and Go version (also --version)
 //
@@ -134,6 +135,7 @@ OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environme
 		newStatusCmd(),
 		newDeadCmd(),
 		newCleanupCmd(),
+		newConsoleCmd(),
 		newBenchCmd(),
 		newInboxCmd(),
 		newCaptureCmd(),

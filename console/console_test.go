@@ -179,14 +179,14 @@ func text(t *testing.T, ctx context.Context, sel string) string {
 	return strings.TrimSpace(s)
 }
 
-// screenshot saves the page as docs/images/console-<name>.png when
+// screenshot saves the visible part of the page as docs/images/console-<name>.png when
 // OUTBOX_CONSOLE_SCREENSHOTS=1 (so that ordinary runs rewrite no file).
 func screenshot(t *testing.T, ctx context.Context, name string) {
 	t.Helper()
 	if os.Getenv("OUTBOX_CONSOLE_SCREENSHOTS") != "1" {
 		return
 	}
-	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
 	if err != nil {
 		t.Fatalf("screenshot %s: %v", name, err)
 	}
@@ -270,7 +270,7 @@ func TestBlockedKeySkip(t *testing.T) {
 			t.Errorf("blocked key row %q lacks %q", row, want)
 		}
 	}
-	if !regexp.MustCompile(`\tin (5[0-9]|6[0-9])m[0-9]{2}s\t2\t`).MatchString(row) { // RetryBase 1h ± 10% jitter; 2 held
+	if !regexp.MustCompile(`\tin (5[0-9]m[0-9]{2}s|1h0[0-6]m)\t2\t`).MatchString(row) { // RetryBase 1h ± 10% jitter; 2 held
 		t.Errorf("blocked key row %q: want the next attempt in about an hour and 2 held events", row)
 	}
 	screenshot(t, b, "keys")
@@ -465,4 +465,143 @@ func TestCrossSitePostRefused(t *testing.T) {
 	if got := e.audit(t); len(got) != 0 {
 		t.Errorf("audit after refused actions: %q", got)
 	}
+}
+
+// outages is a fixed OutageSource.
+type outages []outbox.Outage
+
+func (o outages) Outages() []outbox.Outage { return o }
+
+// seedHour fills e's table as a busy hour leaves it: 6,000 events published over the last
+// hour, pending events of three topics (one of them waiting on an outage), a key blocked
+// behind a dead-lettered head, leases of two relays, and dead letters with headers.
+func (e *env) seedHour(t *testing.T) {
+	t.Helper()
+	e.exec(t, `INSERT INTO {t} ("id", "topic", "payload", "headers", "created_at", "published_at")
+		SELECT gen_random_uuid(), (ARRAY['orders.created','orders.paid','mail.welcome'])[1 + i % 3], '{"n":1}', '{}',
+			now() - (i % 3600) * interval '1 second' - (20 + (i * 37) % 400) * interval '1 millisecond' * (1 + (i / 1200)),
+			now() - (i % 3600) * interval '1 second'
+		FROM generate_series(1, 6000) i`)
+	e.exec(t, `INSERT INTO {t} ("id", "topic", "payload", "ordering_key", "created_at")
+		SELECT gen_random_uuid(), (ARRAY['orders.created','orders.paid','mail.welcome'])[1 + i % 3], '{"n":2}', CASE WHEN i % 2 = 0 THEN 'customer-' || (i % 50) END, now() - i * interval '1 second'
+		FROM generate_series(1, 240) i`)
+	e.exec(t, `UPDATE {t} SET "last_error" = 'smtp 127.0.0.1:2525: connection refused', "last_error_class" = 'unavailable' WHERE "sequence" = (SELECT max("sequence") FROM {t} WHERE "topic" = 'mail.welcome')`)
+	e.exec(t, `UPDATE {t} SET "lease_until" = now() + interval '40 seconds', "leased_by" = CASE WHEN ("sequence" / 2) % 2 = 0 THEN 'relay-a#0a1b2c3d4e5f#' ELSE 'relay-b#9f8e7d6c5b4a#' END || "sequence"
+		WHERE "sequence" IN (SELECT "sequence" FROM {t} WHERE "published_at" IS NULL AND "ordering_key" IS NULL ORDER BY "sequence" LIMIT 30)`)
+	e.publish(t, "orders.paid", "customer-900", `{"order":900,"amount":"12.50"}`)
+	e.publish(t, "orders.paid", "customer-900", `{"order":901}`)
+	e.exec(t, `UPDATE {t} SET "created_at" = now() - interval '14 minutes', "dead_lettered_at" = now() - interval '2 minutes', "attempts" = 5, "last_error" = 'payments said 422: card declined', "last_error_class" = 'failure',
+		"headers" = '{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","author":"checkout"}'
+		WHERE "sequence" = (SELECT min("sequence") FROM {t} WHERE "ordering_key" = 'customer-900')`)
+	e.exec(t, `UPDATE {t} SET "attempts" = 2, "last_error" = 'webhook answered 500', "last_error_class" = 'failure', "next_attempt_at" = now() + interval '3 minutes'
+		WHERE "sequence" = (SELECT min("sequence") FROM {t} WHERE "ordering_key" = 'customer-4' AND "published_at" IS NULL)`)
+}
+
+// TestPages: every page renders a seeded table with the values the API reads (the overview's
+// totals and charts, the relays' leases, the blocked keys, a dead letter's detail with its
+// payload hidden, the destinations), on a desktop and a phone screen.
+func TestPages(t *testing.T) {
+	e := newEnv(t, console.Config{Token: "t", Outages: outages{{Destination: "smtp 127.0.0.1:2525", Topics: []string{"mail.welcome"},
+		Since: time.Now().Add(-95 * time.Second), Refused: 14, LastError: errors.New("dial tcp 127.0.0.1:2525: connect: connection refused")}}})
+	e.seedHour(t)
+	ctx := context.Background()
+	total, err := e.sub.Backlog(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := browser(t)
+	login(t, b, e.srv.URL, "t")
+	if err := chromedp.Do(b, chromedp.Navigate(e.srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS(`#topics`))); err != nil {
+		t.Fatal(err)
+	}
+	for sel, want := range map[string]string{`#total-pending`: num(total.Pending), `#total-held`: num(total.Held), `#total-dead`: num(total.DeadLettered)} {
+		if got := text(t, b, sel); got != want {
+			t.Errorf("%s = %q, want %q", sel, got, want)
+		}
+	}
+	bars, err := chromedp.Run(b, chromedp.Evaluate[int](`document.querySelectorAll('svg.chart')[0].querySelectorAll('rect').length`))
+	if err != nil || bars < 59 {
+		t.Errorf("delivered-per-minute chart has %d bars (%v), want one per minute of the hour", bars, err)
+	}
+	leases := text(t, b, `#leases tbody`)
+	if !strings.Contains(leases, "relay-a\trelay-a#0a1b2c3d4e5f\t15") || !strings.Contains(leases, "relay-b\trelay-b#9f8e7d6c5b4a\t15") {
+		t.Errorf("leases table %q, want relay-a and relay-b with 15 events each", leases)
+	}
+	screenshot(t, b, "overview")
+	if err := chromedp.Do(b, chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile)); err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(b, chromedp.Navigate(e.srv.URL+"/keys"), chromedp.WaitVisible(chromedp.CSS(`#keys`))); err != nil {
+		t.Fatal(err)
+	}
+	screenshot(t, b, "keys-phone")
+	if err := chromedp.Do(b, chromedp.EmulateViewport(1200, 900)); err != nil {
+		t.Fatal(err)
+	}
+	keys := text(t, b, `#keys tbody`)
+	if !strings.Contains(keys, "customer-900") || !strings.Contains(keys, "dead-lettered") || !strings.Contains(keys, "customer-4") || !strings.Contains(keys, "webhook answered 500") {
+		t.Errorf("blocked keys %q, want customer-900 (dead head) and customer-4 (retrying head)", keys)
+	}
+	ks, err := e.sub.BlockedKeys(ctx, 10)
+	if err != nil || len(ks) != 2 {
+		t.Fatalf("BlockedKeys = %v, %v; want 2", ks, err)
+	}
+	var id string
+	for _, k := range ks {
+		if k.Key == "customer-900" {
+			id = k.Head.ID.String()
+		}
+	}
+	if err := chromedp.Do(b, chromedp.Navigate(e.srv.URL+"/dead/event?id="+id), chromedp.WaitVisible(chromedp.CSS(`#event`))); err != nil {
+		t.Fatal(err)
+	}
+	if got := text(t, b, `#headers`); !strings.Contains(got, "traceparent") {
+		t.Errorf("headers %q", got)
+	}
+	if got := text(t, b, `#payload-hidden`); !strings.Contains(got, "Hidden (30 bytes)") {
+		t.Errorf("payload note %q, want it hidden", got)
+	}
+	if html, _ := chromedp.Run(b, chromedp.OuterHTML(chromedp.CSS(`main`))); strings.Contains(html, "12.50") {
+		t.Errorf("the payload reached the page without --show-payloads")
+	}
+	screenshot(t, b, "event")
+	if err := chromedp.Do(b, chromedp.Navigate(e.srv.URL+"/destinations"), chromedp.WaitVisible(chromedp.CSS(`#outages`))); err != nil {
+		t.Fatal(err)
+	}
+	if got := text(t, b, `#outages tbody`); !strings.Contains(got, "smtp 127.0.0.1:2525") || !strings.Contains(got, "connection refused") {
+		t.Errorf("outages %q", got)
+	}
+	screenshot(t, b, "destinations")
+	if err := chromedp.Do(b, chromedp.Navigate(e.srv.URL+"/replay"), chromedp.WaitVisible(chromedp.CSS(`#replay-todo`))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestShowPayloads: with ShowPayloads the detail page shows the payload; a console outside a
+// relay says n/a on the destinations page.
+func TestShowPayloads(t *testing.T) {
+	e := newEnv(t, console.Config{ShowPayloads: true})
+	e.seedDead(t, "mail.welcome", 1, "boom")
+	l, err := e.sub.ListDeadLettered(context.Background(), outbox.DeadLetterFilter{Topics: []string{"*"}}, 1)
+	if err != nil || len(l) != 1 {
+		t.Fatal(l, err)
+	}
+	b := browser(t)
+	if err := chromedp.Do(b, chromedp.Navigate(e.srv.URL+"/dead/event?id="+l[0].ID.String()), chromedp.WaitVisible(chromedp.CSS(`#payload`))); err != nil {
+		t.Fatal(err)
+	}
+	if got := text(t, b, `#payload`); got != "{\n  \"order\": 0\n}" {
+		t.Errorf("payload %q", got)
+	}
+	if err := chromedp.Do(b, chromedp.Navigate(e.srv.URL+"/destinations"), chromedp.WaitVisible(chromedp.CSS(`#dest-na`))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func num(n int64) string {
+	s := fmt.Sprint(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }

@@ -190,9 +190,11 @@ type RelayLease struct {
 }
 
 // RelayLeases returns the relays that hold unexpired leases on pending events, with how many
-// events each holds: the relays at work right now (an idle relay holds none). It reads every
-// pending event (O(pending), through the pending indexes). Errors: a *NotSupportedError on
-// SQLite and MariaDB/MySQL, or the database error.
+// events each holds: the relays at work right now (an idle relay holds none). It reads the
+// 10,000 oldest pending events of each pending index (keyed, unordered) — relays lease the
+// oldest claimable events — so its cost is bounded whatever the backlog; a lease beyond them
+// (behind a larger backlog of blocked or retrying events) is not counted. Errors: a
+// *NotSupportedError on SQLite and MariaDB/MySQL, or the database error.
 func (s *Subscriber) RelayLeases(ctx context.Context) ([]RelayLease, error) {
 	o, err := s.operator("RelayLeases")
 	if err != nil {

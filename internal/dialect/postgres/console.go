@@ -113,15 +113,19 @@ GROUP BY 1 ORDER BY 1`, q, maxRows+1)
 	return out, nil
 }
 
-// Leases implements dialect.Operator: the pending events' unexpired leases, read through the
-// two pending indexes (O(pending events)), grouped by the token without its claim number
-// (relay name, '#', the Subscriber's nonce).
+// LeaseScan is how many of the oldest pending events of each pending index (keyed,
+// unordered) Leases reads: relays lease the oldest claimable events, so their leases lie there.
+const LeaseScan = 10000
+
+// Leases implements dialect.Operator: the unexpired leases among the LeaseScan oldest pending
+// events of each pending index (bounded whatever the backlog), grouped by the token without its
+// claim number (relay name, '#', the Subscriber's nonce).
 func (Dialect) Leases(ctx context.Context, ex dialect.Executor, t *dialect.Table) ([]dialect.LeaseRow, error) {
 	q := dialect.DoubleQuote(t.Parts...)
 	sql := fmt.Sprintf(`SELECT regexp_replace(l."leased_by", '#[0-9]+$', ''), count(*), max(l."lease_until"), min(l."lease_until"), now() FROM (
-	SELECT "leased_by", "lease_until" FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NULL AND "lease_until" > now()
-	UNION ALL SELECT "leased_by", "lease_until" FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NOT NULL AND "lease_until" > now()) l
-WHERE l."leased_by" IS NOT NULL GROUP BY 1 ORDER BY 1`, q)
+	(SELECT "leased_by", "lease_until" FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NULL ORDER BY "sequence" LIMIT %[2]d)
+	UNION ALL (SELECT "leased_by", "lease_until" FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NOT NULL ORDER BY "sequence" LIMIT %[2]d)) l
+WHERE l."leased_by" IS NOT NULL AND l."lease_until" > now() GROUP BY 1 ORDER BY 1`, q, LeaseScan)
 	rs, err := ex.Query(ctx, sql)
 	if err != nil {
 		return nil, err

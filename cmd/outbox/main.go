@@ -19,7 +19,7 @@
 // file:PATH or a path ending in .db, .sqlite or .sqlite3 (SQLite, pure Go). inbox and capture
 // work on PostgreSQL and SQLite only.
 //
-// Every flag of migrate, relay, status, dead and cleanup can also be given as an environment
+// Every flag of migrate, relay, status, dead, cleanup and console can also be given as an environment
 // variable named OUTBOX_ and the flag's name in upper case with '-' as '_' (OUTBOX_DB,
 // OUTBOX_TO, OUTBOX_BATCH_SIZE …); a flag on the command line wins over the environment.
 //
@@ -103,7 +103,7 @@ parameters such as ?tls=true go to the driver); sqlite://PATH, sqlite:PATH, file
 ending in .db, .sqlite or .sqlite3 for SQLite. inbox and capture work on PostgreSQL and SQLite
 only.
 
-Every flag of migrate, relay, status, dead and cleanup can also be set through an environment
+Every flag of migrate, relay, status, dead, cleanup and console can also be set through an environment
 variable: OUTBOX_ followed by the flag name in upper case with '-' as '_' (OUTBOX_DB, OUTBOX_TO,
 OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environment.`,
 		SilenceErrors: true,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -604,4 +605,58 @@ func num(n int64) string {
 		s = s[:i] + "," + s[i:]
 	}
 	return s
+}
+
+// TestCSRF: an action needs the form token tied to the request's CSRF cookie — a wrong token
+// or no cookie is 403 even with the operator token — and a script with the operator token,
+// the cookie and its form token (no Origin) may act.
+func TestCSRF(t *testing.T) {
+	e := newEnv(t, console.Config{Token: "tok"})
+	e.seedDead(t, "mail.welcome", 2, "boom")
+	c := e.srv.Client()
+	resp, err := c.Get(e.srv.URL + "/dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	m := regexp.MustCompile(`name="csrf" content="([^"]+)"`).FindSubmatch(body)
+	if m == nil {
+		t.Fatal("no CSRF token on the page")
+	}
+	post := func(csrf string, withCookie bool) int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/dead/apply", strings.NewReader(url.Values{"action": {"retry"}, "topic": {"*"}, "csrf": {csrf}}.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Authorization", "Bearer tok")
+		if withCookie {
+			for _, ck := range resp.Cookies() {
+				req.AddCookie(ck)
+			}
+		}
+		r, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Body.Close()
+		return r.StatusCode
+	}
+	if code := post(string(m[1])+"x", true); code != http.StatusForbidden {
+		t.Errorf("wrong CSRF token: %d, want 403", code)
+	}
+	if code := post(string(m[1]), false); code != http.StatusForbidden {
+		t.Errorf("no CSRF cookie: %d, want 403", code)
+	}
+	if n := e.count(t, `SELECT count(*) FROM {t} WHERE "dead_lettered_at" IS NOT NULL`); n != 2 {
+		t.Fatalf("dead letters after refused retries: %d, want 2", n)
+	}
+	if code := post(string(m[1]), true); code != http.StatusOK {
+		t.Errorf("cookie, its token and the operator token: %d, want 200", code)
+	}
+	if n := e.count(t, `SELECT count(*) FROM {t} WHERE "dead_lettered_at" IS NOT NULL`); n != 0 {
+		t.Errorf("dead letters after the retry: %d, want 0", n)
+	}
+	if got := e.audit(t); len(got) != 1 || got[0] != "retry-dead 2 " {
+		t.Errorf("audit %q", got)
+	}
 }

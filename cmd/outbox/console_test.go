@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os/exec"
 	"strings"
@@ -78,4 +79,36 @@ func TestConsoleCommand(t *testing.T) {
 func TestConsoleFlags(t *testing.T) {
 	wantStderr(t, cli(t, nil, "console", "--db", "x.db", "--token", "a", "--basic-auth", "u:p"), 2,
 		"outbox: give --token or --basic-auth, not both")
+}
+
+// TestRelayConsole: `outbox relay --http-addr … --console` serves the console beside /metrics
+// and /healthz, and its destinations page shows the relay's outage of a webhook that answers
+// 503.
+func TestRelayConsole(t *testing.T) {
+	b := postgresBackend()
+	db, table := b.fresh(t)
+	mustRun(t, nil, "migrate", "--db", db, "--table", table)
+	b.publish(t, db, table, []testEvent{{"mail", "k1", 0}})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	p := start(t, nil, "relay", "--db", db, "--table", table, "--to", srv.URL+"/hook", "--allow-prefix", "127.0.0.0/8",
+		"--poll-interval", "50ms", "--http-addr", "127.0.0.1:0", "--console")
+	base := httpBase(t, p)
+	p.runUntil(t, "the console shows the webhook's outage", func() bool {
+		code, body := httpGet(t, base+"/destinations")
+		if code != 200 || !strings.Contains(body, `id="outages"`) || !strings.Contains(body, "mail") {
+			return false
+		}
+		if code, body := httpGet(t, base+"/healthz"); code != 200 || body != "ok\n" {
+			t.Errorf("/healthz = %d %q", code, body)
+		}
+		if code, body := httpGet(t, base+"/"); code != 200 || !strings.Contains(body, "read-only") {
+			t.Errorf("console overview: %d, read-only %v", code, strings.Contains(body, "read-only"))
+		}
+		return true
+	})
+	wantStderr(t, cli(t, nil, "relay", "--db", db, "--table", table, "--to", "http://127.0.0.1:1/", "--allow-prefix", "127.0.0.0/8", "--console"), 2,
+		"outbox: --console and --console-token need --http-addr (the address the console is served on)")
 }

@@ -129,3 +129,27 @@ func (e *IdempotencyConflictError) Error() string {
 
 // Is reports whether target is ErrIdempotencyConflict.
 func (e *IdempotencyConflictError) Is(target error) bool { return target == ErrIdempotencyConflict }
+
+// ErrNotSupported is matched (errors.Is) by every *NotSupportedError.
+var ErrNotSupported = errors.New("outbox: operation not supported by this database")
+
+// NotSupportedError is returned by an operation that the table's database does not serve
+// (for example BlockedKeys on SQLite or MariaDB/MySQL): Op names the operation, Database the
+// database ("SQLite"). errors.Is(err, ErrNotSupported) holds.
+type NotSupportedError struct {
+	Op       string
+	Database string
+}
+
+func (e *NotSupportedError) Error() string {
+	return fmt.Sprintf("outbox: %s is not supported on %s (PostgreSQL only)", e.Op, e.Database)
+}
+
+// Is reports whether target is ErrNotSupported.
+func (e *NotSupportedError) Is(target error) bool { return target == ErrNotSupported }
+
+// ErrHeadMoved is returned by RetryKeyHead, SkipKeyHead and PurgeKeyHead when the event they
+// name is no longer its ordering key's failed or dead-lettered head, or is leased by a relay
+// (in flight) right now: it was delivered, retried, purged or skipped meanwhile, or a relay is
+// trying it. Nothing was changed; read BlockedKeys again.
+var ErrHeadMoved = errors.New("outbox: the event is no longer its key's failed head (or is in flight)")

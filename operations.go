@@ -98,6 +98,19 @@ type DeadLetterFilter struct {
 	// OlderThan narrows the selection to events dead-lettered more than this long ago
 	// (database clock on PostgreSQL). Zero means any age; negative is a *ConfigError.
 	OlderThan time.Duration
+	// The fields below narrow the selection further (each one given must hold). They are
+	// served on PostgreSQL only: elsewhere a filter that sets one is a *NotSupportedError.
+	//
+	// Key selects the events of this ordering key (and those SkipKeyHead took out of its
+	// order, see SkippedKeyHeader); "" means any.
+	Key string
+	// ErrorContains selects the events whose last error contains this text, ignoring case;
+	// "" means any.
+	ErrorContains string
+	// DeadAfter and DeadBefore bound when the events were dead-lettered: at or after
+	// DeadAfter, before DeadBefore. Zero means unbounded; DeadBefore not after DeadAfter
+	// (both set) is a *ConfigError.
+	DeadAfter, DeadBefore time.Time
 }
 
 // RetryFilter is the filter of RetryDeadLettered (the same as DeadLetterFilter).
@@ -111,7 +124,10 @@ func deadFilter(f DeadLetterFilter) (dialect.DeadFilter, error) {
 	if f.OlderThan < 0 {
 		return dialect.DeadFilter{}, &ConfigError{Field: "DeadLetterFilter.OlderThan", Reason: "must not be negative"}
 	}
-	out := dialect.DeadFilter{OlderThan: f.OlderThan}
+	if !f.DeadAfter.IsZero() && !f.DeadBefore.IsZero() && !f.DeadBefore.After(f.DeadAfter) {
+		return dialect.DeadFilter{}, &ConfigError{Field: "DeadLetterFilter.DeadBefore", Reason: "must be after DeadAfter"}
+	}
+	out := dialect.DeadFilter{OlderThan: f.OlderThan, Key: f.Key, ErrorContains: f.ErrorContains, After: f.DeadAfter, Before: f.DeadBefore}
 	for i, p := range f.Topics {
 		tf, err := parseTopicPattern(fmt.Sprintf("DeadLetterFilter.Topics[%d]", i), p)
 		if err != nil {
@@ -125,13 +141,28 @@ func deadFilter(f DeadLetterFilter) (dialect.DeadFilter, error) {
 	return out, nil
 }
 
+// deadFilter checks f for operation op and returns it in the dialect layer's terms: also a
+// *NotSupportedError for a narrowing field the table's database does not serve.
+func (s *Subscriber) deadFilter(op string, f DeadLetterFilter) (dialect.DeadFilter, error) {
+	df, err := deadFilter(f)
+	if err != nil {
+		return df, err
+	}
+	if df.Narrowed() {
+		if _, err := s.operator(op + " with Key, ErrorContains, DeadAfter or DeadBefore"); err != nil {
+			return dialect.DeadFilter{}, err
+		}
+	}
+	return df, nil
+}
+
 // RetryDeadLettered gives the selected dead-lettered events fresh attempts (attempts = 0, due
 // now; last_error is kept) and returns how many. The events of their ordering keys that waited
 // behind them then follow in order. On PostgreSQL it then advances the table's sequence by one,
 // so that relays with a wake probe (SubscriberConfig.WakeProbeInterval) claim them at once. Errors: ErrEmptyFilter, a *ConfigError for a bad pattern
 // or a negative OlderThan, or the database error. Safe for concurrent use, also after Close.
 func (s *Subscriber) RetryDeadLettered(ctx context.Context, f RetryFilter) (int64, error) {
-	df, err := deadFilter(f)
+	df, err := s.deadFilter("RetryDeadLettered", f)
 	if err != nil {
 		return 0, err
 	}
@@ -150,7 +181,7 @@ func (s *Subscriber) RetryDeadLettered(ctx context.Context, f RetryFilter) (int6
 // PostgreSQL at once by relays with a wake probe, as RetryDeadLettered). Errors as
 // RetryDeadLettered.
 func (s *Subscriber) PurgeDeadLettered(ctx context.Context, f DeadLetterFilter) (int64, error) {
-	df, err := deadFilter(f)
+	df, err := s.deadFilter("PurgeDeadLettered", f)
 	if err != nil {
 		return 0, err
 	}
@@ -168,7 +199,7 @@ func (s *Subscriber) PurgeDeadLettered(ctx context.Context, f DeadLetterFilter) 
 // with the same filter would delete now. Errors as RetryDeadLettered. Safe for concurrent use,
 // also after Close.
 func (s *Subscriber) CountDeadLettered(ctx context.Context, f DeadLetterFilter) (int64, error) {
-	df, err := deadFilter(f)
+	df, err := s.deadFilter("CountDeadLettered", f)
 	if err != nil {
 		return 0, err
 	}
@@ -193,7 +224,7 @@ func (s *Subscriber) ListDeadLettered(ctx context.Context, f DeadLetterFilter, l
 	if limit < 1 || limit > MaxBatchSize {
 		return nil, &ConfigError{Field: "limit", Reason: fmt.Sprintf("%d outside 1..%d", limit, MaxBatchSize)}
 	}
-	df, err := deadFilter(f)
+	df, err := s.deadFilter("ListDeadLettered", f)
 	if err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@
 //	outbox dead list|retry|purge --db URL …      # inspect and act on dead-lettered events
 //	outbox cleanup --db URL --published-older-than 168h --yes
 //	outbox replay  --db URL --since 2h [--until …] [--topic …] [--key …] --yes  # send published events again
+//	outbox console --db URL [--token T]         # the operator console (HTML): backlog, blocked keys, dead letters
 //	outbox inbox migrate|status|cleanup --db URL …  # the consumer inbox table (package inbox)
 //	outbox doctor  --db URL [--to URL] [--json]  # check the settings the outbox depends on, with fixes
 //	outbox version                               # module version, VCS commit and Go version (also --version)
@@ -20,9 +21,9 @@
 // file:PATH or a path ending in .db, .sqlite or .sqlite3 (SQLite, pure Go). inbox and capture
 // work on PostgreSQL and SQLite only.
 //
-// Every flag of migrate, relay, status, dead, cleanup, replay (but --yes) and doctor can also be
-// given as an environment variable named OUTBOX_ and the flag's name in upper case with '-' as '_'
-// (OUTBOX_DB, OUTBOX_TO, OUTBOX_BATCH_SIZE …); a flag on the command line wins over the
+// Every flag of migrate, relay, status, dead, cleanup, replay (but --yes), console and doctor can
+// also be given as an environment variable named OUTBOX_ and the flag's name in upper case with '-'
+// as '_' (OUTBOX_DB, OUTBOX_TO, OUTBOX_BATCH_SIZE …); a flag on the command line wins over the
 // environment.
 //
 // Errors are printed as one line on stderr, naming the fix, and the exit status is non-zero:
@@ -103,7 +104,7 @@ parameters such as ?tls=true go to the driver); sqlite://PATH, sqlite:PATH, file
 ending in .db, .sqlite or .sqlite3 for SQLite. inbox and capture work on PostgreSQL and SQLite
 only.
 
-Every flag of migrate, relay, status, dead, cleanup, replay and doctor can also be set through an environment
+Every flag of migrate, relay, status, dead, cleanup, replay, console and doctor can also be set through an environment
 variable: OUTBOX_ followed by the flag name in upper case with '-' as '_' (OUTBOX_DB, OUTBOX_TO,
 OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environment.`,
 		SilenceErrors: true,
@@ -136,6 +137,7 @@ OUTBOX_BATCH_SIZE …). A flag given on the command line wins over the environme
 		newDeadCmd(),
 		newCleanupCmd(),
 		newReplayCmd(),
+		newConsoleCmd(),
 		newBenchCmd(),
 		newInboxCmd(),
 		newCaptureCmd(),

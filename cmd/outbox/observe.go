@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/console"
 	"github.com/watermill-outbox/outbox/health"
 	"github.com/watermill-outbox/outbox/metrics"
 	"github.com/watermill-outbox/outbox/metrics/prom"
@@ -28,6 +29,8 @@ type obsFlags struct {
 	httpAddr        string
 	metricsTopics   []string
 	backlogInterval time.Duration
+	console         bool
+	consoleToken    string
 }
 
 func (f *obsFlags) register(cmd *cobra.Command) {
@@ -35,6 +38,8 @@ func (f *obsFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.httpAddr, "http-addr", "", "serve /metrics (Prometheus), /healthz and /readyz on this address (e.g. 127.0.0.1:9464); empty = off")
 	fl.StringSliceVar(&f.metricsTopics, "metrics-topic", nil, "topic pattern that labels metrics (a topic is counted under the first pattern it matches, else \"other\"); repeatable; default: each topic, up to 100")
 	fl.DurationVar(&f.backlogInterval, "backlog-interval", metrics.DefaultBacklogInterval, "how often the backlog gauges are sampled (one query), at least 100ms")
+	fl.BoolVar(&f.console, "console", false, "also serve the operator console (see outbox console) on --http-addr, with this relay's destination outages; read-only unless --console-token")
+	fl.StringVar(&f.consoleToken, "console-token", "", "operator token that enables the console's actions (with --console)")
 }
 
 // relayStats counts the relay's outcomes for the stop summary; it also serves the metrics and
@@ -48,6 +53,7 @@ type relayStats struct {
 	reg                     *prometheus.Registry
 	srv                     *http.Server
 	ln                      net.Listener
+	con                     *console.Console // nil without --console
 }
 
 // newRelayStats validates the flags and, with --http-addr, listens on it (a usage error when
@@ -63,7 +69,13 @@ func newRelayStats(f obsFlags) (*relayStats, error) {
 		return nil, badFlag("metrics-topic", fmt.Sprintf(": %s", ce.Reason))
 	}
 	if f.httpAddr == "" {
+		if f.console || f.consoleToken != "" {
+			return nil, &usageError{errors.New("--console and --console-token need --http-addr (the address the console is served on)")}
+		}
 		return s, nil
+	}
+	if f.consoleToken != "" && !f.console {
+		return nil, &usageError{errors.New("--console-token goes with --console")}
 	}
 	s.reg = prometheus.NewRegistry()
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), readBuildInfo().collector())
@@ -118,6 +130,14 @@ func (s *relayStats) serve(ctx context.Context, sub metrics.BacklogSource, outag
 	if err != nil {
 		panic(err) // the config is fixed above
 	}
+	if s.con != nil {
+		mux := http.NewServeMux()
+		for _, p := range []string{"/metrics", "/healthz", "/readyz"} {
+			mux.Handle(p, h)
+		}
+		mux.Handle("/", s.con)
+		h = mux
+	}
 	s.srv = &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -125,10 +145,45 @@ func (s *relayStats) serve(ctx context.Context, sub metrics.BacklogSource, outag
 		}
 	}()
 	logger.Info("outbox relay serving /metrics, /healthz and /readyz", watermill.LogFields{"http-addr": s.ln.Addr().String()})
+	if s.con != nil {
+		logger.Info("outbox relay serving the operator console", watermill.LogFields{"url": "http://" + s.ln.Addr().String() + "/", "read-only": s.con.ReadOnly()})
+	}
+}
+
+// outageSources is the outages of several subscribers, for the console.
+type outageSources []health.OutageSource
+
+func (o outageSources) Outages() []outbox.Outage {
+	var out []outbox.Outage
+	for _, src := range o {
+		out = append(out, src.Outages()...)
+	}
+	return out
+}
+
+// openConsole makes the console that serve mounts (with --console) and creates its audit
+// table.
+func (s *relayStats) openConsole(ctx context.Context, db any, schema outbox.SchemaConfig, outages []health.OutageSource, logger watermill.LoggerAdapter) error {
+	if !s.flags.console {
+		return nil
+	}
+	c, err := console.New(console.Config{DB: db, Schema: schema, Token: s.flags.consoleToken, Outages: outageSources(outages), Logger: logger})
+	if err != nil {
+		return err
+	}
+	if err := c.Migrate(ctx); err != nil {
+		_ = c.Close()
+		return err
+	}
+	s.con = c
+	return nil
 }
 
 // close stops the HTTP server (if any).
 func (s *relayStats) close() {
+	if s.con != nil {
+		defer s.con.Close()
+	}
 	if s.srv != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()

@@ -416,6 +416,12 @@ func runRelay(ctx context.Context, d *database, cfg outbox.SubscriberConfig, tab
 	for i, sub := range subs {
 		outages[i] = sub
 	}
+	if err := stats.openConsole(runCtx, d.Handle(), ready, outages, logger); err != nil {
+		cancel()
+		closeAll()
+		wg.Wait()
+		return fmt.Errorf("relay: --console: %s", oneLine(err.Error()))
+	}
 	stats.serve(runCtx, subs[0], outages, d.Handle(), ready, runners, logger)
 	<-runCtx.Done()
 	logger.Info("outbox relay stopping", nil)

@@ -515,6 +515,18 @@ type DeadFilter struct {
 	Topics    []Topic
 	IDs       []string
 	OlderThan time.Duration
+	// The narrowing conditions below are served by the dialects that implement Operator only
+	// (the root package refuses them elsewhere): Key, the ordering key (also an event that
+	// HeadSkip took out of that key's order); ErrorContains, text in last_error (case
+	// insensitive); After and Before bound dead_lettered_at (inclusive, exclusive; zero: open).
+	Key           string
+	ErrorContains string
+	After, Before time.Time
+}
+
+// Narrowed reports whether f uses a condition of DeadFilter that only Operator dialects serve.
+func (f DeadFilter) Narrowed() bool {
+	return f.Key != "" || f.ErrorContains != "" || !f.After.IsZero() || !f.Before.IsZero()
 }
 
 // DeadRow is one dead-lettered event.

@@ -16,7 +16,27 @@ func deadWhere(f dialect.DeadFilter, p params) string {
 		func(ids []string) string { return `"id" = ANY(` + p.add("id", ids) + `::uuid[])` },
 		func() string {
 			return `"dead_lettered_at" < now() - ` + p.add("ago", f.OlderThan.Microseconds()) + ` * interval '1 microsecond'`
-		})
+		}) + narrowDead(f, p)
+}
+
+// narrowDead renders DeadFilter's narrowing conditions (Key, ErrorContains, After, Before),
+// each preceded by " AND "; "" when there are none. The time bounds read dead_idx's range.
+func narrowDead(f dialect.DeadFilter, p params) string {
+	var w string
+	if f.Key != "" {
+		k := p.add("key", f.Key)
+		w += ` AND ("ordering_key" = ` + k + ` OR ("ordering_key" IS NULL AND "headers"::json ->> '` + dialect.SkippedKeyHeader + `' = ` + k + `))`
+	}
+	if f.ErrorContains != "" {
+		w += ` AND strpos(lower(COALESCE("last_error", '')), lower(` + p.add("err", f.ErrorContains) + `)) > 0`
+	}
+	if !f.After.IsZero() {
+		w += ` AND "dead_lettered_at" >= ` + p.add("after", f.After) + `::timestamptz`
+	}
+	if !f.Before.IsZero() {
+		w += ` AND "dead_lettered_at" < ` + p.add("before", f.Before) + `::timestamptz`
+	}
+	return w
 }
 
 // RetryDead implements dialect.Dialect.

@@ -192,6 +192,35 @@ func TestOperationPlans(t *testing.T) {
 			_, err := d.BacklogByTopic(ctx, ex, tbl)
 			return err
 		}, 0},
+		{"blocked keys", func(ex dialect.Executor) error {
+			_, err := d.BlockedKeys(ctx, ex, tbl, 100)
+			return err
+		}, 0},
+		{"delivery stats of the last hour", func(ex dialect.Executor) error {
+			_, err := d.DeliveryStats(ctx, ex, tbl, time.Hour, 50000)
+			return err
+		}, 0},
+		{"leases", func(ex dialect.Executor) error {
+			_, err := d.Leases(ctx, ex, tbl)
+			return err
+		}, 0},
+		{"count dead by key, error text and time", func(ex dialect.Executor) error {
+			_, err := d.CountDead(ctx, ex, tbl, dialect.DeadFilter{Topics: []dialect.Topic{all}, Key: "k2", ErrorContains: "BOOM",
+				After: time.Now().Add(-2 * time.Hour), Before: time.Now()})
+			return err
+		}, 0},
+		{"retry dead by error text", func(ex dialect.Executor) error {
+			_, err := d.RetryDead(ctx, ex, tbl, dialect.DeadFilter{Topics: []dialect.Topic{prefix}, ErrorContains: "boom"})
+			return err
+		}, 0},
+		{"retry, skip and purge a head", func(ex dialect.Executor) error {
+			for _, a := range []dialect.HeadAction{dialect.HeadRetry, dialect.HeadSkip, dialect.HeadPurge} {
+				if _, err := d.ActOnHead(ctx, ex, tbl, "k2", 1, a); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, 0},
 		{"take back", func(ex dialect.Executor) error {
 			_, err := d.TakeBack(ctx, ex, tbl, "r1", "r1abcdef012345")
 			return err

@@ -1,0 +1,143 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/watermill-outbox/outbox/internal/dialect"
+)
+
+var _ dialect.Operator = Dialect{}
+
+// BlockedKeys implements dialect.Operator. The candidates are each key's lowest entry of
+// blocking_idx (unpublished keyed events that are dead-lettered or have a next_attempt_at:
+// O(failed and dead-lettered keyed events), never the history); each is checked to be its
+// key's head and to hold a pending event after it by key_idx probes, and the held events are
+// counted for the keys shown only (the subquery in FROM with its LIMIT is not flattened).
+func (Dialect) BlockedKeys(ctx context.Context, ex dialect.Executor, t *dialect.Table, limit int) ([]dialect.BlockedKeyRow, error) {
+	q := dialect.DoubleQuote(t.Parts...)
+	sql := fmt.Sprintf(`SELECT x.k, x."sequence", x."id"::text, x."topic", x."attempts", x."last_error", x."next_attempt_at", x."dead_lettered_at", x."created_at",
+	(SELECT count(*) FROM %[1]s r WHERE r."published_at" IS NULL AND r."ordering_key" = x.k AND r."sequence" > x."sequence" AND r."dead_lettered_at" IS NULL), now()
+FROM (SELECT h.k, o."sequence", o."id", o."topic", o."attempts", o."last_error", o."next_attempt_at", o."dead_lettered_at", o."created_at"
+	FROM (SELECT DISTINCT ON (b."ordering_key") b."ordering_key" AS k, b."sequence" AS s FROM %[1]s b
+		WHERE b."published_at" IS NULL AND b."ordering_key" IS NOT NULL AND (b."dead_lettered_at" IS NOT NULL OR b."next_attempt_at" IS NOT NULL)
+		ORDER BY b."ordering_key", b."sequence") h
+	JOIN %[1]s o ON o."sequence" = h.s
+	WHERE (o."dead_lettered_at" IS NOT NULL OR o."attempts" > 0)
+	AND h.s = (SELECT min(e."sequence") FROM %[1]s e WHERE e."published_at" IS NULL AND e."ordering_key" = h.k)
+	AND EXISTS (SELECT 1 FROM %[1]s r WHERE r."published_at" IS NULL AND r."ordering_key" = h.k AND r."sequence" > h.s AND r."dead_lettered_at" IS NULL)
+	ORDER BY o."sequence" LIMIT %[2]d) x
+ORDER BY x."sequence"`, q, limit)
+	rs, err := ex.Query(ctx, sql)
+	if err != nil {
+		return nil, err
+	}
+	defer rs.Close()
+	var out []dialect.BlockedKeyRow
+	for rs.Next() {
+		var b dialect.BlockedKeyRow
+		if err := rs.Scan(&b.Key, &b.Sequence, &b.ID, &b.Topic, &b.Attempts, &b.LastError, (*dialect.Time)(&b.NextAttemptAt),
+			(*dialect.Time)(&b.DeadLetteredAt), (*dialect.Time)(&b.CreatedAt), &b.Held, (*dialect.Time)(&b.Now)); err != nil {
+			return nil, err
+		}
+		out = append(out, b)
+	}
+	return out, rs.Err()
+}
+
+// headGuard is the condition that event @s of key @k is still that key's head (its lowest
+// unpublished event), failed or dead-lettered, and not leased (in flight) by a relay.
+func headGuard(q string) string {
+	return `"sequence" = @s AND "ordering_key" = @k AND "published_at" IS NULL AND ("dead_lettered_at" IS NOT NULL OR "attempts" > 0)
+	AND ("lease_until" IS NULL OR "lease_until" < now())
+	AND "sequence" = (SELECT min(e."sequence") FROM ` + q + ` e WHERE e."published_at" IS NULL AND e."ordering_key" = @k)`
+}
+
+// ActOnHead implements dialect.Operator.
+func (Dialect) ActOnHead(ctx context.Context, ex dialect.Executor, t *dialect.Table, key string, seq int64, a dialect.HeadAction) (int64, error) {
+	q := dialect.DoubleQuote(t.Parts...)
+	p := params{"s": seq, "k": key}
+	guard := headGuard(q)
+	switch a {
+	case dialect.HeadRetry:
+		// Due now: the relays' claims find it even below their floors (walked_retry).
+		return exec(ctx, ex, `UPDATE `+q+` SET "next_attempt_at" = now(), "attempts" = CASE WHEN "dead_lettered_at" IS NULL THEN "attempts" ELSE 0 END, "dead_lettered_at" = NULL WHERE `+guard, p, false)
+	case dialect.HeadSkip:
+		// The head leaves its key (ordering_key NULL, the key kept in a header) as a dead
+		// letter; the key's next event is made due now, as PurgeDead does.
+		return exec(ctx, ex, `WITH head AS MATERIALIZED (SELECT "sequence", "ordering_key" FROM `+q+` WHERE `+guard+` FOR UPDATE),
+touched AS (UPDATE `+q+` SET "next_attempt_at" = now() WHERE "sequence" = (
+	SELECT s."sequence" FROM `+q+` s, head h WHERE s."published_at" IS NULL AND s."ordering_key" = h."ordering_key" AND s."sequence" > h."sequence"
+	ORDER BY s."sequence" LIMIT 1) AND "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "next_attempt_at" IS NULL)
+UPDATE `+q+` o SET "dead_lettered_at" = COALESCE(o."dead_lettered_at", now()), "next_attempt_at" = NULL, "ordering_key" = NULL,
+	"headers" = (o."headers"::jsonb || jsonb_build_object('`+dialect.SkippedKeyHeader+`', o."ordering_key"))::json
+FROM head WHERE o."sequence" = head."sequence"`, p, false)
+	case dialect.HeadPurge:
+		return exec(ctx, ex, deleteDead(q, `SELECT "ordering_key", "sequence" FROM `+q+` WHERE `+guard, guard), p, false)
+	}
+	return 0, fmt.Errorf("postgres: unknown head action %d", a)
+}
+
+// DeliveryStats implements dialect.Operator: published_idx's newest entries within the
+// window, at most maxRows+1 of them (the extra one tells that the window holds more; the
+// oldest minute read is then partial and left out).
+func (Dialect) DeliveryStats(ctx context.Context, ex dialect.Executor, t *dialect.Table, window time.Duration, maxRows int) (dialect.DeliveryStatsRow, error) {
+	q := dialect.DoubleQuote(t.Parts...)
+	sql := fmt.Sprintf(`SELECT date_trunc('minute', p."published_at"), count(*), avg(p.d), percentile_cont(0.95) WITHIN GROUP (ORDER BY p.d), max(p.d), now()
+FROM (SELECT "published_at", GREATEST(extract(epoch FROM "published_at" - "created_at"), 0)::float8 AS d FROM %s
+	WHERE "published_at" IS NOT NULL AND "published_at" >= now() - @w * interval '1 microsecond' ORDER BY "published_at" DESC LIMIT %d) p
+GROUP BY 1 ORDER BY 1`, q, maxRows+1)
+	rs, err := query(ctx, ex, sql, params{"w": window.Microseconds()}, false)
+	if err != nil {
+		return dialect.DeliveryStatsRow{}, err
+	}
+	defer rs.Close()
+	var out dialect.DeliveryStatsRow
+	var total int64
+	for rs.Next() {
+		var m dialect.MinuteRow
+		if err := rs.Scan((*dialect.Time)(&m.Minute), &m.Delivered, &m.MeanDelay, &m.P95, &m.Max, (*dialect.Time)(&out.Now)); err != nil {
+			return dialect.DeliveryStatsRow{}, err
+		}
+		total += m.Delivered
+		out.Minutes = append(out.Minutes, m)
+	}
+	if err := rs.Err(); err != nil {
+		return dialect.DeliveryStatsRow{}, err
+	}
+	if total > int64(maxRows) {
+		out.Capped = true
+		out.Minutes = out.Minutes[1:]
+	}
+	return out, nil
+}
+
+// LeaseScan is how many of the oldest pending events of each pending index (keyed,
+// unordered) Leases reads: relays lease the oldest claimable events, so their leases lie there.
+const LeaseScan = 10000
+
+// Leases implements dialect.Operator: the unexpired leases among the LeaseScan oldest pending
+// events of each pending index (bounded whatever the backlog), grouped by the token without its
+// claim number (relay name, '#', the Subscriber's nonce).
+func (Dialect) Leases(ctx context.Context, ex dialect.Executor, t *dialect.Table) ([]dialect.LeaseRow, error) {
+	q := dialect.DoubleQuote(t.Parts...)
+	sql := fmt.Sprintf(`SELECT regexp_replace(l."leased_by", '#[0-9]+$', ''), count(*), max(l."lease_until"), min(l."lease_until"), now() FROM (
+	(SELECT "leased_by", "lease_until" FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NULL ORDER BY "sequence" LIMIT %[2]d)
+	UNION ALL (SELECT "leased_by", "lease_until" FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NOT NULL ORDER BY "sequence" LIMIT %[2]d)) l
+WHERE l."leased_by" IS NOT NULL AND l."lease_until" > now() GROUP BY 1 ORDER BY 1`, q, LeaseScan)
+	rs, err := ex.Query(ctx, sql)
+	if err != nil {
+		return nil, err
+	}
+	defer rs.Close()
+	var out []dialect.LeaseRow
+	for rs.Next() {
+		var l dialect.LeaseRow
+		if err := rs.Scan(&l.Instance, &l.Events, (*dialect.Time)(&l.LeaseUntil), (*dialect.Time)(&l.OldestLeased), (*dialect.Time)(&l.Now)); err != nil {
+			return nil, err
+		}
+		out = append(out, l)
+	}
+	return out, rs.Err()
+}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -178,7 +179,29 @@ func obsDrain(b *testing.B, n int, headers string, observe, trace, roots bool, p
 		tp = sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()), sdktrace.WithSpanProcessor(&ended))
 		pub = tracing.Publisher(pub, tracing.Config{TracerProvider: tp, RootSpans: roots})
 	}
-	sub, err := outbox.NewSubscriber(pool, outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, PollInterval: 10 * time.Millisecond, Hooks: hooks}, nil)
+	took, cpu := timedDrain(ctx, b, pool, outbox.SubscriberConfig{Schema: schema, BatchSize: 1000, PollInterval: 10 * time.Millisecond, Hooks: hooks}, obs, pub, done, &delivered, n)
+	if tp != nil {
+		_ = tp.Shutdown(context.Background())
+		var want int64 // events g (1…n) with g % 100 < pct, as obsTraceMode's headers
+		for g := 1; g <= n; g++ {
+			if g%100 < pct {
+				want++
+			}
+		}
+		if roots {
+			want *= 2 // a create span and a process span per event
+		}
+		if ended.n.Load() != want {
+			b.Fatalf("%d spans recorded, want %d (%d %% of %d events)", ended.n.Load(), want, pct, n)
+		}
+	}
+	return float64(n) / took.Seconds(), float64(cpu.Microseconds()) / float64(n)
+}
+
+// timedDrain forwards the table of cfg to pub (obs sampling the backlog when set) until done
+// is closed, and returns the drain's wall and process CPU time.
+func timedDrain(ctx context.Context, b *testing.B, pool *pgxpool.Pool, cfg outbox.SubscriberConfig, obs *metrics.Observer, pub message.Publisher, done <-chan struct{}, delivered *atomic.Int64, n int) (took, cpu time.Duration) {
+	sub, err := outbox.NewSubscriber(pool, cfg, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -198,25 +221,10 @@ func obsDrain(b *testing.B, n int, headers string, observe, trace, roots bool, p
 	case <-time.After(5 * time.Minute):
 		b.Fatalf("drain of %d events did not finish: %d delivered", n, delivered.Load())
 	}
-	took := time.Since(start)
-	cpu := cpuTime() - cpu0
+	took = time.Since(start)
+	cpu = cpuTime() - cpu0
 	_ = f.Close()
-	if tp != nil {
-		_ = tp.Shutdown(context.Background())
-		var want int64 // events g (1…n) with g % 100 < pct, as obsTraceMode's headers
-		for g := 1; g <= n; g++ {
-			if g%100 < pct {
-				want++
-			}
-		}
-		if roots {
-			want *= 2 // a create span and a process span per event
-		}
-		if ended.n.Load() != want {
-			b.Fatalf("%d spans recorded, want %d (%d %% of %d events)", ended.n.Load(), want, pct, n)
-		}
-	}
-	return float64(n) / took.Seconds(), float64(cpu.Microseconds()) / float64(n)
+	return took, cpu
 }
 
 // cpuTime is this process's user and system CPU time so far.

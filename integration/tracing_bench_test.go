@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -136,29 +135,7 @@ func tcDrain(b *testing.B, n int, batch bool, mode string) (float64, float64) {
 			sdktrace.WithBatcher(tracetest.NewNoopExporter()), sdktrace.WithSpanProcessor(&ended))
 		pub = tracing.Publisher(pub, tracing.Config{TracerProvider: tp})
 	}
-	sub, err := outbox.NewSubscriber(pool, outbox.SubscriberConfig{Schema: schema, BatchSize: tcBatchSize, PollInterval: 10 * time.Millisecond, Hooks: hooks}, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if obs != nil {
-		go obs.SampleBacklog(ctx, sub)
-	}
-	f, err := forwarder.New(sub, pub, forwarder.Config{}, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	runtime.GC() // the previous drain's garbage is not this one's cost
-	cpu0 := cpuTime()
-	start := time.Now()
-	go func() { _ = f.Run(ctx) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Minute):
-		b.Fatalf("drain of %d events did not finish: %d delivered", n, delivered.Load())
-	}
-	took := time.Since(start)
-	cpu := cpuTime() - cpu0
-	_ = f.Close()
+	took, cpu := timedDrain(ctx, b, pool, outbox.SubscriberConfig{Schema: schema, BatchSize: tcBatchSize, PollInterval: 10 * time.Millisecond, Hooks: hooks}, obs, pub, done, &delivered, n)
 	if tp != nil {
 		_ = tp.Shutdown(context.Background())
 		var sampled int64 // events g (1…n) with g % 100 < pct, as the seeded headers

@@ -157,7 +157,7 @@ func startFields(cmd *cobra.Command, values map[string]string) watermill.LogFiel
 		v, ok := values[f.Name]
 		switch {
 		case ok:
-		case f.Name == "secret":
+		case f.Name == "secret" || f.Name == "console-token": // never printed
 			v = "unset"
 			if f.Value.String() != "" {
 				v = "set"

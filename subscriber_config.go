@@ -182,12 +182,13 @@ type SubscriberConfig struct {
 	// relay that stops gracefully does not count the deliveries it leaves unanswered, nor those
 	// cut short by the stop. Default 5; at least 1.
 	//
-	// From 3 on, only the event that kills the relay is dead-lettered, not the events that were
-	// out with it: an event whose delivery started twice without an outcome is a suspect, and
-	// a batch that holds one delivers that one event alone (the others are released with
-	// their start taken back and go out in later batches), so the deaths after the second
-	// count against the event that causes them. One INFO line marks the start and the end of
-	// such an isolation. With 1 or 2 every event out at each death is charged.
+	// Only the event that kills the relay is dead-lettered, not the events that were out with
+	// it: an event's last allowed start (its MaxDeliveryStarts-th) is made alone — a batch that
+	// holds such a suspect delivers that one event, and the others are released with their
+	// start taken back and go out in later batches — so the death that ends it counts against
+	// the event that causes it. The deaths before charge every event that was out. One INFO
+	// line marks the start and the end of such an isolation. With 1 every event out at a
+	// death is charged.
 	MaxDeliveryStarts int
 	// WakeProbeInterval is how often a PostgreSQL Subscriber probes the table's identity
 	// sequence (behind "sequence"), to claim within about one interval of a commit — by any

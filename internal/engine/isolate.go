@@ -4,31 +4,28 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 )
 
-// suspectStarts is the delivery starts (this claim's included) from which an event is a
-// suspect: its delivery started at least twice before without an outcome, so a relay died (or
-// lost its lease) at least twice while it was out. One crash is routine (a deploy, an OOM
-// kill) and its events go out again in whole batches; a second one with the same events out
-// points at one of them.
-const suspectStarts = 3
-
-// isolate delivers a suspect alone: when deliver (a claimed batch's deliverable events, in
-// sequence order) holds a suspect, only the head of the first suspect's key (the suspect
-// itself when it has no key, or when it is the head) is delivered, and every other event is
-// set aside: released with the start this claim counted taken back, before anything is
-// emitted. A relay that dies while delivering it then charges that event alone, so a batch
-// that keeps crashing the relay dead-letters only the event that crashes it (MaxDeliveryStarts)
-// instead of every event that was out with it. A batch claimed ahead delivers no suspect: it is
-// set aside whole, and the next claim (not ahead) isolates. The batch's marks land before the
-// next claim, so an isolated event's ack is never lost to the next one's crash.
-// Isolation needs MaxDeliveryStarts ≥ suspectStarts; below that it is off. Poll goroutine.
+// isolate delivers a suspect alone. A suspect is an event at its last allowed start: this
+// claim's start is its MaxDeliveryStarts-th without an outcome, so a relay died (or lost its
+// lease) with it out at every start before. Until then the deaths charge every event that was
+// out, as a claim counts a start for each event it leases; the last start is made alone, so a
+// batch that keeps killing the relay dead-letters only the event that kills it, and an event
+// that was only out beside it ends its suspect start with an outcome. When deliver (a claimed
+// batch's deliverable events, in sequence order) holds a suspect, only the head of the first
+// suspect's key (the suspect itself when it has no key, or when it is the head) is delivered,
+// and every other event is set aside: released with the start this claim counted taken back,
+// before anything is emitted. A batch claimed ahead delivers no suspect: it is set aside
+// whole, and the next claim (not ahead) isolates. The batch's marks land before the next
+// claim, so an isolated event's ack is never lost to the next one's death. Off when
+// MaxDeliveryStarts is 1 (every claim would be a last start). Poll goroutine.
 func (sub *subscription) isolate(b *leased, deliver []*item) []*item {
-	if sub.s.cfg.MaxDeliveryStarts < suspectStarts {
+	limit := sub.s.cfg.MaxDeliveryStarts
+	if limit < 2 {
 		return deliver
 	}
 	first := -1
 	suspects := 0
 	for i, it := range deliver {
-		if it.ev.DeliveryStarts >= suspectStarts {
+		if it.ev.DeliveryStarts >= limit {
 			if first < 0 {
 				first = i
 			}
@@ -56,7 +53,7 @@ func (sub *subscription) isolate(b *leased, deliver []*item) []*item {
 	}
 	if !sub.isolating {
 		sub.isolating = true
-		sub.s.logger.Info("outbox: isolating suspect events: their deliveries started twice or more without an outcome (a relay died with them out); they are delivered one at a time so that only an event that kills the relay is dead-lettered", watermill.LogFields{"suspects": suspects, "max_delivery_starts": sub.s.cfg.MaxDeliveryStarts})
+		sub.s.logger.Info("outbox: isolating suspect events: their deliveries started MaxDeliveryStarts-1 times without an outcome (a relay died with them out); their last start is made one event at a time, so that only an event that kills the relay is dead-lettered", watermill.LogFields{"suspects": suspects, "max_delivery_starts": limit})
 	}
 	aside := make([]*item, 0, len(deliver))
 	for _, it := range deliver {

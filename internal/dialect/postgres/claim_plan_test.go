@@ -48,7 +48,8 @@ func TestClaimPlanShape(t *testing.T) {
 		{"claim with continuations", r.claim, params{"oldest": 32, "floor_keyed": int64(0), "cont_keys": []string{"k2", "k4"}, "cont_after": []int64{10, 12}, "cont_from": []int64{2, 4}}},
 		{"claim with taken-back keys", r.claim, params{"oldest": 1000, "floor_keyed": int64(0), "first_keys": []string{"k2", "k4"}, "first_last": []int64{90000, 90000},
 			"low_keys": []string{"k2"}, "low_seqs": []int64{2}}},
-		{"paused", r.paused, params{"oldest": 1000, "floor_keyed": int64(0), "paused": []string{"u"}}},
+		{"paused", r.claim, params{"oldest": 1000, "floor_keyed": int64(0), "paused": []string{"u"}}},
+		{"probe", r.claim, params{"oldest": 1000, "floor_keyed": int64(0), "paused": []string{"t"}, "probe": true, "batch": 1, "run": 1}},
 	}
 	for _, analyzed := range []bool{false, true} {
 		if analyzed {
@@ -60,7 +61,11 @@ func TestClaimPlanShape(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/analyzed=%v", c.name, analyzed), func(t *testing.T) {
 				named := params{"cursor": "", "lease_us": int64(30e6), "token": "x", "run_limit": 1000, "floor_unordered": int64(0),
 					"cont_token": "", "cont_margin_us": int64(10e6), "cont_keys": []string(nil), "cont_after": []int64(nil), "cont_from": []int64(nil),
-					"low_keys": []string{}, "low_seqs": []int64{}, "first_keys": []string{}, "first_last": []int64{}, "no_key_scan": false}
+					"low_keys": []string{}, "low_seqs": []int64{}, "first_keys": []string{}, "first_last": []int64{}, "no_key_scan": false,
+					"batch": 1000, "run": 100, "key_scan": 1000, "paused": []string{}, "probe": false}
+				for k, v := range r.topics {
+					named[k] = v
+				}
 				for k, v := range c.p {
 					named[k] = v
 				}
@@ -158,7 +163,8 @@ func TestClaimRetryScansNeedRetryIndex(t *testing.T) {
 	named := params{"cursor": "", "lease_us": int64(30e6), "token": "x", "run_limit": 1000, "oldest": 1000,
 		"floor_keyed": int64(50000), "floor_unordered": int64(50001), "cont_token": "", "cont_margin_us": int64(10e6),
 		"cont_keys": []string(nil), "cont_after": []int64(nil), "cont_from": []int64(nil),
-		"low_keys": []string{"k2"}, "low_seqs": []int64{2}, "first_keys": []string{}, "first_last": []int64{}, "no_key_scan": false}
+		"low_keys": []string{"k2"}, "low_seqs": []int64{2}, "first_keys": []string{}, "first_last": []int64{}, "no_key_scan": false,
+		"batch": 1000, "run": 100, "key_scan": 1000, "paused": []string{}, "probe": false}
 	for k, v := range r.topics {
 		named[k] = v
 	}

@@ -5,8 +5,8 @@ import (
 	"strings"
 )
 
-// ParseSQLFile splits an embedded .sql file into its named fragments: each starts at a line
-// "-- name: <name>" and runs to the next such line. Comment lines document the fragment in the
+// ParseSQLFile splits an embedded .sql file into its named statements: each starts at a line
+// "-- name: <name>" and runs to the next such line. Comment lines document the statement in the
 // file and are dropped from its text; text before the first name is the file's preamble.
 // It panics on a repeated name (a programming error).
 func ParseSQLFile(text string) map[string]string {
@@ -18,7 +18,7 @@ func ParseSQLFile(text string) map[string]string {
 			return
 		}
 		if _, dup := out[name]; dup {
-			panic(fmt.Sprintf("dialect: fragment %q defined twice", name))
+			panic(fmt.Sprintf("dialect: statement %q defined twice", name))
 		}
 		out[name] = strings.TrimSpace(b.String())
 	}

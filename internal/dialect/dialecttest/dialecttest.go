@@ -108,6 +108,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("InsertKeyCommitOrder", s.insertKeyOrder)
 	t.Run("InsertIdempotentRace", s.insertIdempotentRace)
 	t.Run("ClaimFilters", s.claimFilters)
+	t.Run("ClaimFilterLiterals", s.claimFilterLiterals)
 	t.Run("ClaimPausedAndProbe", s.claimPaused)
 	t.Run("ClaimKeyOrder", s.claimKeyOrder)
 	t.Run("ClaimKeyOrderEager", (&suite{h: h, eager: true}).claimKeyOrder)

@@ -53,6 +53,35 @@ func (s *suite) claimFilters(t *testing.T) {
 	}
 }
 
+// claimFilterLiterals: topic patterns match their text literally, whatever a database's pattern
+// syntax makes of '_', '%', '*', '?', '[' and '\\' (excluded "a_b" leaves "axb", excluded prefix
+// "x%" leaves "xy", an included prefix "p[" takes only "p[1").
+func (s *suite) claimFilterLiterals(t *testing.T) {
+	d := s.h.Dialect
+	tb := s.table(t)
+	seq := s.insert(t, tb, ev("a_b", "", ""), ev("axb", "", ""), ev("x%y", "k", ""), ev("xy", "", ""), ev("p[1", "", ""), ev("p1", "", ""),
+		ev(`q\*?`, "", ""), ev("qz", "", ""))
+	exact := func(v string) dialect.Topic { return dialect.Topic{Value: v} }
+	prefix := func(v string) dialect.Topic { return dialect.Topic{Prefix: true, Value: v} }
+	cases := []struct {
+		name string
+		sel  dialect.TopicSelection
+		want []int64
+	}{
+		{"all minus a_b and x%", dialect.TopicSelection{Include: dialect.Topic{All: true}, Excludes: []dialect.Topic{exact("a_b"), prefix("x%"), prefix("p"), prefix("q")}},
+			[]int64{seq[1], seq[3]}},
+		{"prefix p[", dialect.TopicSelection{Include: prefix("p[")}, []int64{seq[4]}},
+		{`all minus q\*`, dialect.TopicSelection{Include: prefix("q"), Excludes: []dialect.Topic{prefix(`q\*`)}}, []int64{seq[7]}},
+		{`exact q\*?`, dialect.TopicSelection{Include: exact(`q\*?`)}, []int64{seq[6]}},
+	}
+	for i, c := range cases {
+		tok := "literal" + string(rune('a'+i))
+		evs := s.claim(t, d.NewRelay(tb, cfg(10, 10), c.sel), 10, tok)
+		wantSeqs(t, c.name, evs, c.want...)
+		s.mark(t, d.NewRelay(tb, cfg(10, 10), c.sel), &dialect.MarkParams{Token: tok, Released: seqs(evs)})
+	}
+}
+
 // claimPaused: Paused topics are left out; Probe claims one event of the probed topics only.
 func (s *suite) claimPaused(t *testing.T) {
 	tb := s.table(t)

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -48,7 +49,8 @@ func TestClaimPlanShape(t *testing.T) {
 		{"claim with continuations", r.claim, params{"oldest": 32, "floor_keyed": int64(0), "cont_keys": []string{"k2", "k4"}, "cont_after": []int64{10, 12}, "cont_from": []int64{2, 4}}},
 		{"claim with taken-back keys", r.claim, params{"oldest": 1000, "floor_keyed": int64(0), "first_keys": []string{"k2", "k4"}, "first_last": []int64{90000, 90000},
 			"low_keys": []string{"k2"}, "low_seqs": []int64{2}}},
-		{"paused", r.paused, params{"oldest": 1000, "floor_keyed": int64(0), "paused": []string{"u"}}},
+		{"paused", r.claim, params{"oldest": 1000, "floor_keyed": int64(0), "paused": []string{"u"}}},
+		{"probe", r.claim, params{"oldest": 1000, "floor_keyed": int64(0), "paused": []string{"t"}, "probe": true, "batch": 1, "run": 1}},
 	}
 	for _, analyzed := range []bool{false, true} {
 		if analyzed {
@@ -60,7 +62,11 @@ func TestClaimPlanShape(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/analyzed=%v", c.name, analyzed), func(t *testing.T) {
 				named := params{"cursor": "", "lease_us": int64(30e6), "token": "x", "run_limit": 1000, "floor_unordered": int64(0),
 					"cont_token": "", "cont_margin_us": int64(10e6), "cont_keys": []string(nil), "cont_after": []int64(nil), "cont_from": []int64(nil),
-					"low_keys": []string{}, "low_seqs": []int64{}, "first_keys": []string{}, "first_last": []int64{}, "no_key_scan": false}
+					"low_keys": []string{}, "low_seqs": []int64{}, "first_keys": []string{}, "first_last": []int64{}, "no_key_scan": false,
+					"batch": 1000, "run": 100, "key_scan": 1000, "paused": []string{}, "probe": false}
+				for k, v := range r.topics {
+					named[k] = v
+				}
 				for k, v := range c.p {
 					named[k] = v
 				}
@@ -158,7 +164,8 @@ func TestClaimRetryScansNeedRetryIndex(t *testing.T) {
 	named := params{"cursor": "", "lease_us": int64(30e6), "token": "x", "run_limit": 1000, "oldest": 1000,
 		"floor_keyed": int64(50000), "floor_unordered": int64(50001), "cont_token": "", "cont_margin_us": int64(10e6),
 		"cont_keys": []string(nil), "cont_after": []int64(nil), "cont_from": []int64(nil),
-		"low_keys": []string{"k2"}, "low_seqs": []int64{2}, "first_keys": []string{}, "first_last": []int64{}, "no_key_scan": false}
+		"low_keys": []string{"k2"}, "low_seqs": []int64{2}, "first_keys": []string{}, "first_last": []int64{}, "no_key_scan": false,
+		"batch": 1000, "run": 100, "key_scan": 1000, "paused": []string{}, "probe": false}
 	for k, v := range r.topics {
 		named[k] = v
 	}
@@ -179,4 +186,116 @@ func TestClaimRetryScansNeedRetryIndex(t *testing.T) {
 	if t.Failed() {
 		t.Log(plan)
 	}
+}
+
+// TestClaimParametersFold checks that the claim's and the sweep's parameters for the topic
+// selection, the pauses and the probe are folded to constants in their plans (the claim runs as
+// a custom plan), so that each variant is planned as if its condition were written out: no
+// cardinality, CASE or boolean parameter is left in any plan's filters, a subscription of every topic with
+// nothing paused tests no topic at all, and each other variant tests exactly its own condition.
+func TestClaimParametersFold(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.StdDB(t)
+	name, tbl := migratedTable(t, db)
+	if _, err := db.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s ("id", "topic", "payload", "ordering_key") SELECT gen_random_uuid(), 't', '{}', CASE WHEN i %% 2 = 0 THEN 'k' || (i %% 10) END FROM generate_series(1, 1000) i`,
+		dialect.DoubleQuote(name))); err != nil {
+		t.Fatal(err)
+	}
+	ex := dialect.StdSQL{D: db, Pgx: true}
+	cfg := dialect.RelayConfig{BatchSize: 100, MaxRunPerKey: 10, KeyScan: 100, LeaseDuration: 30 * time.Second, MaxAttempts: 10, RetryBase: time.Second, RetryMax: time.Minute}
+	sels := []struct {
+		name string
+		sel  dialect.TopicSelection
+		want []string // the selection's tests in the plan's filters
+	}{
+		{"all", dialect.TopicSelection{Include: dialect.Topic{All: true}}, nil},
+		{"exact", dialect.TopicSelection{Include: dialect.Topic{Value: "t"}}, []string{`= 't'::text`}},
+		{"prefix", dialect.TopicSelection{Include: dialect.Topic{Prefix: true, Value: "t."}}, []string{`starts_with(`}},
+		{"excludes", dialect.TopicSelection{Include: dialect.Topic{All: true}, Excludes: []dialect.Topic{{Value: "a_b"}, {Prefix: true, Value: "x."}}},
+			[]string{`!~~ ALL ('{"a\\_b",x.%}'::text[])`}},
+	}
+	pauses := []struct {
+		name string
+		p    dialect.ClaimParams
+		want []string
+	}{
+		{"running", dialect.ClaimParams{}, nil},
+		{"paused", dialect.ClaimParams{Paused: []string{"u"}}, []string{`<> ALL ('{u}'::text[])`}},
+		{"probe", dialect.ClaimParams{Probe: []string{"u"}}, []string{`= ANY ('{u}'::text[])`}},
+	}
+	leftover := regexp.MustCompile(`cardinality|CASE|= (true|false)|OR true|AND false`)
+	for _, s := range sels {
+		r := Dialect{}.NewRelay(tbl, cfg, s.sel).(*relay)
+		for _, pa := range pauses {
+			t.Run(s.name+"/"+pa.name, func(t *testing.T) {
+				p := pa.p
+				p.Token, p.Limit, p.Oldest, p.LowKeyed, p.LowUnordered = "x", 100, 100, 1, 1
+				plan := explainText(t, db, r.claim.SQL, ex.OneShot(r.claim.Args(r.claimArgs(&p))))
+				filters := planFilters(plan)
+				if leftover.MatchString(filters) {
+					t.Errorf("parameter machinery left in the claim's filters:\n%s", filters)
+				}
+				want := append(slices.Clone(s.want), pa.want...)
+				if len(want) == 0 && strings.Contains(filters, "topic") {
+					t.Errorf("a claim of every topic with nothing paused tests the topic:\n%s", filters)
+				}
+				for _, w := range want {
+					if !strings.Contains(filters, w) {
+						t.Errorf("no %q in the claim's filters:\n%s", w, filters)
+					}
+				}
+				if t.Failed() {
+					t.Log(plan)
+				}
+			})
+		}
+		t.Run(s.name+"/sweep", func(t *testing.T) {
+			named := params{"floor_keyed": int64(500), "floor_unordered": int64(500)}
+			for k, v := range r.topics {
+				named[k] = v
+			}
+			filters := planFilters(explainText(t, db, r.sweep.SQL, ex.OneShot(r.sweep.Args(named))))
+			if leftover.MatchString(filters) {
+				t.Errorf("parameter machinery left in the sweep's filters:\n%s", filters)
+			}
+			for _, w := range s.want {
+				if !strings.Contains(filters, w) {
+					t.Errorf("no %q in the sweep's filters:\n%s", w, filters)
+				}
+			}
+		})
+	}
+}
+
+// explainText returns EXPLAIN's text of sql.
+func explainText(t *testing.T, db *sql.DB, sql string, args []any) string {
+	t.Helper()
+	rs, err := db.QueryContext(context.Background(), `EXPLAIN `+sql, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	var b strings.Builder
+	for rs.Next() {
+		var line string
+		if err := rs.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		b.WriteString(line + "\n")
+	}
+	if err := rs.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+// planFilters returns the filter and condition lines of an EXPLAIN text.
+func planFilters(plan string) string {
+	var b strings.Builder
+	for _, line := range strings.Split(plan, "\n") {
+		if l := strings.TrimSpace(line); strings.HasPrefix(l, "Filter:") || strings.HasPrefix(l, "One-Time Filter:") || strings.HasPrefix(l, "Index Cond:") {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
 }

@@ -109,7 +109,7 @@ func TestClaimFlatUnderHeldSnapshot(t *testing.T) {
 func explainBuffers(t *testing.T, db *sql.DB, r *relay, p *dialect.ClaimParams) int64 {
 	t.Helper()
 	ctx := context.Background()
-	st, named := r.claimArgs(p)
+	st, named := r.claim, r.claimArgs(p)
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -43,7 +43,7 @@ func narrowDead(f dialect.DeadFilter, p params) string {
 func (Dialect) RetryDead(ctx context.Context, ex dialect.Executor, t *dialect.Table, f dialect.DeadFilter) (int64, error) {
 	p := params{}
 	// next_attempt_at = now(): the event is due at once, and the relays' claims find it even
-	// below their floors (the walked_retry fragment of claim.sql).
+	// below their floors (the walked_retry step of claim.sql's claim).
 	return exec(ctx, ex, `UPDATE `+dialect.DoubleQuote(t.Parts...)+` SET "dead_lettered_at" = NULL, "attempts" = 0, "next_attempt_at" = now(), "lease_until" = NULL, "leased_by" = NULL WHERE `+deadWhere(f, p), p, false)
 }
 

@@ -63,15 +63,6 @@ func topicCond(col string, tp dialect.Topic, p params) string {
 	}
 }
 
-// selectionCond renders a subscription's topic selection as a condition on col.
-func selectionCond(col string, sel dialect.TopicSelection, p params) string {
-	cond := topicCond(col, sel.Include, p)
-	for _, e := range sel.Excludes {
-		cond += " AND NOT " + topicCond(col, e, p)
-	}
-	return cond
-}
-
 // exec runs a named statement.
 func exec(ctx context.Context, ex dialect.Executor, q string, p params, oneShot bool) (int64, error) {
 	st := dialect.Compile(q, dialect.Dollar)
@@ -99,6 +90,6 @@ var claimFile string
 var markFile string
 
 var (
-	claimParts = dialect.ParseSQLFile(claimFile)
-	markParts  = dialect.ParseSQLFile(markFile)
+	claimStmts = dialect.ParseSQLFile(claimFile)
+	markStmts  = dialect.ParseSQLFile(markFile)
 )

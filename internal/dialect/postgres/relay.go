@@ -2,48 +2,33 @@ package postgres
 
 import (
 	"context"
-	"strconv"
 	"strings"
 
 	"github.com/watermill-outbox/outbox/internal/dialect"
 )
 
-// claimOrder is the order in which composeClaim joins claim.sql's fragments into one WITH
-// RECURSIVE statement (each may read those before it).
-var claimOrder = []string{"known", "skip", "walked_new", "walked_retry", "walked", "walk", "cont", "first", "wruns", "scanned", "probed", "sheads", "runs", "keyed", "locked",
-	"unordered_new", "unordered_retry", "unordered", "next_keyed", "next_unordered", "picked", "upd"}
-
-// relay is one subscription's compiled statements.
+// relay is one subscription's statements: claim.sql's and mark.sql's, filled with the table's
+// shape, and the parameters of its topic selection.
 type relay struct {
-	t                                 *dialect.Table
-	cfg                               dialect.RelayConfig
-	claim, paused, probe, renew, mark *dialect.Stmt
-	sweep                             *dialect.Stmt
-	topics                            params // the topic filter's parameters
+	t                         *dialect.Table
+	cfg                       dialect.RelayConfig
+	claim, sweep, renew, mark *dialect.Stmt
+	topics                    params // the topic selection's parameters (topicParams)
 }
 
 // NewRelay implements dialect.Dialect.
 func (Dialect) NewRelay(t *dialect.Table, cfg dialect.RelayConfig, sel dialect.TopicSelection) dialect.Relay {
-	r := &relay{t: t, cfg: cfg, topics: params{}}
-	filter := selectionCond(`"topic"`, sel, r.topics)
-	// Paused topics (outages) are one more parameter of the paused and probe statements; the
-	// claim used while nothing is paused has no such test.
-	r.claim = dialect.Compile(composeClaim(t, cfg, filter, filter, cfg.BatchSize), dialect.Dollar)
-	r.paused = dialect.Compile(composeClaim(t, cfg, filter, filter+` AND NOT ("topic" = ANY(@paused::text[]))`, cfg.BatchSize), dialect.Dollar)
-	r.probe = dialect.Compile(composeClaim(t, cfg, filter, filter+` AND "topic" = ANY(@paused::text[])`, 1), dialect.Dollar)
-	vars := map[string]string{"t": dialect.DoubleQuote(t.Parts...), "fence": `"leased_by" = @token AND "published_at" IS NULL`,
-		"max_attempts": strconv.Itoa(cfg.MaxAttempts), "retry_base_us": strconv.FormatInt(cfg.RetryBase.Microseconds(), 10),
-		"retry_max_us": strconv.FormatInt(cfg.RetryMax.Microseconds(), 10)}
-	r.mark = dialect.Compile(dialect.Fill(markParts["mark"], vars), dialect.Dollar)
-	r.sweep = dialect.Compile(composeSweep(t, filter), dialect.Dollar)
-	r.renew = dialect.Compile(dialect.Fill(markParts["renew"], vars), dialect.Dollar)
-	return r
+	shape := tableShape(t)
+	return &relay{t: t, cfg: cfg, topics: topicParams(sel),
+		claim: dialect.Compile(dialect.Fill(claimStmts["claim"], shape), dialect.Dollar),
+		sweep: dialect.Compile(dialect.Fill(claimStmts["sweep"], shape), dialect.Dollar),
+		mark:  dialect.Compile(dialect.Fill(markStmts["mark"], shape), dialect.Dollar),
+		renew: dialect.Compile(dialect.Fill(markStmts["renew"], shape), dialect.Dollar)}
 }
 
-// composeClaim builds the claim of up to batch events from claim.sql's fragments; filter selects
-// the topics claimed, base the subscription's topics (the floors' candidates: a paused topic's
-// events hold the floors).
-func composeClaim(t *dialect.Table, cfg dialect.RelayConfig, base, filter string, batch int) string {
+// tableShape returns the values of the placeholders of claim.sql and mark.sql: the table's
+// name, the payload column as the claim returns it, and its extra columns.
+func tableShape(t *dialect.Table) map[string]string {
 	payload := `o."payload"::text`
 	if t.Payload == dialect.PayloadBytea {
 		payload = `o."payload"`
@@ -53,46 +38,30 @@ func composeClaim(t *dialect.Table, cfg dialect.RelayConfig, base, filter string
 		extra.WriteString(", o." + dialect.DoubleQuote(c.Name))
 		uextra.WriteString(", u." + dialect.DoubleQuote(c.Name))
 	}
-	vars := map[string]string{
-		"t":           dialect.DoubleQuote(t.Parts...),
-		"pending":     `"published_at" IS NULL AND "dead_lettered_at" IS NULL`,
-		"claimable":   `("next_attempt_at" IS NULL OR "next_attempt_at" <= now()) AND ("lease_until" IS NULL OR "lease_until" < now())`,
-		"filter":      filter,
-		"basefilter":  base,
-		"fbasefilter": strings.ReplaceAll(base, `"topic"`, `f."topic"`),
-		// See the keyed fragment: primary-key lookups test the topic on an expression.
-		"pkfilter": strings.ReplaceAll(filter, `"topic"`, `("topic" || '')`),
-		"hfilter":  strings.ReplaceAll(filter, `"topic"`, `(h."topic" || '')`),
-		"batch":    strconv.Itoa(batch),
-		"keyscan":  strconv.Itoa(cfg.KeyScan),
-		"run":      strconv.Itoa(min(cfg.MaxRunPerKey, batch)),
-		"payload":  payload,
-		"extra":    extra.String(),
-		"uextra":   uextra.String(),
-		"nulls":    strings.Repeat(", NULL", 11+len(t.Extra)),
-	}
-	parts := make([]string, len(claimOrder))
-	for i, name := range claimOrder {
-		parts[i] = dialect.Fill(claimParts[name], vars)
-	}
-	return "WITH RECURSIVE " + strings.Join(parts, ",\n") + "\n" + dialect.Fill(claimParts["result"], vars)
+	return map[string]string{"t": dialect.DoubleQuote(t.Parts...), "payload": payload, "extra": extra.String(), "uextra": uextra.String(),
+		"nulls": strings.Repeat(", NULL", 11+len(t.Extra))}
 }
 
-// composeSweep builds the sweep (dialect.Sweeper): the floors' candidates of claim.sql
-// (next_keyed, next_unordered) below the floors instead of at or above them.
-func composeSweep(t *dialect.Table, filter string) string {
-	vars := map[string]string{
-		"t":           dialect.DoubleQuote(t.Parts...),
-		"pending":     `"published_at" IS NULL AND "dead_lettered_at" IS NULL`,
-		"basefilter":  filter,
-		"fbasefilter": strings.ReplaceAll(filter, `"topic"`, `f."topic"`),
+// topicParams returns the parameters of claim.sql's topic condition for sel: @topic_all, or
+// @topic_prefix and @topic, and @topic_not, the excluded patterns as LIKE patterns.
+func topicParams(sel dialect.TopicSelection) params {
+	not := make([]string, len(sel.Excludes))
+	for i, e := range sel.Excludes {
+		not[i] = likePattern(e)
 	}
-	below := func(name, floor string) string {
-		q := dialect.Fill(claimParts[name], vars)
-		q = q[strings.Index(q, "(")+1 : strings.LastIndex(q, ")")]
-		return strings.Replace(q, `"sequence" >= @`+floor, `"sequence" < @`+floor, 1)
+	return params{"topic_all": sel.Include.All, "topic_prefix": sel.Include.Prefix, "topic": sel.Include.Value, "topic_not": not}
+}
+
+// likePattern returns the LIKE pattern (escape character '\') that matches tp.
+func likePattern(tp dialect.Topic) string {
+	if tp.All {
+		return "%"
 	}
-	return "SELECT COALESCE((" + below("next_keyed", "floor_keyed") + "), 0), COALESCE((" + below("next_unordered", "floor_unordered") + "), 0)"
+	p := strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`).Replace(tp.Value)
+	if tp.Prefix {
+		p += "%"
+	}
+	return p
 }
 
 // LockHolders implements dialect.LockLooker: the virtual transaction ids holding a
@@ -129,13 +98,17 @@ func (r *relay) Sweep(ctx context.Context, ex dialect.Executor, floorKeyed, floo
 	return keyed, unordered, rs.Err()
 }
 
-// claimArgs returns the statement and named parameters of the claim p.
-func (r *relay) claimArgs(p *dialect.ClaimParams) (*dialect.Stmt, params) {
-	st := r.claim
+// claimArgs returns the claim's named parameters for p.
+func (r *relay) claimArgs(p *dialect.ClaimParams) params {
+	batch, paused, probe := r.cfg.BatchSize, p.Paused, false
+	if p.Probe != nil {
+		batch, paused, probe = 1, p.Probe, true
+	}
 	named := params{
 		"cursor": p.Cursor, "lease_us": r.cfg.LeaseDuration.Microseconds(), "token": p.Token,
 		"oldest": p.Oldest, "run_limit": p.Limit, "floor_unordered": p.LowUnordered, "floor_keyed": p.LowKeyed, "no_key_scan": p.NoKeyScan,
 		"cont_token": p.ContToken, "cont_margin_us": (r.cfg.LeaseDuration / 3).Microseconds(),
+		"batch": batch, "run": min(r.cfg.MaxRunPerKey, batch), "key_scan": r.cfg.KeyScan, "paused": nonNil(paused), "probe": probe,
 	}
 	var keys []string
 	var after, from []int64
@@ -156,22 +129,15 @@ func (r *relay) claimArgs(p *dialect.ClaimParams) (*dialect.Stmt, params) {
 		firstKeys[i], firstLast[i] = f.Key, f.Last
 	}
 	named["first_keys"], named["first_last"] = firstKeys, firstLast
-	switch {
-	case p.Probe != nil:
-		st, named["paused"] = r.probe, p.Probe
-	case len(p.Paused) > 0:
-		st, named["paused"] = r.paused, p.Paused
-	}
 	for k, v := range r.topics {
 		named[k] = v
 	}
-	return st, named
+	return named
 }
 
 // Claim implements dialect.Relay.
 func (r *relay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.ClaimParams) (*dialect.ClaimResult, error) {
-	st, named := r.claimArgs(p)
-	rs, err := ex.Query(ctx, st.SQL, ex.OneShot(st.Args(named))...)
+	rs, err := ex.Query(ctx, r.claim.SQL, ex.OneShot(r.claim.Args(r.claimArgs(p)))...)
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +168,8 @@ func (r *relay) Renew(ctx context.Context, ex dialect.Executor, token string, se
 func (r *relay) Mark(ctx context.Context, ex dialect.Executor, m *dialect.MarkParams) ([]dialect.MarkResult, error) {
 	named := params{"acked": nonNil(m.Acked), "released": nonNil(m.Released), "failed": nonNil(m.Failed), "errs": nonNil(m.Errs),
 		"jitters": nonNil(m.Jitters), "token": m.Token, "unavailable": nonNil(m.Unavailable), "notes": nonNil(m.Notes),
-		"perm": nonNil(m.Perm), "abandoned": nonNil(m.Abandoned), "keep": nonNil(m.Keep)}
+		"perm": nonNil(m.Perm), "abandoned": nonNil(m.Abandoned), "keep": nonNil(m.Keep), "max_attempts": r.cfg.MaxAttempts,
+		"retry_base_us": r.cfg.RetryBase.Microseconds(), "retry_max_us": r.cfg.RetryMax.Microseconds()}
 	rs, err := ex.Query(ctx, r.mark.SQL, ex.OneShot(r.mark.Args(named))...)
 	if err != nil {
 		return nil, err

@@ -57,7 +57,7 @@ func (Dialect) Statements(t *dialect.Table) []string {
 }
 
 // floorIndexes are the indexes the claim's floors need (see the walked_retry and next_keyed
-// fragments of claim.sql). Both hold only events that failed, were taken back from the dead
+// steps of claim.sql's claim). Both hold only events that failed, were taken back from the dead
 // letters or are dead-lettered, so an INSERT adds no entry to either (their predicates are
 // false for a new event) and a lease stays a HOT update (neither indexes a lease column).
 func floorIndexes(t *dialect.Table, q string) []string {

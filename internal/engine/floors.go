@@ -12,7 +12,7 @@ import (
 
 // keyLows are per-key sequences below which every event of the key is published, sent with
 // each claim so that its head checks start there instead of at the key's first index entry (see
-// the walk fragment of claim.sql). They come from the heads the relay claimed (a claimed head is
+// the walk step of the PostgreSQL claim). They come from the heads the relay claimed (a claimed head is
 // its key's first unpublished event, and per-key commit order keeps any later event of the key
 // above it) and from the marks it wrote (a run acked and written from its start: every event up
 // to its last is published; without this a key served by continuations kept the low of its first

@@ -31,6 +31,11 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	if sub.splitFor > 0 {
 		p.Limit = sub.splitLimit
 	}
+	if sub.isolating {
+		// Suspects go out one at a time (isolate): a claim of one keyed event leases no run
+		// to set aside.
+		p.Limit = 1
+	}
 	for i, k := range sub.contKeys {
 		p.Cont = append(p.Cont, dialect.Continuation{Key: k, From: sub.contFrom[i], After: sub.contAfter[i]})
 	}

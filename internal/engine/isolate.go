@@ -15,7 +15,9 @@ import (
 // and every other event is set aside: released with the start this claim counted taken back,
 // before anything is emitted. A batch claimed ahead delivers no suspect: it is set aside
 // whole, and the next claim (not ahead) isolates. The batch's marks land before the next
-// claim, so an isolated event's ack is never lost to the next one's death. Off when
+// claim, so an isolated event's ack is never lost to the next one's death. While isolating,
+// claims take one keyed event (ClaimParams.Limit; the unordered events and a dialect that
+// does not cap are set aside as above), until a claim finds no suspect. Off when
 // MaxDeliveryStarts is 1 (every claim would be a last start). Poll goroutine.
 func (sub *subscription) isolate(b *leased, deliver []*item) []*item {
 	limit := sub.s.cfg.MaxDeliveryStarts

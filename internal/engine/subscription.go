@@ -166,7 +166,7 @@ type pipeline struct {
 	next       *leased
 	noPrefetch int
 	// isolating: the last batch delivered a suspect alone (see isolate), logged once per
-	// episode.
+	// episode; claims take one keyed event meanwhile.
 	isolating bool
 }
 

@@ -72,7 +72,8 @@ type Capabilities struct {
 	DatabaseClock bool
 	// SchemaQualified: SchemaConfig.Table may be qualified ("schema.table", "db.table").
 	SchemaQualified bool
-	// ClaimAhead: a relay claims its next batch while the current one is out (every dialect).
+	// ClaimAhead: a relay claims its next batch while the current one is out (PostgreSQL,
+	// SQLite; not MariaDB/MySQL, see docs/design/relay.md).
 	ClaimAhead bool
 }
 

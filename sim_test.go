@@ -91,9 +91,9 @@ func newSimPlan(seed int64) simPlan {
 	p := simPlan{seed: seed}
 	switch draw(4) {
 	case 0, 1: // PostgreSQL's
-		p.caps = dialect.Capabilities{SkipLocked: true, Continuations: true, ClaimAhead: true, FlushAcks: true, DatabaseClock: true}
+		p.caps = dialect.Capabilities{SkipLocked: true, Continuations: true, FlushAcks: true, DatabaseClock: true}
 	case 2: // MariaDB's
-		p.caps = dialect.Capabilities{SkipLocked: true, Continuations: true, ClaimAhead: true, FlushAcks: true, DatabaseClock: true}
+		p.caps = dialect.Capabilities{SkipLocked: true, Continuations: true, FlushAcks: true, DatabaseClock: true}
 	default: // SQLite's
 		p.caps = dialect.Capabilities{ClaimAhead: true}
 	}

@@ -13,7 +13,7 @@ import (
 
 func TestMySQLLinked(t *testing.T) {
 	linktest.Linked(t, outbox.DialectMySQL, outbox.Capabilities{ConcurrentRelays: true, ContinuedRuns: true,
-		DatabaseClock: true, SchemaQualified: true, ClaimAhead: true})
+		DatabaseClock: true, SchemaQualified: true})
 }
 
 func TestSQLiteNotLinked(t *testing.T) {

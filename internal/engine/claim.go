@@ -31,7 +31,7 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	if sub.splitFor > 0 {
 		p.Limit = sub.splitLimit
 	}
-	if sub.isolating {
+	if sub.claimedOne = sub.oneNext; sub.claimedOne {
 		// Suspects go out one at a time (isolate): a claim of one keyed event leases no run
 		// to set aside.
 		p.Limit = 1

@@ -17,7 +17,8 @@ import (
 // whole, and the next claim (not ahead) isolates. The batch's marks land before the next
 // claim, so an isolated event's ack is never lost to the next one's death. While isolating,
 // claims take one keyed event (ClaimParams.Limit; the unordered events and a dialect that
-// does not cap are set aside as above), until a claim finds no suspect. Off when
+// does not cap are set aside as above); a claim of one that finds no suspect is followed by a
+// whole one, and the episode ends when a whole claim finds none. Off when
 // MaxDeliveryStarts is 1 (every claim would be a last start). Poll goroutine.
 func (sub *subscription) isolate(b *leased, deliver []*item) []*item {
 	limit := sub.s.cfg.MaxDeliveryStarts
@@ -40,6 +41,7 @@ func (sub *subscription) isolate(b *leased, deliver []*item) []*item {
 		}
 		return deliver
 	}
+	sub.oneNext = true
 	b.isolated = true
 	var keep *item
 	if !b.prefetched {
@@ -71,8 +73,13 @@ func (sub *subscription) isolate(b *leased, deliver []*item) []*item {
 	return []*item{keep}
 }
 
-// endIsolation logs the end of an isolation episode: a claim (not ahead) found no suspect.
+// endIsolation is called when a claim (not ahead) found no suspect: after a claim of one
+// event, the next claim is a whole one; after a whole one, the isolation episode ends.
 func (sub *subscription) endIsolation() {
+	if sub.claimedOne {
+		sub.oneNext = false
+		return
+	}
 	if sub.isolating {
 		sub.isolating = false
 		sub.s.logger.Info("outbox: suspect events isolated; whole batches resume", nil)

@@ -165,9 +165,10 @@ type pipeline struct {
 	// their keys were held by the batch out, e.g. a few hot keys).
 	next       *leased
 	noPrefetch int
-	// isolating: the last batch delivered a suspect alone (see isolate), logged once per
-	// episode; claims take one keyed event meanwhile.
-	isolating bool
+	// isolating: suspects are delivered alone (see isolate), from the claim that found the
+	// first to a whole claim that finds none; logged once at each end. oneNext: the next claim
+	// takes one keyed event (the last one found a suspect); claimedOne: the last claim did.
+	isolating, oneNext, claimedOne bool
 }
 
 // marks is one batch's mark statement, written beside the delivery of the batches after it.

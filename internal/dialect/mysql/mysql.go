@@ -79,8 +79,8 @@ func (*Dialect) Capabilities() dialect.Capabilities {
 		DatabaseClock:   true,
 		SchemaQualified: true,
 		FillFactor:      false,
-		ClaimAhead:      true,
-		Title:           "MariaDB/MySQL",
+		// ClaimAhead stays off: see dialect.Capabilities.ClaimAhead.
+		Title: "MariaDB/MySQL",
 		// MariaDB's JSON functions refuse nesting deeper than 31 levels (JSON_VALID is 0 for
 		// 32 nested arrays on 10.11); MySQL 8 allows 100. The lower bound holds for both.
 		MaxJSONDepth:  31,

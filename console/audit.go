@@ -118,28 +118,33 @@ func (a *auditLog) list(ctx context.Context, limit int) ([]AuditEntry, error) {
 		out = append(out, e)
 		return nil
 	}
+	var rows scannedRows
 	if a.pool != nil {
-		rows, err := a.pool.Query(ctx, q)
+		r, err := a.pool.Query(ctx, q)
 		if err != nil {
 			return nil, err
 		}
-		defer rows.Close()
-		for rows.Next() {
-			if err := scan(rows.Scan); err != nil {
-				return nil, err
-			}
+		defer r.Close()
+		rows = r
+	} else {
+		r, err := a.db.QueryContext(ctx, q)
+		if err != nil {
+			return nil, err
 		}
-		return out, rows.Err()
+		defer r.Close()
+		rows = r
 	}
-	rows, err := a.db.QueryContext(ctx, q)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
 	for rows.Next() {
 		if err := scan(rows.Scan); err != nil {
 			return nil, err
 		}
 	}
 	return out, rows.Err()
+}
+
+// scannedRows is what the audit reads of pgx.Rows and *sql.Rows alike.
+type scannedRows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
 }

@@ -341,7 +341,9 @@ func (s *suite) kill9(t *testing.T, name string, toStream bool) {
 	began := time.Now()
 	var kills, restarts []time.Time
 	var killed []*relayProc
-	var held [][]string // per kill: the events the killed relay held
+	var held [][]string            // per kill: the events the killed relay held
+	var states []map[string]string // per kill: their state at the kill, where the backend tells
+	var names []string             // per kill: the killed relay
 	for k := 1; k <= s.sz.kills; k++ {
 		if err := waitDelivered(log, int(float64(n)*0.97*float64(k)/float64(s.sz.kills)), 3*time.Minute); err != nil {
 			t.Fatalf("before kill %d: %v", k, err)
@@ -357,6 +359,14 @@ func (s *suite) kill9(t *testing.T, name string, toStream bool) {
 			t.Fatalf("events held by %s at kill %d: %v", r.name, k, err)
 		}
 		held = append(held, ids)
+		names = append(names, r.name)
+		var st map[string]string
+		if hd, ok := c.db.(heldDescriber); ok {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			st, _ = hd.describeHeld(ctx, c.schema.Table, r.name)
+			cancel()
+		}
+		states = append(states, st)
 		if err := r.start(); err != nil {
 			t.Fatal(err)
 		}
@@ -408,6 +418,9 @@ func (s *suite) kill9(t *testing.T, name string, toStream bool) {
 	v := judge(evs, nil, log.all())
 	drain := max(0, log.lastNew().Sub(lastRestart))
 	heldMed, heldMax := heldDelivered(log.all(), kills, restarts, held)
+	for _, r := range slowHeldReport(log.all(), kills, restarts, held, states, names, c.logs, 5*time.Second) {
+		t.Log(r)
+	}
 	c.line(v, fmt.Sprintf("kills=%d dup_per_kill=%.1f dup_max_kill=%d dup_not_after_kill=%d repeat_after_kill_max_s=%.2f held_after_restart_med_s=%.2f held_after_restart_max_s=%.2f drain_after_last_restart_s=%.2f run_s=%.1f seed_s=%.1f relay:dups/taken_back_by_kill=%s",
 		len(kills), float64(v.Duplicates)/float64(len(kills)), slices.Max(perKill), other, slowest.Seconds(), heldMed.Seconds(), heldMax.Seconds(), drain.Seconds(), time.Since(began).Seconds(), seedTook.Seconds(),
 		strings.Join(byKill, ",")))

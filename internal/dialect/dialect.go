@@ -478,6 +478,9 @@ const (
 	ClassUnavailable = "unavailable"
 	// ClassNotAttempted: the delivery was not attempted (Unavailable with Keep true).
 	ClassNotAttempted = "not_attempted"
+	// ClassHeld: held back before emission (MarkParams.Held): its destination was in an
+	// outage or over its rate limit.
+	ClassHeld = "held"
 	// ClassFailure: an ordinary failure (Failed, Perm false).
 	ClassFailure = "failure"
 	// ClassPermanent: a permanent failure (Failed, Perm true).
@@ -492,7 +495,14 @@ type MarkParams struct {
 	Token                                string
 	Acked, Released, Unavailable, Failed []int64
 	// Abandoned were unanswered at a stop: released, their delivery start uncounted.
-	Abandoned   []int64
+	Abandoned []int64
+	// Held were never emitted (their destination is in an outage or over its rate limit):
+	// released with their delivery start uncounted, no attempt counted, next_attempt_at
+	// HeldFor[i] microseconds after the mark's clock, last_error HeldNotes[i] and
+	// last_error_class ClassHeld. Their keys wait behind them like behind a retry.
+	Held      []int64
+	HeldFor   []int64
+	HeldNotes []string
 	Notes, Errs []string
 	Keep        []bool
 	Perm        []bool

@@ -126,6 +126,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Renew", s.renew)
 	t.Run("MarkFailures", s.markFailures)
 	t.Run("MarkUnavailableAbandoned", s.markUnavailable)
+	t.Run("MarkHeld", s.markHeld)
 	t.Run("TakeBack", s.takeBack)
 	t.Run("DeadLetters", s.deadLetters)
 	t.Run("Replay", s.replay)

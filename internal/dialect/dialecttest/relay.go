@@ -312,6 +312,36 @@ func (s *suite) markFailures(t *testing.T) {
 	wantSeqs(t, "nothing due", s.claim(t, r, 10, "f4"), nil...)
 }
 
+// markHeld: a held event (never emitted) is released with its start uncounted, no attempt,
+// due HeldFor later with its note and class held, and its key's later events wait behind it;
+// the mark is fenced by the token.
+func (s *suite) markHeld(t *testing.T) {
+	tb := s.table(t)
+	r := s.h.Dialect.NewRelay(tb, cfg(10, 10), all)
+	seq := s.insert(t, tb, ev("a", "k", ""), ev("a", "k", ""), ev("a", "", ""))
+	wantSeqs(t, "h1", s.claim(t, r, 10, "h1"), seq...)
+	if res := s.mark(t, r, &dialect.MarkParams{Token: "other", Held: seq[:1], HeldFor: []int64{1}, HeldNotes: []string{"x"}}); len(res) != 0 {
+		t.Fatalf("held under another token reported %+v, want nothing", res)
+	}
+	hold := 30 * time.Second
+	res := s.mark(t, r, &dialect.MarkParams{Token: "h1", Held: []int64{seq[0], seq[2]}, HeldFor: []int64{hold.Microseconds(), 1},
+		HeldNotes: []string{"held: dest down", "held: over rate"}, Released: seq[1:2]})
+	m := res[seq[0]]
+	if len(res) != 3 || m.Attempts != 0 || m.Dead || m.Next == nil || m.Next.Sub(m.Now) < hold-time.Second || m.Next.Sub(m.Now) > hold+time.Second {
+		t.Fatalf("held reported %+v (head %+v), want three events, the head due %s after the mark's clock, no attempt", res, m, hold)
+	}
+	rows := s.rows(t, tb)
+	if r := rows[0]; r.Attempts != 0 || strOf(r.LastError) != "held: dest down" || strOf(r.Class) != dialect.ClassHeld || r.Starts != 0 || r.Leased || r.LeasedBy != nil || !r.Retry {
+		t.Fatalf("held head: %v", r)
+	}
+	// The key's later event waits behind its held head; the unordered event held for 1 µs is due.
+	evs := s.claim(t, r, 10, "h2")
+	wantSeqs(t, "after the hold", evs, seq[2])
+	if evs[0].DeliveryStarts != 1 {
+		t.Fatalf("held event claimed again with %d delivery starts, want 1 (the held start uncounted)", evs[0].DeliveryStarts)
+	}
+}
+
 // markUnavailable: unavailable notes the error, counts no attempt, keeps the delivery start
 // when asked; abandoned releases and uncounts the start.
 func (s *suite) markUnavailable(t *testing.T) {

@@ -235,7 +235,8 @@ func (r *relay) Renew(ctx context.Context, ex dialect.Executor, token string, se
 // acked → published; released → lease cleared, delivery start uncounted; unavailable → lease
 // cleared, last_error noted, no attempt, the start kept when Keep (not attempted); failed →
 // attempts + 1 and a retry after min(RetryBase·2^attempts, RetryMax)·jitter, or a dead letter
-// at MaxAttempts or when Perm; abandoned → lease cleared, delivery_starts − 1 (not returned).
+// at MaxAttempts or when Perm; held → lease cleared, delivery_starts − 1, due HeldFor later,
+// class held; abandoned → lease cleared, delivery_starts − 1 (not returned).
 func (r *relay) Mark(ctx context.Context, ex dialect.Executor, m *dialect.MarkParams) ([]dialect.MarkResult, error) {
 	d := r.d
 	if err := d.begin(ctx, ex, OpMark); err != nil {
@@ -297,6 +298,16 @@ func (r *relay) Mark(ctx context.Context, ex dialect.Executor, m *dialect.MarkPa
 		x.Attempts++
 		res.Attempts = x.Attempts
 		out = append(out, res)
+	}
+	for i, s := range m.Held {
+		if x := held(s); x != nil {
+			e := m.HeldNotes[i]
+			x.LastError, x.LastErrorClass = &e, dialect.ClassHeld
+			x.DeliveryStarts = max(x.DeliveryStarts-1, 0)
+			x.NextAttemptAt = now.Add(time.Duration(m.HeldFor[i]) * time.Microsecond)
+			next := x.NextAttemptAt
+			out = append(out, dialect.MarkResult{Seq: x.Sequence, Attempts: x.Attempts, Next: &next, Now: now})
+		}
 	}
 	for _, s := range m.Abandoned {
 		if x := held(s); x != nil {

@@ -36,7 +36,8 @@ func (r *relay) Renew(ctx context.Context, ex dialect.Executor, token string, se
 // noted, delivery_starts kept or reset); failed (attempts + 1 and either a dead letter, at MaxAttempts or Perm, or
 // next_attempt_at = now + min(RetryBase·2^attempts, RetryMax) × jitter, the PostgreSQL
 // mark's formula with attempts counted before this failure); abandoned (released, the
-// delivery start uncounted). It returns a MarkResult for every event it wrote except the
+// delivery start uncounted); held (released, the start uncounted, next_attempt_at HeldFor
+// after the clock, class held). It returns a MarkResult for every event it wrote except the
 // abandoned ones, all with that clock; an event no longer held is left out.
 func (r *relay) Mark(ctx context.Context, ex dialect.Executor, p *dialect.MarkParams) ([]dialect.MarkResult, error) {
 	var out []dialect.MarkResult
@@ -48,7 +49,7 @@ func (r *relay) Mark(ctx context.Context, ex dialect.Executor, p *dialect.MarkPa
 }
 
 func (r *relay) mark(ctx context.Context, q querier, p *dialect.MarkParams, out *[]dialect.MarkResult) error {
-	all := slices.Concat(p.Acked, p.Released, p.Unavailable, p.Failed, p.Abandoned)
+	all := slices.Concat(p.Acked, p.Released, p.Unavailable, p.Failed, p.Abandoned, p.Held)
 	if len(all) == 0 {
 		return nil
 	}
@@ -145,6 +146,32 @@ func (r *relay) mark(ctx context.Context, q querier, p *dialect.MarkParams, out 
 				return fmt.Errorf("unavailable: %w", err)
 			}
 			report(seqs)
+		}
+	}
+	if len(p.Held) > 0 {
+		// Never emitted: released, the start uncounted, due again HeldFor after the clock.
+		type h struct {
+			S int64  `json:"s"`
+			E string `json:"e"`
+			N string `json:"n"`
+		}
+		var hs []h
+		for i, s := range p.Held {
+			if _, ok := held[s]; !ok {
+				continue
+			}
+			next := now.Add(time.Duration(p.HeldFor[i]) * time.Microsecond)
+			hs = append(hs, h{s, p.HeldNotes[i], timeText(next)})
+			*out = append(*out, dialect.MarkResult{Seq: s, Attempts: held[s], Next: &next, Now: now})
+		}
+		if len(hs) > 0 {
+			js, _ := json.Marshal(hs)
+			stmt := "UPDATE " + r.n.table + " o JOIN JSON_TABLE(?, '$[*]' COLUMNS (s BIGINT PATH '$.s', e LONGTEXT PATH '$.e', n VARCHAR(32) PATH '$.n')) f ON o.`sequence` = f.s" +
+				" SET o.`last_error` = f.e, o.`last_error_class` = 'held', o.`next_attempt_at` = f.n, o.`lease_until` = NULL, o.`leased_by` = NULL," +
+				" o.`delivery_starts` = GREATEST(o.`delivery_starts` - 1, 0) WHERE " + fence
+			if _, err := q.exec(ctx, stmt, string(js), p.Token); err != nil {
+				return fmt.Errorf("held: %w", err)
+			}
 		}
 	}
 	if len(p.Failed) > 0 {

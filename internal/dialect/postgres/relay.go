@@ -169,13 +169,14 @@ func (r *relay) Mark(ctx context.Context, ex dialect.Executor, m *dialect.MarkPa
 	named := params{"acked": nonNil(m.Acked), "released": nonNil(m.Released), "failed": nonNil(m.Failed), "errs": nonNil(m.Errs),
 		"jitters": nonNil(m.Jitters), "token": m.Token, "unavailable": nonNil(m.Unavailable), "notes": nonNil(m.Notes),
 		"perm": nonNil(m.Perm), "abandoned": nonNil(m.Abandoned), "keep": nonNil(m.Keep), "max_attempts": r.cfg.MaxAttempts,
+		"held": nonNil(m.Held), "held_for": nonNil(m.HeldFor), "held_notes": nonNil(m.HeldNotes),
 		"retry_base_us": r.cfg.RetryBase.Microseconds(), "retry_max_us": r.cfg.RetryMax.Microseconds()}
 	rs, err := ex.Query(ctx, r.mark.SQL, ex.OneShot(r.mark.Args(named))...)
 	if err != nil {
 		return nil, err
 	}
 	defer rs.Close()
-	out := make([]dialect.MarkResult, 0, len(m.Acked)+len(m.Released)+len(m.Unavailable)+len(m.Failed))
+	out := make([]dialect.MarkResult, 0, len(m.Acked)+len(m.Released)+len(m.Unavailable)+len(m.Failed)+len(m.Held))
 	for rs.Next() {
 		var res dialect.MarkResult
 		if err := rs.Scan(&res.Seq, &res.Attempts, &res.Next, &res.Dead, &res.Now); err != nil {

@@ -249,6 +249,26 @@ RETURNING "sequence", "attempts", "next_attempt_at", "dead_lettered_at"`,
 				return err
 			}
 		}
+		if len(m.Held) > 0 {
+			// Never emitted: released, the start uncounted, due again HeldFor later.
+			type h struct {
+				Seq  int64  `json:"s"`
+				Note string `json:"e"`
+				For  int64  `json:"f"`
+			}
+			hs := make([]h, len(m.Held))
+			for i := range m.Held {
+				hs[i] = h{m.Held[i], m.HeldNotes[i], m.HeldFor[i]}
+			}
+			q := fmt.Sprintf(`UPDATE %[1]s AS o SET "last_error" = f.e, "last_error_class" = 'held', "lease_until" = NULL, "leased_by" = NULL,
+	"delivery_starts" = max(o."delivery_starts" - 1, 0), "next_attempt_at" = $3 + f.f
+FROM (SELECT value ->> '$.s' AS s, value ->> '$.e' AS e, value ->> '$.f' AS f FROM json_each($1)) AS f
+WHERE o."sequence" = f.s AND %[2]s
+RETURNING "sequence", "attempts", "next_attempt_at", NULL`, t, ofence)
+			if err := collect(q, dialect.JSONList(hs), m.Token, nowUS); err != nil {
+				return err
+			}
+		}
 		if len(m.Abandoned) > 0 {
 			// Unanswered at a stop: released, and the start does not count.
 			if _, err := ex.Exec(ctx, fmt.Sprintf(`UPDATE %s SET "delivery_starts" = max("delivery_starts" - 1, 0), "lease_until" = NULL, "leased_by" = NULL WHERE "sequence" IN (SELECT value FROM json_each($1)) AND %s`,

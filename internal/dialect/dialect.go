@@ -500,9 +500,9 @@ type MarkParams struct {
 	// released with their delivery start uncounted, no attempt counted, next_attempt_at
 	// HeldFor[i] microseconds after the mark's clock, last_error HeldNotes[i] and
 	// last_error_class ClassHeld. Their keys wait behind them like behind a retry.
-	Held      []int64
-	HeldFor   []int64
-	HeldNotes []string
+	Held        []int64
+	HeldFor     []int64
+	HeldNotes   []string
 	Notes, Errs []string
 	Keep        []bool
 	Perm        []bool

@@ -76,6 +76,10 @@ func (c SubscriberConfig) engine() engine.Config {
 	if w := c.Wakeup; w != nil {
 		e.Wakeup = w.Listen
 	}
+	e.Destination = c.Destination
+	if limits := c.DestinationLimits; len(limits) > 0 {
+		e.Limits = func(dest string) engine.Limit { return engine.Limit(limits[dest]) }
+	}
 	return e
 }
 

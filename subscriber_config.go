@@ -5,10 +5,13 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-outbox/outbox/internal/engine"
 )
@@ -160,6 +163,31 @@ type SubscriberConfig struct {
 	// Defaults 200ms and 30s; UnavailableBackoffMax must not be below UnavailableBackoff.
 	UnavailableBackoff    time.Duration
 	UnavailableBackoffMax time.Duration
+	// Destination, when set, names the destination each event's message is bound for (a
+	// webhook host, a route: what an operator would call one destination; see
+	// webhook.Publisher.Destination), for Subscribe's per-message delivery (SubscribeBatches
+	// hands a batch to one destination and ignores it). It is called just before the message
+	// is emitted, from the delivery goroutines; "" names none (the topic-wide behaviour below).
+	// With it, outages and flow control are per destination:
+	//   - an unavailable answer opens an outage of the named destination; while it lasts the
+	//     events bound for it are held — not emitted, released with no attempt and no
+	//     delivery start counted, due again at the outage's next probe (the waits above) —
+	//     and their ordering keys wait behind them, while the topic's events bound for other
+	//     destinations keep flowing; one event per probe wait goes out as the probe, and the
+	//     destination's first other answer ends the outage. A topic is paused as above only
+	//     when a batch had none of its events answered by another destination (a topic with
+	//     one destination);
+	//   - DestinationLimits apply.
+	// Held events show last_error_class "held" and a last_error saying why.
+	Destination func(topic string, msg *message.Message) string
+	// DestinationLimits is the flow control of the destinations Destination names, by name
+	// (exact match; requires Destination). A destination over its Rate has its further events
+	// held until its tokens allow them (spread 1/Rate apart), so it never delays another
+	// destination; one at its MaxInFlight makes its key's next event wait for one of its
+	// deliveries of the same batch to end (held for UnavailableBackoff when the slots are taken
+	// by other subscriptions of this Subscriber). Limits hold per Subscriber (per relay
+	// process); relays sharing a destination each apply them. Nil: no limits.
+	DestinationLimits map[string]DestinationLimit
 	// UnavailableDeadLetterAfter bounds an outage: once a destination has been unavailable
 	// for this long without a break, each of its events that is refused as unavailable is
 	// dead-lettered at once (last_error says why) and its topics are claimed at full rate, so
@@ -425,10 +453,40 @@ func (c SubscriberConfig) Validate() error {
 	case c.WakeProbeInterval != 0 && c.Schema.Dialect != DialectPostgreSQL:
 		return bad("WakeProbeInterval", "the wake probe is PostgreSQL-only")
 	}
+	if len(c.DestinationLimits) > 0 && c.Destination == nil {
+		return bad("DestinationLimits", "set without Destination, which names the destinations they apply to")
+	}
+	for name, l := range c.DestinationLimits {
+		field := fmt.Sprintf("DestinationLimits[%q]", name)
+		switch {
+		case name == "":
+			return bad(field, "the empty name is no destination (Destination returns it for none)")
+		case l.Rate < 0 || math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0):
+			return bad(field+".Rate", "must be a finite number of events per second, at least 0")
+		case l.Burst < 0:
+			return bad(field+".Burst", "must not be negative")
+		case l.Burst > 0 && l.Rate == 0:
+			return bad(field+".Burst", "set without Rate")
+		case l.MaxInFlight < 0:
+			return bad(field+".MaxInFlight", "must not be negative")
+		}
+	}
 	for i, p := range c.ExcludeTopics {
 		if _, err := parseTopicPattern(fmt.Sprintf("SubscriberConfig.ExcludeTopics[%d]", i), p); err != nil {
 			return err
 		}
 	}
 	return c.Schema.Validate()
+}
+
+// DestinationLimit is one destination's flow control (SubscriberConfig.DestinationLimits); the
+// zero value limits nothing.
+type DestinationLimit struct {
+	// Rate is the most events per second emitted to the destination (0: unlimited), with
+	// Burst more at once after a quiet time (0: Rate/10, at least 1).
+	Rate  float64
+	Burst int
+	// MaxInFlight is the most of its events out at once over the Subscriber's subscriptions
+	// (0: unlimited; Concurrency still bounds each subscription).
+	MaxInFlight int
 }

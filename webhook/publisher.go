@@ -139,6 +139,21 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	return nil
 }
 
+// Destination names the destination msg is bound for, as the outbox's
+// SubscriberConfig.Destination wants it: "webhook <host>" of its target URL (host with its
+// port when the URL has one), the name the publisher's unavailable errors carry; "" when the
+// target cannot be resolved (Publish then fails it with the reason). With
+// SubscriberConfig.Destination set to it, an outage of one receiver holds only the events
+// bound for that host, and SubscriberConfig.DestinationLimits are keyed by that name. Safe for
+// concurrent use.
+func (p *Publisher) Destination(topic string, msg *message.Message) string {
+	u, _, _, derr := p.resolveTarget(topic, msg)
+	if derr != nil || u.Host == "" {
+		return ""
+	}
+	return "webhook " + u.Host
+}
+
 // Close stops the publisher: later Publish calls return ErrPublisherClosed, requests in flight
 // are cancelled (their messages fail), and Close returns once running Publish calls have
 // returned. Calling it again does nothing and returns nil.

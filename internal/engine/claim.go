@@ -185,8 +185,14 @@ func (sub *subscription) probeClaim(token string, o *outage) ([]*item, error) {
 	for t := range o.topics {
 		topics = append(topics, t)
 	}
-	// The oldest 16 keyed events are walked for the one event leased.
-	res, err := sub.relay.Claim(sub.ctx, sub.s.db, &dialect.ClaimParams{Token: token, Limit: 1, Oldest: 16, Probe: topics})
+	// The oldest 16 keyed events are walked for the one event leased; with named destinations
+	// (Config.Destination) up to 16 are leased, so that the probe also finds events of the
+	// topics bound elsewhere (the outage's own are held but for one, see destinations.go).
+	limit := 1
+	if sub.s.cfg.Destination != nil {
+		limit = min(sub.s.cfg.BatchSize, 16)
+	}
+	res, err := sub.relay.Claim(sub.ctx, sub.s.db, &dialect.ClaimParams{Token: token, Limit: limit, Oldest: 16, Probe: topics})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: probe claim from %s: %w", sub.s.table, err)
 	}

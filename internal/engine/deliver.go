@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -93,6 +94,13 @@ func (sub *subscription) deliverEach(ctx, mctx context.Context, items []*item, o
 	results := make(chan *item, len(items))
 	inflight, stopped := 0, false
 	var downTopics map[string]bool
+	g := &gate{sub: sub, view: sub.view}
+	dest := sub.s.cfg.Destination
+	release := func(l *lane) {
+		for _, rest := range l.items[l.pos+1:] {
+			rest.state = stateReleased
+		}
+	}
 	for {
 		for !stopped && inflight < sub.s.cfg.Concurrency && len(ready) > 0 {
 			l := ready[0]
@@ -108,9 +116,24 @@ func (sub *subscription) deliverEach(ctx, mctx context.Context, items []*item, o
 				continue // released below, with the rest of its lane
 			}
 			msg := sub.newMessage(mctx, it)
+			if dest != nil {
+				if it.dest = dest(it.ev.Topic, msg); it.dest != "" {
+					if ok, waiting := g.admit(it, l, time.Now()); !ok {
+						it.cancel()
+						if !waiting {
+							release(l)
+						}
+						continue
+					}
+				}
+			}
 			select {
 			case out <- msg:
 			case <-ctx.Done():
+				if it.limited != nil {
+					g.answered(it)
+				}
+				it.cancel()
 				stopped = true
 				continue
 			}
@@ -124,10 +147,19 @@ func (sub *subscription) deliverEach(ctx, mctx context.Context, items []*item, o
 			}()
 		}
 		if inflight == 0 {
+			if !stopped {
+				for _, l := range g.stranded() {
+					l.items[l.pos].hold(sub.s.cfg.UnavailableBackoff, fmt.Sprintf("held: destination %q at its MaxInFlight", l.items[l.pos].dest))
+					release(l)
+				}
+			}
 			break
 		}
 		it := <-results
 		inflight--
+		if r := g.answered(it); r != nil {
+			ready = append(ready, r)
+		}
 		l := laneOf[it]
 		switch it.state {
 		case stateAcked:
@@ -136,10 +168,8 @@ func (sub *subscription) deliverEach(ctx, mctx context.Context, items []*item, o
 				ready = append(ready, l)
 			}
 		case stateFailed, stateUnavailable:
-			for _, rest := range l.items[l.pos+1:] {
-				rest.state = stateReleased
-			}
-			if it.state == stateUnavailable {
+			release(l)
+			if it.state == stateUnavailable && it.dest == "" {
 				// The rest of the batch's events of this topic stay unsent: released
 				// without an attempt, like the refused one.
 				if downTopics == nil {

@@ -64,6 +64,13 @@ type Config struct {
 	// Wakeup, when set, returns a channel that receives a value whenever events of a topic
 	// match accepts may have been committed, until ctx ends.
 	Wakeup func(ctx context.Context, match func(topic string) bool) <-chan struct{}
+	// Destination, when set, names the destination of an event's message before the
+	// per-message path emits it ("" for none): outages and flow control are then kept per
+	// destination (see destinations.go). Called from the delivery goroutines.
+	Destination func(topic string, msg *message.Message) string
+	// Limits returns a destination's flow control (the zero Limit: none); nil: none. Called
+	// once per destination while its state is kept.
+	Limits func(dest string) Limit
 	// SQLiteEager and SQLiteNoReadFirst select the SQLite claims' locking policy (see
 	// eagerClaim); benchmarks compare policies with them.
 	SQLiteEager       int32
@@ -135,6 +142,7 @@ type Relay struct {
 	outagesMu   sync.Mutex
 	outages     map[*subscription][]Outage // written by each subscription's poll goroutine
 	probe       *wakeProbe                 // nil without a wake probe (wakeprobe.go)
+	limits      *limiters                  // per-destination flow control; nil without Limits
 }
 
 // Params is what New needs besides Config: the table, its dialect, and the handles.
@@ -156,6 +164,9 @@ type Params struct {
 func New(cfg Config, p Params) *Relay {
 	r := &Relay{db: p.DB, d: p.Dialect, caps: p.Dialect.Capabilities(), t: p.Table, table: p.Quoted, cfg: cfg, host: p.Host,
 		hooks: p.Hooks, logger: p.Logger, warn: p.Warn, closing: make(chan struct{}), tokenPrefix: p.TokenPrefix}
+	if cfg.Destination != nil && cfg.Limits != nil {
+		r.limits = &limiters{limits: cfg.Limits}
+	}
 	if pr, ok := p.Dialect.(dialect.WakeProber); ok && p.ProbeDB != nil {
 		r.probe = &wakeProbe{s: r, p: pr, ex: p.ProbeDB, interval: cfg.WakeProbeInterval, subs: map[chan struct{}]struct{}{}}
 	}

@@ -48,6 +48,12 @@ type item struct {
 	// flushRefused), read by mark after the flusher stopped.
 	acked   atomic.Bool
 	flushed int
+	// dest is the destination Config.Destination named for its message ("" without one);
+	// holdFor how long a held item waits (stateHeld); limited the flow-control state whose
+	// in-flight slot it holds while out. Written by the goroutine that emits the batch.
+	dest    string
+	holdFor time.Duration
+	limited *limited
 }
 
 const (
@@ -62,6 +68,9 @@ const (
 	// stateSetAside: released before emission with its start taken back, already written
 	// (see isolate); the batch's mark skips it
 	stateSetAside
+	// stateHeld: not emitted, or refused, while its destination is in an outage or over its
+	// rate (see destinations.go): released with its start uncounted, due again after holdFor
+	stateHeld
 )
 
 // failed records a Nack's error: a failure, a permanent failure, an unavailable destination or

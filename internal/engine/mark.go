@@ -16,6 +16,9 @@ import (
 type markSets struct {
 	acked, released, unavailable, failed []int64
 	abandoned                            []int64 // unanswered at a stop: released, the start uncounted
+	held                                 []int64 // held before emission (see destinations.go)
+	heldFor                              []int64 // per held: µs until due
+	heldNotes                            []string
 	notes, errs                          []string
 	keep                                 []bool // per unavailable: keep delivery_starts (not attempted)
 	perm                                 []bool
@@ -78,6 +81,10 @@ func (sub *subscription) mark(token string, items []*item) (unconfirmed map[stri
 			m.errs = append(m.errs, errText(it.err))
 			m.perm = append(m.perm, it.perm)
 			m.jitters = append(m.jitters, 0.9+0.2*rand.Float64())
+		case stateHeld:
+			m.held = append(m.held, seq)
+			m.heldFor = append(m.heldFor, it.holdFor.Microseconds())
+			m.heldNotes = append(m.heldNotes, errText(it.err))
 		case stateAbandoned:
 			m.abandoned = append(m.abandoned, seq)
 			continue
@@ -125,9 +132,9 @@ func (sub *subscription) writeMarks(token string, m markSets) (results []markRes
 	began := time.Now()
 	results, err = sub.relay.Mark(ctx, sub.s.db, &dialect.MarkParams{Token: token, Acked: m.acked, Released: m.released,
 		Unavailable: m.unavailable, Failed: m.failed, Abandoned: m.abandoned, Notes: m.notes, Errs: m.errs, Keep: m.keep,
-		Perm: m.perm, Jitters: m.jitters, Eager: m.eager})
+		Perm: m.perm, Jitters: m.jitters, Eager: m.eager, Held: m.held, HeldFor: m.heldFor, HeldNotes: m.heldNotes})
 	if h := sub.s.hooks.OnMark; h != nil {
-		h(MarkInfo{Events: len(m.acked) + len(m.released) + len(m.unavailable) + len(m.failed), Duration: time.Since(began), Err: err})
+		h(MarkInfo{Events: len(m.acked) + len(m.released) + len(m.unavailable) + len(m.failed) + len(m.held), Duration: time.Since(began), Err: err})
 	}
 	return results, err
 }
@@ -191,6 +198,10 @@ func (sub *subscription) reportMarks(results []markResult, byseq map[int64]*item
 			s.logWarn("outbox: delivery failed, will retry", logErr, fields)
 			if h := s.hooks.OnFailed; h != nil {
 				h(info)
+			}
+		case stateHeld:
+			if r.Next != nil {
+				sub.noteRetry(r.Now, *r.Next)
 			}
 		}
 	}

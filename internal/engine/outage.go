@@ -23,6 +23,9 @@ type outage struct {
 	seen time.Time
 	// empty counts the probes in a row that claimed nothing (see idle).
 	empty int
+	// shared are the topics of which another destination answered an event during the
+	// outage (Config.Destination): they are not paused; the outage's events are held instead.
+	shared map[string]bool
 }
 
 // MaxOutages caps the destinations a subscription tracks in an outage by name, so that the
@@ -114,7 +117,7 @@ func (sub *subscription) probeWait(o *outage, now time.Time) time.Duration {
 func (sub *subscription) dueProbe(now time.Time) *outage {
 	var due *outage
 	for _, o := range sub.outages {
-		if !sub.outageExpired(o, now) && !now.Before(o.nextProbe) && (due == nil || o.nextProbe.Before(due.nextProbe)) {
+		if len(o.topics) > 0 && !sub.outageExpired(o, now) && !now.Before(o.nextProbe) && (due == nil || o.nextProbe.Before(due.nextProbe)) {
 			due = o
 		}
 	}
@@ -125,7 +128,7 @@ func (sub *subscription) dueProbe(now time.Time) *outage {
 func (sub *subscription) nextProbeAt(now time.Time) time.Time {
 	var at time.Time
 	for _, o := range sub.outages {
-		if !sub.outageExpired(o, now) && (at.IsZero() || o.nextProbe.Before(at)) {
+		if len(o.topics) > 0 && !sub.outageExpired(o, now) && (at.IsZero() || o.nextProbe.Before(at)) {
 			at = o.nextProbe
 		}
 	}
@@ -139,10 +142,38 @@ func (sub *subscription) nextProbeAt(now time.Time) time.Time {
 func (sub *subscription) noteOutcomes(items []*item, probe *outage) {
 	now := time.Now()
 	answered := false
+	// healthy: the topics of which a named destination (Config.Destination) answered an event
+	// of the batch. A destination that answers ends its outage.
+	var healthy map[string]bool
+	for _, it := range items {
+		if it.dest == "" || !(it.state == stateAcked || it.state == stateFailed && !(it.perm && sub.unavailable(it.err))) {
+			continue
+		}
+		if healthy == nil {
+			healthy = map[string]bool{}
+		}
+		healthy[it.ev.Topic] = true
+		if o := sub.outages[it.dest]; o != nil {
+			sub.closeOutage(o, now, false)
+		}
+		for _, o := range sub.outages {
+			if o.topics[it.ev.Topic] {
+				// Paused when its batch had no other answer; another destination of the topic
+				// answers, so it flows again and only the outage's events are held.
+				delete(o.topics, it.ev.Topic)
+				if o.shared == nil {
+					o.shared = map[string]bool{}
+				}
+				o.shared[it.ev.Topic] = true
+			}
+		}
+	}
 	for _, it := range items {
 		switch it.state {
 		case stateAcked, stateFailed:
-			answered = true
+			// A probe is answered by its own destination (another one's answer ends no outage
+			// of a named destination: see healthy above).
+			answered = answered || it.dest == ""
 			// An outage past UnavailableDeadLetterAfter is not probed (its topics are claimed
 			// at full rate): the first answer of one of its topics ends it.
 			for _, o := range sub.outages {
@@ -151,16 +182,34 @@ func (sub *subscription) noteOutcomes(items []*item, probe *outage) {
 				}
 			}
 			continue
+		case stateHeld:
+			if o := sub.outages[it.dest]; o != nil {
+				o.seen = now
+			}
+			continue
 		case stateUnavailable:
 		default:
 			continue
 		}
 		_, dest, retryAfter := sub.s.host.Unavailable(it.err)
+		if it.dest != "" {
+			dest = it.dest
+		}
 		o, opened := sub.outageOf(dest, it, now)
 		if opened {
 			defer sub.outageHook(o, time.Time{})
 		}
-		o.topics[it.ev.Topic] = true
+		// A topic whose events another destination answered in this batch is not paused: the
+		// destination's events are held instead (see destinations.go).
+		spared := it.dest != "" && (healthy[it.ev.Topic] || o.shared[it.ev.Topic])
+		if spared && o.shared == nil {
+			o.shared = map[string]bool{}
+		}
+		if spared {
+			o.shared[it.ev.Topic] = true
+		} else {
+			o.topics[it.ev.Topic] = true
+		}
 		o.refused++
 		o.lastErr = it.err
 		o.seen = now
@@ -173,9 +222,19 @@ func (sub *subscription) noteOutcomes(items []*item, probe *outage) {
 		if next := now.Add(min(retryAfter, sub.s.cfg.UnavailableBackoffMax)); next.After(o.nextProbe) {
 			o.nextProbe = next
 		}
-		if sub.outageExpired(o, now) {
+		switch {
+		case sub.outageExpired(o, now):
 			it.state, it.perm = stateFailed, true
 			it.err = fmt.Errorf("destination unavailable for more than %s (SubscriberConfig.UnavailableDeadLetterAfter): %w", sub.s.cfg.UnavailableDeadLetterAfter, it.err)
+		case it.dest != "":
+			// A named destination refused it: held until after the outage's next probe, so
+			// that a probe claims another event (one of another destination ends its topic's
+			// pause, see healthy above); an in-batch probe refused moves the next one on.
+			if spared && o != probe && !opened {
+				o.probes++
+				o.nextProbe = now.Add(max(sub.probeWait(o, now), o.nextProbe.Sub(now)))
+			}
+			it.hold(o.nextProbe.Sub(now)+sub.probeWait(o, now), fmt.Sprintf("held: destination %q unavailable: %v", dest, it.err))
 		}
 	}
 	if probe != nil {
@@ -193,6 +252,13 @@ func (sub *subscription) noteOutcomes(items []*item, probe *outage) {
 			sub.closeOutage(probe, now, true)
 		default:
 			probe.nextProbe = now.Add(max(sub.probeWait(probe, now), probe.nextProbe.Sub(now)))
+		}
+	}
+	// An outage that pauses no topic (its events are held, see destinations.go) and saw none
+	// for UnavailableBackoffMax is closed: nothing is known of its destination any more.
+	for _, o := range sub.outages {
+		if len(o.topics) == 0 && o != probe && now.Sub(o.seen) >= sub.s.cfg.UnavailableBackoffMax {
+			sub.closeOutage(o, now, true)
 		}
 	}
 	// An outage past UnavailableDeadLetterAfter is not probed: it ends at an answer of one of

@@ -70,6 +70,7 @@ func (sub *subscription) poll() (again bool, err error) {
 		}
 	}
 	deliver := sub.deliverable(b)
+	sub.view = sub.destView(time.Now())
 	delivered := make(chan struct{})
 	go func() {
 		defer close(delivered)
@@ -237,6 +238,7 @@ func (sub *subscription) probe(token string, o *outage) (again bool, err error) 
 		return false, err
 	}
 	b := sub.lease(token, items, nil)
+	sub.view = sub.destView(time.Now()) // the probe is due: one event of its destination goes out
 	sub.deliver(b, sub.deliverable(b))
 	sub.noteOutcomes(items, o)
 	if _, err := sub.mark(token, items); err != nil {

@@ -147,9 +147,13 @@ type continuer struct {
 // settler is the outages stage's state (outage.go). Written by the poll goroutine only; the
 // Relay's copy for Outages is published under its lock.
 type settler struct {
-	// outages are the destinations found unavailable, by UnavailableError.Destination (see
-	// outage.go); their topics are left out of claims but for one probe event at a time.
+	// outages are the destinations found unavailable, by UnavailableError.Destination or the
+	// name Config.Destination gives (see outage.go); their topics are left out of claims but
+	// for one probe event at a time, or their events are held (see destinations.go).
 	outages map[string]*outage
+	// view is the outages a batch's delivery holds events of (see destView): set before the
+	// delivery starts, read by it.
+	view destView
 }
 
 // pipeline is the batches between their claim and their marks (poll.go). Written by the poll

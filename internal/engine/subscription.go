@@ -109,9 +109,9 @@ type claimer struct {
 	sweep      *sweeper
 	contFollow map[string]bool
 	// first are the keys taken back from an earlier relay of this name whose runs the next
-	// claims lease before any other (see takeBack), for firstClaims more claims.
-	first       []dialect.TakenKey
-	firstClaims int
+	// claims lease before any other (see takeBack), until firstUntil.
+	first      []dialect.TakenKey
+	firstUntil time.Time
 	// refind is a sequence the next claim lowers the keyed floor to (0: none; see refindFrom):
 	// a followed key's events from there may lie below the floor with no continuation left to
 	// lease them.

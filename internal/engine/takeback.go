@@ -38,7 +38,7 @@ func (sub *subscription) takeBack() {
 	if kt, ok := s.d.(dialect.KeyTakeBacker); ok {
 		var keys []dialect.TakenKey
 		n, keys, err = kt.TakeBackKeys(ctx, s.db, s.t, name, s.tokenPrefix)
-		sub.first, sub.firstClaims = keys, maxFirstClaims
+		sub.first, sub.firstUntil = keys, time.Now().Add(s.cfg.LeaseDuration)
 	} else {
 		n, err = s.d.TakeBack(ctx, s.db, s.t, name, s.tokenPrefix)
 	}
@@ -52,10 +52,12 @@ func (sub *subscription) takeBack() {
 	}
 }
 
-// maxFirstClaims bounds the claims after a take-back that are given the taken-back keys (see
-// claimedFirst): a key whose run another relay claimed, or whose head backs off, is not seen
-// as done, and would be looked up by every claim.
-const maxFirstClaims = 16
+// The taken-back keys are given to the claims for LeaseDuration after the take-back (see
+// claimedFirst), not for a number of claims: a relay restarted on a loaded machine may make many
+// small claims (split, isolating) before it reaches them, and a key that loses its place waits
+// for every older key of the backlog (tens of seconds in a long one). A key whose run another
+// relay claimed, or whose head backs off, is not seen as done and is looked up by each claim
+// until then: one index probe per key.
 
 // firstKeys returns the taken-back keys the next claim leases first (ClaimParams.First): up to
 // limit of claimer.first.
@@ -67,8 +69,8 @@ func (sub *subscription) firstKeys(limit int) []dialect.TakenKey {
 // len(first) of claimer.first) is done with: those of which it leased the last event taken
 // back. The others are kept: a run of theirs was cut (by the claim's limit or MaxRunPerKey, by
 // this relay or by another that took the key's head first), and the next run waits for that
-// one's marks; or their head is not claimable for now (backing off). After maxFirstClaims
-// claims none is kept.
+// one's marks; or their head is not claimable for now (backing off). LeaseDuration after the
+// take-back none is kept.
 func (sub *subscription) claimedFirst(first []dialect.TakenKey, items []*item) {
 	last := make(map[string]int64, len(items))
 	for _, it := range items {
@@ -83,7 +85,7 @@ func (sub *subscription) claimedFirst(first []dialect.TakenKey, items []*item) {
 		}
 	}
 	sub.first = append(kept, sub.first[len(first):]...)
-	if sub.firstClaims--; sub.firstClaims <= 0 {
+	if len(sub.first) == 0 || time.Now().After(sub.firstUntil) {
 		sub.first = nil
 	}
 }

@@ -149,6 +149,13 @@ func TestDestinationRateLimit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := destRelayConfig()
 		cfg.DestinationLimits = map[string]DestinationLimit{"slow": {Rate: 100, Burst: 10}}
+		var heldMu sync.Mutex
+		held := map[string]int{}
+		cfg.Hooks.OnHeld = func(i HeldInfo) {
+			heldMu.Lock()
+			held[i.Destination+"/"+i.Reason]++
+			heldMu.Unlock()
+		}
 		w := newDestWorld(t, cfg)
 		var slowKeys, fastKeys []string
 		for i := range 1000 {
@@ -180,6 +187,11 @@ func TestDestinationRateLimit(t *testing.T) {
 		if fastDone > 2*time.Second {
 			t.Errorf("unlimited destination took %s to deliver 1000 events, want it not held back by the limited one (≤ 2 s)", fastDone)
 		}
+		heldMu.Lock()
+		if len(held) != 1 || held["slow/rate"] == 0 {
+			t.Errorf("OnHeld calls %v, want some for slow/rate only", held)
+		}
+		heldMu.Unlock()
 		if w.sent["slow"] != 1000 {
 			t.Errorf("limited destination received %d messages, want 1000 (held events are not sent)", w.sent["slow"])
 		}

@@ -114,5 +114,8 @@ func (h Hooks) engine() engine.Hooks {
 	if f := h.OnMark; f != nil {
 		e.OnMark = func(i engine.MarkInfo) { f(MarkInfo(i)) }
 	}
+	if f := h.OnHeld; f != nil {
+		e.OnHeld = func(i engine.HeldInfo) { f(HeldInfo(i)) }
+	}
 	return e
 }

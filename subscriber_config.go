@@ -277,7 +277,28 @@ type Hooks struct {
 	// flushes of acks while a batch is out), with its duration and error.
 	OnClaim func(ClaimInfo)
 	OnMark  func(MarkInfo)
+	// OnHeld is called for each event held back for its destination (see
+	// SubscriberConfig.Destination): not emitted, no attempt counted.
+	OnHeld func(HeldInfo)
 }
+
+// HeldInfo describes an event held back for its destination (SubscriberConfig.Destination).
+type HeldInfo struct {
+	// EventID, Topic and Destination name the event and where it is bound.
+	EventID, Topic, Destination string
+	// Reason is HeldOutage, HeldRate or HeldInFlight.
+	Reason string
+	// Until is when it is due again (database clock where the dialect has one).
+	Until time.Time
+}
+
+// The reasons of HeldInfo: the destination is in an outage, over its DestinationLimit.Rate, or
+// at its DestinationLimit.MaxInFlight.
+const (
+	HeldOutage   = engine.HeldOutage
+	HeldRate     = engine.HeldRate
+	HeldInFlight = engine.HeldInFlight
+)
 
 // OutageInfo describes a destination's outage as a subscription sees it (see
 // SubscriberConfig.UnavailableBackoff).

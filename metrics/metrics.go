@@ -38,6 +38,14 @@ import (
 	"github.com/watermill-outbox/outbox/health"
 )
 
+// HeldRecorder is a Recorder that also counts the events held back for their destination
+// (outbox.HeldInfo: an outage of that destination, or its rate or in-flight limit). The
+// package's Prometheus and OpenTelemetry recorders implement it; the Observer calls it when
+// its Recorder does. destination is the bounded label.
+type HeldRecorder interface {
+	Held(destination, reason string)
+}
+
 // Recorder receives the relay's measurements. topic and destination are already the bounded
 // labels when an Observer (or Observer.Publisher) calls it (see Config.TopicPatterns and
 // Config.DestinationPatterns). Implementations must be safe for concurrent use and fast: the
@@ -287,6 +295,11 @@ func (o *Observer) Hooks() outbox.Hooks {
 		OnClaim:        func(i outbox.ClaimInfo) { o.rec.Claim(i.Events, i.Duration) },
 		OnMark:         func(i outbox.MarkInfo) { o.rec.Mark(i.Duration, i.Err != nil) },
 		OnOutage:       o.outage,
+		OnHeld: func(i outbox.HeldInfo) {
+			if hr, ok := o.rec.(HeldRecorder); ok {
+				hr.Held(o.DestinationLabel(i.Destination), i.Reason)
+			}
+		},
 	}
 }
 
@@ -433,6 +446,7 @@ func ComposeHooks(hs ...outbox.Hooks) outbox.Hooks {
 		out.OnLeaseLost = chain(out.OnLeaseLost, h.OnLeaseLost)
 		out.OnClaim = chain(out.OnClaim, h.OnClaim)
 		out.OnMark = chain(out.OnMark, h.OnMark)
+		out.OnHeld = chain(out.OnHeld, h.OnHeld)
 	}
 	return out
 }

@@ -237,3 +237,28 @@ func TestWatchSubscriptions(t *testing.T) {
 		t.Fatal("WatchSubscriptions did not return after both runners stopped")
 	}
 }
+
+// heldRec records Held calls (a HeldRecorder).
+type heldRec struct {
+	Recorder
+	held []string
+}
+
+func (r *heldRec) Held(destination, reason string) { r.held = append(r.held, destination+"/"+reason) }
+
+// TestHeldCountedUnderBoundedLabel: OnHeld reaches a HeldRecorder under the destination's
+// bounded label (past MaxDestinations: other), through Multi too; a Recorder without Held is
+// skipped.
+func TestHeldCountedUnderBoundedLabel(t *testing.T) {
+	r := &heldRec{Recorder: Multi()}
+	o, _ := New(Multi(r), Config{MaxDestinations: 1})
+	h := o.Hooks()
+	h.OnHeld(outbox.HeldInfo{Destination: "webhook a", Reason: outbox.HeldRate})
+	h.OnHeld(outbox.HeldInfo{Destination: "webhook b", Reason: outbox.HeldOutage})
+	h.OnHeld(outbox.HeldInfo{Destination: "webhook a", Reason: outbox.HeldInFlight})
+	if got, want := fmt.Sprint(r.held), "[webhook a/rate other/outage webhook a/in_flight]"; got != want {
+		t.Errorf("held %s, want %s", got, want)
+	}
+	plain, _ := New(Multi(), Config{})
+	plain.Hooks().OnHeld(outbox.HeldInfo{Destination: "x", Reason: outbox.HeldRate}) // no HeldRecorder: nothing to call
+}

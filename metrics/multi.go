@@ -80,6 +80,14 @@ func (m multi) DestinationCall(destination string, d time.Duration, ok bool) {
 	}
 }
 
+func (m multi) Held(destination, reason string) {
+	for _, r := range m {
+		if hr, ok := r.(HeldRecorder); ok {
+			hr.Held(destination, reason)
+		}
+	}
+}
+
 func (m multi) DestinationUnavailable(destination string, down bool) {
 	for _, r := range m {
 		r.DestinationUnavailable(destination, down)

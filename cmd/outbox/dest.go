@@ -94,6 +94,17 @@ func parseDestURL(s string) (destURL, error) {
 	return d, nil
 }
 
+// name is the destination's name in outages and metrics: "webhook <host>" (what the webhook
+// publisher's errors name), else its kind.
+func (d destURL) name() string {
+	if d.kind == destHTTP {
+		if u, err := url.Parse(d.raw); err == nil {
+			return "webhook " + u.Host
+		}
+	}
+	return string(d.kind)
+}
+
 // destOptions tune the destination's publisher.
 type destOptions struct {
 	// secret signs webhook requests (HMAC-SHA256, Outbox-Signature header); "" = unsigned.

@@ -206,8 +206,8 @@ func TestRelayStartLine(t *testing.T) {
 		t.Fatalf("relay exit %d; stderr:\n%s", code, p.errb.String())
 	}
 	want := fmt.Sprintf(`allow-prefix=[127.0.0.0/8] amqp-exchange="" backlog-interval=15s batch-size=100 commit=unknown concurrency=3 console=false console-token=unset db=%q debug=false delivery-timeout=5s `+
-		`dest-topic=all-orders exclude=[] http-addr="" lease=10s mark-interval=100ms max-attempts=5 max-delivery-starts=5 metrics-topic=[] `+
-		`poll-interval=50ms relay-name="" retry-base=1s retry-max=5m0s `+
+		`dest-topic=all-orders exclude=[] http-addr="" lease=10s mark-interval=100ms max-attempts=5 max-delivery-starts=5 max-in-flight=0 metrics-topic=[] `+
+		`poll-interval=50ms rate-burst=0 rate-limit=0 relay-name="" retry-base=1s retry-max=5m0s `+
 		`secret=set table=watermill_outbox to=http://127.0.0.1:9/hook topics=[orders.*] trace=false traces=off `+
 		`unavailable-backoff=200ms unavailable-backoff-max=30s unavailable-dead-letter-after=0s version=(devel) wake-probe=0s webhook-permanent-status=[]`, path)
 	if m[1] != want {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os/signal"
 	"regexp"
 	"strings"
@@ -39,6 +40,14 @@ type relayFlags struct {
 	markInterval    time.Duration
 	maxStarts       int
 	wakeProbe       time.Duration
+	// Flow control of the destination (per-message destinations only): destName names it,
+	// perMessage says whether --to is delivered one message at a time; both set from --to
+	// before config.
+	rateLimit   float64
+	rateBurst   int
+	maxInFlight int
+	destName    string
+	perMessage  bool
 }
 
 func (f *relayFlags) register(cmd *cobra.Command) {
@@ -58,6 +67,9 @@ func (f *relayFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.unavailableDead, "unavailable-dead-letter-after", 0, "dead-letter the events of a destination unavailable for this long without a break; 0 = never")
 	fl.DurationVar(&f.markInterval, "mark-interval", outbox.DefaultMarkInterval, "how often the acks of a batch still out are written (a killed relay repeats at most those since the last write)")
 	fl.DurationVar(&f.wakeProbe, "wake-probe", outbox.DefaultWakeProbeInterval, "PostgreSQL: how often the relay probes the table's sequence to claim within milliseconds of any writer's commit (one tiny statement, no table rows read); 0 = off (poll only)")
+	fl.Float64Var(&f.rateLimit, "rate-limit", 0, "most events per second sent to the destination (http(s) and asynq destinations); events over it wait in the table, no attempt counted; 0 = unlimited")
+	fl.IntVar(&f.rateBurst, "rate-burst", 0, "events sent at once above --rate-limit after a quiet time; 0 = rate-limit/10, at least 1")
+	fl.IntVar(&f.maxInFlight, "max-in-flight", 0, "most events out to the destination at once (http(s) and asynq destinations); 0 = --concurrency per subscription")
 	fl.IntVar(&f.maxStarts, "max-delivery-starts", outbox.DefaultMaxDeliveryStarts, "dead-letter an event whose delivery started this many times without an outcome (the relay crashed on it each time)")
 }
 
@@ -105,6 +117,9 @@ func (f *relayFlags) config(schema outbox.SchemaConfig, probes bool) (outbox.Sub
 			return cfg, badFlag(name, " must be positive")
 		}
 	}
+	if err := f.limits(&cfg); err != nil {
+		return cfg, err
+	}
 	if err := cfg.Validate(); err != nil {
 		var ce *outbox.ConfigError
 		if errors.As(err, &ce) {
@@ -115,6 +130,30 @@ func (f *relayFlags) config(schema outbox.SchemaConfig, probes bool) (outbox.Sub
 		return cfg, &usageError{errors.New(strings.TrimPrefix(err.Error(), "outbox: "))}
 	}
 	return cfg, nil
+}
+
+// limits sets cfg's destination flow control from --rate-limit, --rate-burst and
+// --max-in-flight: the one destination of --to, named destName, limited (see
+// SubscriberConfig.DestinationLimits). Batch destinations (Kafka, RabbitMQ, Redis) refuse them.
+func (f *relayFlags) limits(cfg *outbox.SubscriberConfig) error {
+	switch {
+	case f.rateLimit == 0 && f.rateBurst == 0 && f.maxInFlight == 0:
+		return nil
+	case f.rateLimit < 0 || math.IsNaN(f.rateLimit) || math.IsInf(f.rateLimit, 0):
+		return badFlag("rate-limit", " must be a number of events per second, at least 0")
+	case f.rateBurst < 0:
+		return badFlag("rate-burst", " must not be negative")
+	case f.rateBurst > 0 && f.rateLimit == 0:
+		return badFlag("rate-burst", " needs --rate-limit")
+	case f.maxInFlight < 0:
+		return badFlag("max-in-flight", " must not be negative")
+	case !f.perMessage:
+		return &usageError{errors.New("--rate-limit, --rate-burst and --max-in-flight apply to http(s) and asynq destinations (delivered one message at a time); Kafka, RabbitMQ and Redis take a whole batch per call")}
+	}
+	name := f.destName
+	cfg.Destination = func(string, *message.Message) string { return name }
+	cfg.DestinationLimits = map[string]outbox.DestinationLimit{name: {Rate: f.rateLimit, Burst: f.rateBurst, MaxInFlight: f.maxInFlight}}
+	return nil
 }
 
 // topicPatternForm says what a topic pattern looks like, for checkList.
@@ -240,6 +279,7 @@ LISTEN/NOTIFY: lower --poll-interval for lower latency, at the price of more emp
 			if err != nil {
 				return err
 			}
+			rf.destName, rf.perMessage = dest.name(), dest.kind == destHTTP || dest.kind == destAsynq
 			prefixes, err := parsePrefixes(allow)
 			if err != nil {
 				return err

@@ -149,7 +149,7 @@ func (sub *subscription) deliverEach(ctx, mctx context.Context, items []*item, o
 		if inflight == 0 {
 			if !stopped {
 				for _, l := range g.stranded() {
-					l.items[l.pos].hold(sub.s.cfg.UnavailableBackoff, fmt.Sprintf("held: destination %q at its MaxInFlight", l.items[l.pos].dest))
+					l.items[l.pos].hold(sub.s.cfg.UnavailableBackoff, HeldInFlight, fmt.Sprintf("held: destination %q at its MaxInFlight", l.items[l.pos].dest))
 					release(l)
 				}
 			}

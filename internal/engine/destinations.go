@@ -161,12 +161,12 @@ func (g *gate) admit(it *item, l *lane, now time.Time) (ok, waiting bool) {
 	sub := g.sub
 	d := it.dest
 	if g.down[d] {
-		it.hold(sub.s.cfg.UnavailableBackoff, fmt.Sprintf("held: destination %q unavailable (refused an event of the same batch)", d))
+		it.hold(sub.s.cfg.UnavailableBackoff, HeldOutage, fmt.Sprintf("held: destination %q unavailable (refused an event of the same batch)", d))
 		return false, false
 	}
 	if probe, in := g.view[d]; in {
 		if now.Before(probe) || g.probed[d] {
-			it.hold(max(probe.Sub(now), sub.s.cfg.UnavailableBackoff), fmt.Sprintf("held: destination %q in an outage; next probe in %s", d, max(probe.Sub(now), 0).Round(time.Millisecond)))
+			it.hold(max(probe.Sub(now), sub.s.cfg.UnavailableBackoff), HeldOutage, fmt.Sprintf("held: destination %q in an outage; next probe in %s", d, max(probe.Sub(now), 0).Round(time.Millisecond)))
 			return false, false
 		}
 		if g.probed == nil {
@@ -189,14 +189,14 @@ func (g *gate) admit(it *item, l *lane, now time.Time) (ok, waiting bool) {
 	case full:
 		// Every slot is taken by other batches (other subscriptions of this relay): held
 		// briefly rather than waiting on deliveries this batch does not see end.
-		it.hold(sub.s.cfg.UnavailableBackoff, fmt.Sprintf("held: destination %q at its MaxInFlight", d))
+		it.hold(sub.s.cfg.UnavailableBackoff, HeldInFlight, fmt.Sprintf("held: destination %q at its MaxInFlight", d))
 		return false, false
 	case hold > 0:
 		if g.held == nil {
 			g.held = map[string]int{}
 		}
 		g.held[d]++
-		it.hold(hold, fmt.Sprintf("held: destination %q over its rate of %g events/s", d, st.limit.Rate))
+		it.hold(hold, HeldRate, fmt.Sprintf("held: destination %q over its rate of %g events/s", d, st.limit.Rate))
 		return false, false
 	}
 	it.limited = st
@@ -239,6 +239,6 @@ func (g *gate) stranded() []*lane {
 }
 
 // hold marks it held back before emission for d with the note why (see dialect.MarkParams.Held).
-func (it *item) hold(d time.Duration, why string) {
-	it.state, it.holdFor, it.err = stateHeld, max(d, time.Millisecond), fmt.Errorf("%s", why)
+func (it *item) hold(d time.Duration, reason, why string) {
+	it.state, it.holdFor, it.holdReason, it.err = stateHeld, max(d, time.Millisecond), reason, fmt.Errorf("%s", why)
 }

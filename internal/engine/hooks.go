@@ -13,7 +13,21 @@ type Hooks struct {
 	OnLeaseLost    func(LeaseLostInfo)
 	OnClaim        func(ClaimInfo)
 	OnMark         func(MarkInfo)
+	OnHeld         func(HeldInfo)
 }
+
+// HeldInfo describes an event held back for its destination (see destinations.go).
+type HeldInfo struct {
+	EventID, Topic, Destination, Reason string
+	Until                               time.Time
+}
+
+// The reasons an event is held.
+const (
+	HeldOutage   = "outage"
+	HeldRate     = "rate"
+	HeldInFlight = "in_flight"
+)
 
 // OutageInfo describes a destination's outage as a subscription sees it.
 type OutageInfo struct {

@@ -51,9 +51,10 @@ type item struct {
 	// dest is the destination Config.Destination named for its message ("" without one);
 	// holdFor how long a held item waits (stateHeld); limited the flow-control state whose
 	// in-flight slot it holds while out. Written by the goroutine that emits the batch.
-	dest    string
-	holdFor time.Duration
-	limited *limited
+	dest       string
+	holdFor    time.Duration
+	holdReason string // HeldOutage, HeldRate or HeldInFlight
+	limited    *limited
 }
 
 const (

@@ -202,6 +202,9 @@ func (sub *subscription) reportMarks(results []markResult, byseq map[int64]*item
 		case stateHeld:
 			if r.Next != nil {
 				sub.noteRetry(r.Now, *r.Next)
+				if h := s.hooks.OnHeld; h != nil {
+					h(HeldInfo{EventID: it.id, Topic: ev.Topic, Destination: it.dest, Reason: it.holdReason, Until: *r.Next})
+				}
 			}
 		}
 	}

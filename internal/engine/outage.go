@@ -234,7 +234,7 @@ func (sub *subscription) noteOutcomes(items []*item, probe *outage) {
 				o.probes++
 				o.nextProbe = now.Add(max(sub.probeWait(o, now), o.nextProbe.Sub(now)))
 			}
-			it.hold(o.nextProbe.Sub(now)+sub.probeWait(o, now), fmt.Sprintf("held: destination %q unavailable: %v", dest, it.err))
+			it.hold(o.nextProbe.Sub(now)+sub.probeWait(o, now), HeldOutage, fmt.Sprintf("held: destination %q unavailable: %v", dest, it.err))
 		}
 	}
 	if probe != nil {

@@ -32,6 +32,7 @@ type Recorder struct {
 	pending, deadGauge, unavail, held    metric.Int64Gauge
 	oldest                               metric.Float64Gauge
 	destDown                             metric.Int64Gauge
+	destHeld                             metric.Int64Counter
 	destCall                             metric.Float64Histogram
 	relayUp, subsRunning                 metric.Int64Gauge
 	written, writeDup, writeInvalid      metric.Int64Counter
@@ -98,6 +99,9 @@ func New(mp metric.MeterProvider) (*Recorder, error) {
 	gauge(&r.unavail, "outbox.unavailable.events", "Pending events held by an unavailable destination: every pending event of a topic whose destination answered unavailable at the last delivery (last Backlog sample).")
 	if err == nil {
 		r.oldest, err = m.Float64Gauge("outbox.oldest_pending.age", metric.WithDescription("Age of the oldest pending event, database clock (last Backlog sample)."), metric.WithUnit("s"))
+	}
+	if err == nil {
+		r.destHeld, err = m.Int64Counter("outbox.destination.held", metric.WithDescription("Events held back for their destination (not sent, no attempt counted); attributes destination, reason (outage, rate, in_flight)."), metric.WithUnit("{event}"))
 	}
 	if err == nil {
 		r.destDown, err = m.Int64Gauge("outbox.destination.unavailable", metric.WithDescription("1 while a subscription treats the destination as unavailable, else 0."))
@@ -215,6 +219,11 @@ func (r *Recorder) DestinationCall(destination string, d time.Duration, ok bool)
 		outcome = "error"
 	}
 	r.destCall.Record(ctx, d.Seconds(), metric.WithAttributes(attribute.String("destination", destination), attribute.String("outcome", outcome)))
+}
+
+// Held implements metrics.HeldRecorder.
+func (r *Recorder) Held(destination, reason string) {
+	r.destHeld.Add(ctx, 1, metric.WithAttributes(attribute.String("destination", destination), attribute.String("reason", reason)))
 }
 
 // DestinationUnavailable implements metrics.Recorder.

@@ -36,6 +36,7 @@ type Recorder struct {
 	pending, deadGauge, oldest, unavail  prometheus.Gauge
 	held                                 prometheus.Gauge
 	destDown                             *prometheus.GaugeVec
+	destHeld                             *prometheus.CounterVec
 	destCall                             *prometheus.HistogramVec
 	relayUp, subsRunning                 prometheus.Gauge
 	written, writeDup, writeInvalid      *prometheus.CounterVec
@@ -86,6 +87,8 @@ func New(reg prometheus.Registerer) (*Recorder, error) {
 		unavail:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_unavailable_events", Help: "Pending events held by an unavailable destination: every pending event of a topic whose destination answered unavailable at the last delivery (last Backlog sample)."}),
 		held:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_held_events", Help: "Pending events waiting behind a dead-lettered or failed (attempts > 0) head of their ordering key (last Backlog sample)."}),
 		destDown:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_destination_unavailable", Help: "1 while a subscription of this relay treats the destination as unavailable, else 0."}, []string{"destination"}),
+		destHeld: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_destination_held_total",
+			Help: "Events held back for their destination (not sent, no attempt counted); reason outage, rate or in_flight."}, []string{"destination", "reason"}),
 		destCall: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "outbox_destination_call_duration_seconds",
 			Help: "Duration of calls to the destination (one message, or one batch for batching destinations); outcome ok or error.", Buckets: CallBuckets}, []string{"destination", "outcome"}),
 		relayUp:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_up", Help: "1 while every subscription of the relay is running, else 0."}),
@@ -100,7 +103,7 @@ func New(reg prometheus.Registerer) (*Recorder, error) {
 	var registered []prometheus.Collector
 	for _, c := range []prometheus.Collector{r.relayUp, r.subsRunning, r.written, r.writeDup, r.writeInvalid, r.writeDur,
 		r.delivered, r.failed, r.dead, r.unavailable, r.leaseLost, r.markFailures, r.backlogErr,
-		r.delay, r.claimDur, r.claimSize, r.markDur, r.pending, r.deadGauge, r.oldest, r.unavail, r.held, r.destDown, r.destCall} {
+		r.delay, r.claimDur, r.claimSize, r.markDur, r.pending, r.deadGauge, r.oldest, r.unavail, r.held, r.destDown, r.destHeld, r.destCall} {
 		if err := reg.Register(c); err != nil {
 			for _, done := range registered { // all or nothing: no orphan series
 				reg.Unregister(done)
@@ -173,6 +176,11 @@ func (r *Recorder) DestinationUnavailable(destination string, down bool) {
 		v = 1
 	}
 	r.destDown.WithLabelValues(destination).Set(v)
+}
+
+// Held implements metrics.HeldRecorder.
+func (r *Recorder) Held(destination, reason string) {
+	r.destHeld.WithLabelValues(destination, reason).Inc()
 }
 
 // Subscriptions implements metrics.Recorder.

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
+
+	"github.com/ThreeDotsLabs/watermill/message"
 	"time"
 
 	"github.com/watermill-outbox/outbox/internal/dialect"
@@ -53,6 +55,10 @@ type simPlan struct {
 	// without an outcome is then the poison event's doing, and (g) holds that only it is
 	// dead-lettered as poison.
 	poison int64
+	// dests: messages are bound for destinations d0, d1, d2 (sequence mod 3) named by
+	// SubscriberConfig.Destination, so outages hold per destination; limited: d0 is limited to
+	// 5 events/s.
+	dests, limited bool
 }
 
 // simWrite is one insert at a virtual time after the start.
@@ -148,6 +154,16 @@ func newSimPlan(seed int64) simPlan {
 		p.faultRate, p.slowPct = 0, 0
 		p.weights[0], p.weights[4] = p.weights[0]+p.weights[4], 0
 		p.cfg.MaxDeliveryStarts = max(p.cfg.MaxDeliveryStarts, 3)
+	}
+	if draw(3) == 0 && p.poison == 0 {
+		p.dests, p.limited = true, draw(2) == 0
+		p.cfg.Destination = func(_ string, msg *message.Message) string {
+			seq, _ := strconv.ParseInt(msg.Metadata.Get(MetadataSequence), 10, 64)
+			return "d" + strconv.FormatInt(seq%3, 10)
+		}
+		if p.limited {
+			p.cfg.DestinationLimits = map[string]DestinationLimit{"d0": {Rate: 5, Burst: 1}}
+		}
 	}
 	return p
 }

@@ -104,14 +104,15 @@ func simCheck(w *simWorld, runErr error) []string {
 		switch {
 		case answered:
 			want = map[string][]string{simAck: {markAcked, markReleased}, simFail: {markFailed}, simSilent: {markFailed},
-				simPerm: {markPerm}, simUnavailable: {markUnavailable}, simNotAttempted: {markNotAttempt}}[ans.what]
+				simPerm: {markPerm}, simUnavailable: {markUnavailable, markHeld}, simNotAttempted: {markNotAttempt}}[ans.what]
 		case emitted:
 			want = []string{markReleased}
 		case poison:
 			// Dead-lettered, or released behind its key's earlier poison event.
 			want = []string{markPerm, markReleased}
 		default:
-			want = []string{markReleased}
+			// Not emitted: released, or held for its destination (an outage, a rate limit).
+			want = []string{markReleased, markHeld}
 		}
 		if !contains(want, m.what) {
 			what := "no answer"

@@ -55,6 +55,7 @@ const (
 	markNotAttempt  = "not_attempted"
 	markFailed      = "failed"
 	markPerm        = "perm"
+	markHeld        = "held"
 )
 
 // simEntry is one log entry; i is its place in the log.
@@ -224,6 +225,9 @@ func (r *simRelay) Mark(ctx context.Context, ex dialect.Executor, m *dialect.Mar
 		if m.Keep[i] {
 			what[s] = markNotAttempt
 		}
+	}
+	for _, s := range m.Held {
+		what[s] = markHeld
 	}
 	for i, s := range m.Failed {
 		what[s] = markFailed

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -36,7 +38,8 @@ const tcBatchSize = 1000
 // forwarder.Func: a process span per sampled event) and on the batch path (a BatchPublisher: a
 // send span per call linking every event), in the variants of tcModes, interleaved in one run
 // (each round runs them in a rotated order; OUTBOX_BENCH_ROUNDS rounds, default 3;
-// OUTBOX_BENCH_PATH=per-message or batch runs one path only). It reports
+// OUTBOX_BENCH_PATH=per-message or batch runs one path only, OUTBOX_BENCH_MODES=always,off some
+// variants only, e.g. for a CPU profile of one). It reports
 // per path and variant the median events/s and this process's CPU µs per event (getrusage: the
 // relay and the tracer, not the database), the ratios to off (by rate and by CPU: off CPU / on
 // CPU), and the CPU ns per event each variant adds. Each traced drain fails unless exactly the
@@ -59,16 +62,27 @@ func BenchmarkTracingCost(b *testing.B) {
 				for r := range rounds {
 					for i := range tcModes {
 						mode := tcModes[(i+r)%len(tcModes)]
+						if only := os.Getenv("OUTBOX_BENCH_MODES"); only != "" && !slices.Contains(strings.Split(only, ","), mode) {
+							continue
+						}
 						rate, cpu := tcDrain(b, n, batch, mode)
 						rates[mode] = append(rates[mode], rate)
 						cpus[mode] = append(cpus[mode], cpu)
 					}
 				}
 			}
+			b.Logf("%s: rates off %v always %v ratio10 %v; cpu µs/event off %v always %v ratio10 %v", name,
+				rates["off"], rates["always"], rates["ratio10"], cpus["off"], cpus["always"], cpus["ratio10"])
+			if len(rates["off"]) == 0 {
+				return // OUTBOX_BENCH_MODES without off: no ratios
+			}
 			off, cOff := median(rates["off"]), median(cpus["off"])
 			b.ReportMetric(off, "off-events/s")
 			b.ReportMetric(cOff, "off-cpu-µs/event")
 			for _, mode := range tcModes[1:] {
+				if len(rates[mode]) == 0 {
+					continue
+				}
 				rate, cpu := median(rates[mode]), median(cpus[mode])
 				b.ReportMetric(rate, mode+"-events/s")
 				b.ReportMetric(cpu, mode+"-cpu-µs/event")
@@ -76,8 +90,6 @@ func BenchmarkTracingCost(b *testing.B) {
 				b.ReportMetric(cOff/cpu, mode+"-off-cpu-ratio")
 				b.ReportMetric((cpu-cOff)*1000, mode+"-added-cpu-ns/event")
 			}
-			b.Logf("%s: rates off %v always %v ratio10 %v; cpu µs/event off %v always %v ratio10 %v", name,
-				rates["off"], rates["always"], rates["ratio10"], cpus["off"], cpus["always"], cpus["ratio10"])
 		})
 	}
 }

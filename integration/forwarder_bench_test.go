@@ -83,13 +83,15 @@ FROM generate_series(1, $3) g`, schema.Table, headers)
 
 // fwdBenchDrain runs our forwarder from a fresh backlog to pub until every event is marked
 // published, and reports events/s plus where the time went: claim-s and mark-s (the outbox
-// subscriber's claim and mark statements, from its hooks), claims and events/claim, and, for a
-// BatchPublisher, send-s (the destination's PublishBatch calls), batches and idle-s: the
+// subscriber's claim and mark statements, from its hooks), claims (that leased events),
+// empty-claims (that leased none) and events/claim, and, for a
+// BatchPublisher, send-s (the destination's PublishBatch calls), batches, keys/batch (distinct
+// ordering keys per call) and idle-s: the
 // drain's wall time minus send-s, the time the destination waited for the relay (one
 // subscription: PublishBatch calls do not overlap). It returns the events/s.
 func fwdBenchDrain(b *testing.B, schema outbox.SchemaConfig, n int, pub message.Publisher, subscriptions int) float64 {
 	b.Helper()
-	var delivered, failed, claims, claimed, claimNs, markNs atomic.Int64
+	var delivered, failed, claims, empty, claimed, claimNs, markNs atomic.Int64
 	done := make(chan struct{})
 	pool, err := pgxpool.New(context.Background(), pgtest.DSN())
 	if err != nil {
@@ -111,6 +113,8 @@ func fwdBenchDrain(b *testing.B, schema outbox.SchemaConfig, n int, pub message.
 				if c.Events > 0 {
 					claims.Add(1)
 					claimed.Add(int64(c.Events))
+				} else {
+					empty.Add(1)
 				}
 			},
 			OnMark: func(m outbox.MarkInfo) { markNs.Add(int64(m.Duration)) },
@@ -147,6 +151,7 @@ func fwdBenchDrain(b *testing.B, schema outbox.SchemaConfig, n int, pub message.
 	b.ReportMetric(time.Duration(claimNs.Load()).Seconds(), "claim-s")
 	b.ReportMetric(time.Duration(markNs.Load()).Seconds(), "mark-s")
 	b.ReportMetric(float64(claims.Load()), "claims")
+	b.ReportMetric(float64(empty.Load()), "empty-claims")
 	if c := claims.Load(); c > 0 {
 		b.ReportMetric(float64(claimed.Load())/float64(c), "events/claim")
 	}
@@ -154,6 +159,9 @@ func fwdBenchDrain(b *testing.B, schema outbox.SchemaConfig, n int, pub message.
 		send := time.Duration(tp.ns.Load())
 		b.ReportMetric(send.Seconds(), "send-s")
 		b.ReportMetric(float64(tp.calls.Load()), "batches")
+		if c := tp.calls.Load(); c > 0 {
+			b.ReportMetric(float64(tp.keys.Load())/float64(c), "keys/batch")
+		}
 		if subscriptions == 1 {
 			b.ReportMetric((took - send).Seconds(), "idle-s")
 		}
@@ -161,13 +169,19 @@ func fwdBenchDrain(b *testing.B, schema outbox.SchemaConfig, n int, pub message.
 	return rate
 }
 
-// fwdTimedPublisher sums the time spent in PublishBatch and counts the calls.
+// fwdTimedPublisher sums the time spent in PublishBatch, counts the calls and sums the
+// distinct ordering keys of each call's batch.
 type fwdTimedPublisher struct {
 	forwarder.BatchPublisher
-	ns, calls atomic.Int64
+	ns, calls, keys atomic.Int64
 }
 
 func (t *fwdTimedPublisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing) []error {
+	keys := map[string]bool{}
+	for _, o := range batch {
+		keys[o.Message.Metadata.Get(outbox.MetadataOrderingKey)] = true
+	}
+	t.keys.Add(int64(len(keys)))
 	start := time.Now()
 	defer func() { t.ns.Add(int64(time.Since(start))); t.calls.Add(1) }()
 	return t.BatchPublisher.PublishBatch(ctx, batch)

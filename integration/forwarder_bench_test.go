@@ -11,14 +11,14 @@ package integration_test
 // OUTBOX_BENCH_BATCH and OUTBOX_BENCH_RUN the subscriber's BatchSize (1000) and MaxRunPerKey
 // (100). Each sub-benchmark seeds a fresh backlog outside the timer, drains it once per b.N
 // (use -benchtime 1x) and reports events/s, plus claim-s, mark-s and send-s: the seconds spent
-// in the outbox's claim and mark statements and in the destination's PublishBatch calls.
+// in the outbox's claim and mark statements and in the destination's PublishBatch calls, and
+// idle-s, the seconds the destination waited for the relay (see fwdBenchDrain).
 
 import (
 	"context"
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -29,7 +29,6 @@ import (
 	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	wmforwarder "github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
@@ -84,19 +83,17 @@ FROM generate_series(1, $3) g`, schema.Table, headers)
 
 // fwdBenchDrain runs our forwarder from a fresh backlog to pub until every event is marked
 // published, and reports events/s plus where the time went: claim-s and mark-s (the outbox
-// subscriber's statements) and send-s (the destination's PublishBatch calls). It returns the
-// events/s.
+// subscriber's claim and mark statements, from its hooks), claims (that leased events),
+// empty-claims (that leased none) and events/claim, and, for a
+// BatchPublisher, send-s (the destination's PublishBatch calls), batches, keys/batch (distinct
+// ordering keys per call) and idle-s: the
+// drain's wall time minus send-s, the time the destination waited for the relay (one
+// subscription: PublishBatch calls do not overlap). It returns the events/s.
 func fwdBenchDrain(b *testing.B, schema outbox.SchemaConfig, n int, pub message.Publisher, subscriptions int) float64 {
 	b.Helper()
-	var delivered, failed atomic.Int64
+	var delivered, failed, claims, empty, claimed, claimNs, markNs atomic.Int64
 	done := make(chan struct{})
-	tr := &fwdSQLTimer{}
-	cfg, err := pgxpool.ParseConfig(pgtest.DSN())
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg.ConnConfig.Tracer = tr
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	pool, err := pgxpool.New(context.Background(), pgtest.DSN())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -111,15 +108,25 @@ func fwdBenchDrain(b *testing.B, schema outbox.SchemaConfig, n int, pub message.
 				}
 			},
 			OnFailed: func(outbox.FailedInfo) { failed.Add(1) },
+			OnClaim: func(c outbox.ClaimInfo) {
+				claimNs.Add(int64(c.Duration))
+				if c.Events > 0 {
+					claims.Add(1)
+					claimed.Add(int64(c.Events))
+				} else {
+					empty.Add(1)
+				}
+			},
+			OnMark: func(m outbox.MarkInfo) { markNs.Add(int64(m.Duration)) },
 		},
 	}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
+	var tp *fwdTimedPublisher
 	if bp, ok := pub.(forwarder.BatchPublisher); ok {
-		tp := &fwdTimedPublisher{BatchPublisher: bp}
+		tp = &fwdTimedPublisher{BatchPublisher: bp}
 		pub = tp
-		defer func() { b.ReportMetric(time.Duration(tp.ns.Load()).Seconds(), "send-s") }()
 	}
 	f, err := forwarder.New(sub, pub, forwarder.Config{Subscriptions: subscriptions}, nil)
 	if err != nil {
@@ -133,55 +140,51 @@ func fwdBenchDrain(b *testing.B, schema outbox.SchemaConfig, n int, pub message.
 	case <-time.After(10 * time.Minute):
 		b.Fatalf("drain not finished after 10 minutes: %d of %d", delivered.Load(), n)
 	}
-	rate := float64(n) / time.Since(start).Seconds()
+	took := time.Since(start)
+	rate := float64(n) / took.Seconds()
 	b.StopTimer()
 	_ = f.Close()
 	if failed.Load() != 0 {
 		b.Fatalf("%d failed deliveries", failed.Load())
 	}
 	b.ReportMetric(rate, "events/s")
-	b.ReportMetric(time.Duration(tr.claim.Load()).Seconds(), "claim-s")
-	b.ReportMetric(time.Duration(tr.mark.Load()).Seconds(), "mark-s")
+	b.ReportMetric(time.Duration(claimNs.Load()).Seconds(), "claim-s")
+	b.ReportMetric(time.Duration(markNs.Load()).Seconds(), "mark-s")
+	b.ReportMetric(float64(claims.Load()), "claims")
+	b.ReportMetric(float64(empty.Load()), "empty-claims")
+	if c := claims.Load(); c > 0 {
+		b.ReportMetric(float64(claimed.Load())/float64(c), "events/claim")
+	}
+	if tp != nil {
+		send := time.Duration(tp.ns.Load())
+		b.ReportMetric(send.Seconds(), "send-s")
+		b.ReportMetric(float64(tp.calls.Load()), "batches")
+		if c := tp.calls.Load(); c > 0 {
+			b.ReportMetric(float64(tp.keys.Load())/float64(c), "keys/batch")
+		}
+		if subscriptions == 1 {
+			b.ReportMetric((took - send).Seconds(), "idle-s")
+		}
+	}
 	return rate
 }
 
-// fwdTimedPublisher sums the time spent in PublishBatch.
+// fwdTimedPublisher sums the time spent in PublishBatch, counts the calls and sums the
+// distinct ordering keys of each call's batch.
 type fwdTimedPublisher struct {
 	forwarder.BatchPublisher
-	ns atomic.Int64
+	ns, calls, keys atomic.Int64
 }
 
 func (t *fwdTimedPublisher) PublishBatch(ctx context.Context, batch []forwarder.Outgoing) []error {
+	keys := map[string]bool{}
+	for _, o := range batch {
+		keys[o.Message.Metadata.Get(outbox.MetadataOrderingKey)] = true
+	}
+	t.keys.Add(int64(len(keys)))
 	start := time.Now()
-	defer func() { t.ns.Add(int64(time.Since(start))) }()
+	defer func() { t.ns.Add(int64(time.Since(start))); t.calls.Add(1) }()
 	return t.BatchPublisher.PublishBatch(ctx, batch)
-}
-
-// fwdSQLTimer sums the time of the subscriber's claim and mark statements (pgx tracer).
-type fwdSQLTimer struct{ claim, mark atomic.Int64 }
-
-type fwdSQLStart struct {
-	at  time.Time
-	sum *atomic.Int64
-}
-
-func (t *fwdSQLTimer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	var sum *atomic.Int64
-	switch {
-	case strings.Contains(d.SQL, "WITH RECURSIVE"):
-		sum = &t.claim
-	case strings.Contains(d.SQL, "published_at\" = now()"):
-		sum = &t.mark
-	default:
-		return ctx
-	}
-	return context.WithValue(ctx, fwdSQLStart{}, fwdSQLStart{at: time.Now(), sum: sum})
-}
-
-func (t *fwdSQLTimer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
-	if s, ok := ctx.Value(fwdSQLStart{}).(fwdSQLStart); ok {
-		s.sum.Add(int64(time.Since(s.at)))
-	}
 }
 
 // fwdBenchKafkaCheck reads topic from kfake and checks n distinct events, each key in one

@@ -33,12 +33,13 @@ func (noopBatchPublisher) PublishBatch(_ context.Context, batch []forwarder.Outg
 // BenchmarkForwarderRatios measures how much of each destination's capacity the relay uses,
 // with the contenders interleaved: each of OUTBOX_BENCH_ROUNDS rounds (default 3), in reverse
 // order every other round, runs RabbitMQ alone (PublishBatch calls of 1,000 with publisher
-// confirms, no database), the relay to RabbitMQ, the relay to a no-op destination, Kafka
+// confirms, no database), the relay to RabbitMQ with one and with two subscriptions
+// (forwarder.Config.Subscriptions), the relay to a no-op destination, Kafka
 // (kfake) alone and the relay to Kafka, each through forwarder/kafka (kgo) and through
 // forwarder/kafkasarama (Sarama, per-key rounds), and Watermill's components/forwarder tuned
 // (batch 1000, 10 ms poll) to Kafka, each on a fresh backlog of OUTBOX_BENCH_EVENTS events (default 100000) over
 // OUTBOX_BENCH_KEYS keys (1000), one subscription, BatchSize 1000, MaxRunPerKey 100. It logs
-// every run, the medians and the ratios of the medians: relay → RabbitMQ ÷ RabbitMQ alone,
+// every run, the medians and the ratios of the medians: relay → RabbitMQ (each) ÷ RabbitMQ alone,
 // relay → Kafka ÷ Kafka alone, relay → Kafka ÷ relay → no-op, relay → Kafka ÷ Watermill's
 // forwarder, and the ceilings of the last two (relay → no-op ÷ Watermill's forwarder, Kafka
 // alone ÷ relay → no-op). OUTBOX_BENCH_ONLY (comma-separated variant names) runs a subset.
@@ -72,6 +73,9 @@ func BenchmarkForwarderRatios(b *testing.B) {
 		})},
 		{"relay-rabbitmq", rabbit(func(b *testing.B, pub *amqp.Publisher, queue string) float64 {
 			return fwdBenchDrain(b, fwdBenchSeed(b, queue, n, keys), n, pub, 1)
+		})},
+		{"relay-rabbitmq-subs2", rabbit(func(b *testing.B, pub *amqp.Publisher, queue string) float64 {
+			return fwdBenchDrain(b, fwdBenchSeed(b, queue, n, keys), n, pub, 2)
 		})},
 		{"relay-noop", func(b *testing.B) float64 {
 			return fwdBenchDrain(b, fwdBenchSeed(b, "bench", n, keys), n, noopBatchPublisher{}, 1)
@@ -152,6 +156,7 @@ func BenchmarkForwarderRatios(b *testing.B) {
 		v    float64
 	}{
 		{"relay-rabbitmq ÷ rabbitmq-alone", med("relay-rabbitmq") / med("rabbitmq-alone")},
+		{"relay-rabbitmq-subs2 ÷ rabbitmq-alone", med("relay-rabbitmq-subs2") / med("rabbitmq-alone")},
 		{"relay-kafka ÷ kafka-alone", med("relay-kafka") / med("kafka-alone")},
 		{"relay-kafka ÷ relay-noop", med("relay-kafka") / med("relay-noop")},
 		{"relay-kafka ÷ watermill-tuned", med("relay-kafka") / med("watermill-forwarder-tuned-kafka")},

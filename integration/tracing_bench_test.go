@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -28,6 +30,10 @@ import (
 // the same sampler give).
 var tcModes = []string{"off", "always", "ratio10"}
 
+// tcParts are variants run only when OUTBOX_BENCH_MODES names them, to take the cost apart:
+// metrics alone (no tracer), and tracing alone with every span sampled (no metrics).
+var tcParts = []string{"metrics", "tracing"}
+
 // tcBatchSize is the drains' SubscriberConfig.BatchSize (and so the largest batch).
 const tcBatchSize = 1000
 
@@ -36,7 +42,8 @@ const tcBatchSize = 1000
 // forwarder.Func: a process span per sampled event) and on the batch path (a BatchPublisher: a
 // send span per call linking every event), in the variants of tcModes, interleaved in one run
 // (each round runs them in a rotated order; OUTBOX_BENCH_ROUNDS rounds, default 3;
-// OUTBOX_BENCH_PATH=per-message or batch runs one path only). It reports
+// OUTBOX_BENCH_PATH=per-message or batch runs one path only, OUTBOX_BENCH_MODES=always,off some
+// variants only, e.g. for a CPU profile of one). It reports
 // per path and variant the median events/s and this process's CPU µs per event (getrusage: the
 // relay and the tracer, not the database), the ratios to off (by rate and by CPU: off CPU / on
 // CPU), and the CPU ns per event each variant adds. Each traced drain fails unless exactly the
@@ -57,18 +64,30 @@ func BenchmarkTracingCost(b *testing.B) {
 			cpus := map[string][]float64{}
 			for range b.N {
 				for r := range rounds {
-					for i := range tcModes {
-						mode := tcModes[(i+r)%len(tcModes)]
+					all := slices.Concat(tcModes, tcParts)
+					for i := range all {
+						mode := all[(i+r)%len(all)]
+						only := os.Getenv("OUTBOX_BENCH_MODES")
+						if only != "" && !slices.Contains(strings.Split(only, ","), mode) || only == "" && slices.Contains(tcParts, mode) {
+							continue
+						}
 						rate, cpu := tcDrain(b, n, batch, mode)
 						rates[mode] = append(rates[mode], rate)
 						cpus[mode] = append(cpus[mode], cpu)
 					}
 				}
 			}
+			b.Logf("%s: rates %v; cpu µs/event %v", name, rates, cpus)
+			if len(rates["off"]) == 0 {
+				return // OUTBOX_BENCH_MODES without off: no ratios
+			}
 			off, cOff := median(rates["off"]), median(cpus["off"])
 			b.ReportMetric(off, "off-events/s")
 			b.ReportMetric(cOff, "off-cpu-µs/event")
-			for _, mode := range tcModes[1:] {
+			for _, mode := range slices.Concat(tcModes[1:], tcParts) {
+				if len(rates[mode]) == 0 {
+					continue
+				}
 				rate, cpu := median(rates[mode]), median(cpus[mode])
 				b.ReportMetric(rate, mode+"-events/s")
 				b.ReportMetric(cpu, mode+"-cpu-µs/event")
@@ -76,8 +95,6 @@ func BenchmarkTracingCost(b *testing.B) {
 				b.ReportMetric(cOff/cpu, mode+"-off-cpu-ratio")
 				b.ReportMetric((cpu-cOff)*1000, mode+"-added-cpu-ns/event")
 			}
-			b.Logf("%s: rates off %v always %v ratio10 %v; cpu µs/event off %v always %v ratio10 %v", name,
-				rates["off"], rates["always"], rates["ratio10"], cpus["off"], cpus["always"], cpus["ratio10"])
 		})
 	}
 }
@@ -89,7 +106,7 @@ func (nopBatch) PublishBatch(_ context.Context, batch []forwarder.Outgoing) []er
 	return make([]error, len(batch))
 }
 
-// tcDrain drains n events in mode (tcModes) on the batch or the per-message path and returns
+// tcDrain drains n events in mode (tcModes, tcParts) on the batch or the per-message path and returns
 // events/s and this process's CPU µs per event.
 func tcDrain(b *testing.B, n int, batch bool, mode string) (float64, float64) {
 	b.Helper()
@@ -116,7 +133,7 @@ func tcDrain(b *testing.B, n int, batch bool, mode string) (float64, float64) {
 	var obs *metrics.Observer
 	var tp *sdktrace.TracerProvider
 	var ended spanCounter
-	if mode != "off" {
+	if mode != "off" && mode != "tracing" {
 		rec, err := prom.New(prometheus.NewRegistry())
 		if err != nil {
 			b.Fatal(err)
@@ -125,6 +142,8 @@ func tcDrain(b *testing.B, n int, batch bool, mode string) (float64, float64) {
 			b.Fatal(err)
 		}
 		hooks = metrics.ComposeHooks(hooks, obs.Hooks())
+	}
+	if mode != "off" && mode != "metrics" {
 		sampler := sdktrace.AlwaysSample()
 		if mode == "ratio10" {
 			sampler = sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.1))

@@ -96,14 +96,28 @@ func (Marshaler) Marshal(topic string, msg *message.Message) (*kgo.Record, error
 	if msg.Metadata.Get(wmkafka.UUIDHeaderKey) != "" {
 		return nil, fmt.Errorf("metadata %s is reserved by watermill for message UUID", wmkafka.UUIDHeaderKey)
 	}
+	key := msg.Metadata.Get(outbox.MetadataOrderingKey)
+	// The header values and the key are copied into one buffer (one allocation per record
+	// instead of one per value); each is a full slice expression of it, so no append to one
+	// reaches the next.
+	n := len(msg.UUID) + len(key)
+	for _, v := range msg.Metadata {
+		n += len(v)
+	}
+	buf := make([]byte, 0, n)
+	cut := func(v string) []byte {
+		from := len(buf)
+		buf = append(buf, v...)
+		return buf[from:len(buf):len(buf)]
+	}
 	headers := make([]kgo.RecordHeader, 1, 1+len(msg.Metadata))
-	headers[0] = kgo.RecordHeader{Key: wmkafka.UUIDHeaderKey, Value: []byte(msg.UUID)}
+	headers[0] = kgo.RecordHeader{Key: wmkafka.UUIDHeaderKey, Value: cut(msg.UUID)}
 	for k, v := range msg.Metadata {
-		headers = append(headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
+		headers = append(headers, kgo.RecordHeader{Key: k, Value: cut(v)})
 	}
 	r := &kgo.Record{Topic: topic, Value: msg.Payload, Headers: headers}
-	if k := msg.Metadata.Get(outbox.MetadataOrderingKey); k != "" {
-		r.Key = []byte(k)
+	if key != "" {
+		r.Key = cut(key)
 	}
 	return r, nil
 }

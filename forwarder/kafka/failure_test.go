@@ -395,7 +395,7 @@ func TestLeaderMovesKeepOrder(t *testing.T) {
 			select {
 			case <-stop:
 				return
-			case <-time.After(5 * time.Millisecond):
+			case <-time.After(time.Millisecond):
 			}
 			part := int32(i % parts)
 			if err := c.MoveTopicPartition(topic, part, (c.LeaderFor(topic, part)+1)%3); err == nil {

@@ -74,6 +74,12 @@ type Config struct {
 	// PageSize is how many dead letters and blocked keys a page lists. Default 100; at most
 	// outbox.MaxBlockedKeys.
 	PageSize int
+	// OverviewLimit is how many events of each kind (unordered pending, keyed pending, dead
+	// letters, keys with a failed event) the overview reads at most, so that it answers in
+	// bounded time whatever the backlog (outbox.Subscriber.BacklogOverview); beyond it the
+	// overview shows its counts as lower bounds ("10,000+"). Default
+	// outbox.DefaultOverviewLimit (10,000); at most outbox.MaxOverviewLimit.
+	OverviewLimit int
 	// Logger logs one line per action; nil means watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 }
@@ -93,6 +99,9 @@ func (c Config) Validate() error {
 	}
 	if c.PageSize < 0 || c.PageSize > outbox.MaxBlockedKeys {
 		return &outbox.ConfigError{Field: "console.Config.PageSize", Reason: fmt.Sprintf("%d outside 0..%d", c.PageSize, outbox.MaxBlockedKeys)}
+	}
+	if c.OverviewLimit < 0 || c.OverviewLimit > outbox.MaxOverviewLimit {
+		return &outbox.ConfigError{Field: "console.Config.OverviewLimit", Reason: fmt.Sprintf("%d outside 0..%d", c.OverviewLimit, outbox.MaxOverviewLimit)}
 	}
 	if err := c.Schema.Validate(); err != nil {
 		return err
@@ -119,6 +128,9 @@ func New(cfg Config) (*Console, error) {
 	}
 	if cfg.PageSize == 0 {
 		cfg.PageSize = 100
+	}
+	if cfg.OverviewLimit == 0 {
+		cfg.OverviewLimit = outbox.DefaultOverviewLimit
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}

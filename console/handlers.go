@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -36,6 +37,13 @@ func parseTemplates() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
 		"ago":   ago,
 		"num":   num,
+		"int64": func(n int) int64 { return int64(n) },
+		"atleast": func(n int64, capped bool) string {
+			if capped {
+				return num(n) + "+"
+			}
+			return num(n)
+		},
 		"utc":   func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
 		"since": func(now, t time.Time) string { return ago(now.Sub(t)) },
 		"until": func(now, t time.Time) string { return ago(t.Sub(now)) },
@@ -95,8 +103,7 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
 
 // overviewData is the overview page's.
 type overviewData struct {
-	Topics    []outbox.TopicBacklog
-	Total     outbox.Backlog
+	outbox.BacklogOverview
 	Stats     *outbox.DeliveryStats
 	StatsErr  string
 	Rate      template.HTML
@@ -109,23 +116,27 @@ type overviewData struct {
 	Now       time.Time
 }
 
+// overview reads the backlog, the last hour's deliveries and the leases at once (three
+// statements on three connections of the pool), so that the page waits for the slowest only.
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	topics, err := c.sub.BacklogByTopic(ctx)
-	if err != nil {
-		c.fail(w, r, err)
+	d := overviewData{Now: time.Now()}
+	var (
+		wg               sync.WaitGroup
+		bErr, sErr, lErr error
+		st               outbox.DeliveryStats
+	)
+	wg.Add(3)
+	go func() { defer wg.Done(); d.BacklogOverview, bErr = c.sub.BacklogOverview(ctx, c.cfg.OverviewLimit) }()
+	go func() { defer wg.Done(); st, sErr = c.sub.DeliveryStats(ctx, time.Hour) }()
+	go func() { defer wg.Done(); d.Leases, lErr = c.sub.RelayLeases(ctx) }()
+	wg.Wait()
+	if bErr != nil {
+		c.fail(w, r, bErr)
 		return
 	}
-	d := overviewData{Topics: topics, Now: time.Now()}
-	for _, t := range topics {
-		d.Total.Pending += t.Pending
-		d.Total.DeadLettered += t.DeadLettered
-		d.Total.Unavailable += t.Unavailable
-		d.Total.Held += t.Held
-		d.Total.OldestPendingAge = max(d.Total.OldestPendingAge, t.OldestPendingAge)
-	}
-	if st, err := c.sub.DeliveryStats(ctx, time.Hour); err != nil {
-		d.StatsErr = err.Error()
+	if sErr != nil {
+		d.StatsErr = sErr.Error()
 	} else if len(st.Minutes) > 0 {
 		d.Stats = &st
 		d.Rate, d.Delay = rateChart(st), delayChart(st)
@@ -138,10 +149,8 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		d.PerSec = fmt.Sprintf("%.1f", float64(d.Delivered)/max(span.Seconds(), 1))
 		d.P95 = ago(worst)
 	}
-	if l, err := c.sub.RelayLeases(ctx); err != nil {
-		d.LeasesErr = err.Error()
-	} else {
-		d.Leases = l
+	if lErr != nil {
+		d.LeasesErr = lErr.Error()
 	}
 	c.render(w, r, "overview", "Overview", d)
 }

@@ -26,6 +26,18 @@ type Operator interface {
 	// Leases returns the unexpired leases of pending events grouped by relay instance (the
 	// fencing token without its claim number).
 	Leases(ctx context.Context, ex Executor, t *Table) ([]LeaseRow, error)
+	// BacklogOverview is BacklogByTopic over at most limit events of each kind: the oldest
+	// limit unordered and the oldest limit keyed pending events (by sequence), the limit
+	// earliest dead letters, and the failed heads among the first limit keys that have a
+	// failed or dead-lettered event. The row counts read tell which kinds were capped.
+	BacklogOverview(ctx context.Context, ex Executor, t *Table, limit int) (OverviewRow, error)
+}
+
+// OverviewRow is BacklogOverview's answer: the per-topic backlog of the events read, and how
+// many of each kind were read (a count equal to the limit means the kind was capped).
+type OverviewRow struct {
+	Topics                        []BacklogRow
+	Unordered, Keyed, Dead, Heads int64
 }
 
 // HeadAction is what ActOnHead does to a key's head.

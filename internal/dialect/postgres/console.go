@@ -141,3 +141,48 @@ WHERE l."leased_by" IS NOT NULL AND l."lease_until" > now() GROUP BY 1 ORDER BY 
 	}
 	return out, rs.Err()
 }
+
+// BacklogOverview implements dialect.Operator: BacklogByTopic over bounded reads, so that its
+// cost is O(limit) whatever the backlog and the history. u and k are the oldest limit events
+// of unordered_idx and keyed_idx (index scans in sequence order, stopped by the LIMIT); d the
+// limit earliest entries of dead_idx; c the lowest blocking_idx entry of its first limit keys
+// (the candidate failed heads, as BlockedKeys), of which f keeps those that are their key's
+// head (no lower unpublished event in key_idx) and failed (dead-lettered or attempts > 0: one
+// primary-key fetch each). A keyed event read is held when its key's failed head is below it.
+// The last four columns count the rows read of each kind, the same on every row.
+func (Dialect) BacklogOverview(ctx context.Context, ex dialect.Executor, t *dialect.Table, limit int) (dialect.OverviewRow, error) {
+	q := dialect.DoubleQuote(t.Parts...)
+	sql := fmt.Sprintf(`WITH u AS (SELECT "topic", "created_at", "last_error_class" FROM %[1]s
+	WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NULL ORDER BY "sequence" LIMIT %[2]d),
+k AS (SELECT "topic", "created_at", "last_error_class", "ordering_key", "sequence" FROM %[1]s
+	WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NOT NULL ORDER BY "sequence" LIMIT %[2]d),
+d AS (SELECT "topic" FROM %[1]s WHERE "dead_lettered_at" IS NOT NULL AND "published_at" IS NULL ORDER BY "dead_lettered_at" LIMIT %[2]d),
+c AS (SELECT DISTINCT ON (b."ordering_key") b."ordering_key" AS k, b."sequence" AS s FROM %[1]s b
+	WHERE b."published_at" IS NULL AND b."ordering_key" IS NOT NULL AND (b."dead_lettered_at" IS NOT NULL OR b."next_attempt_at" IS NOT NULL)
+	ORDER BY b."ordering_key", b."sequence" LIMIT %[2]d),
+f AS (SELECT c.k, c.s FROM c JOIN %[1]s o ON o."sequence" = c.s AND (o."dead_lettered_at" IS NOT NULL OR o."attempts" > 0)
+	WHERE NOT EXISTS (SELECT 1 FROM %[1]s e WHERE e."published_at" IS NULL AND e."ordering_key" = c.k AND e."sequence" < c.s)),
+p AS (SELECT u."topic", u."created_at", u."last_error_class", false AS held, 1 AS kind FROM u
+	UNION ALL SELECT k."topic", k."created_at", k."last_error_class", f.s IS NOT NULL, 2 FROM k LEFT JOIN f ON f.k = k."ordering_key" AND k."sequence" > f.s
+	UNION ALL SELECT d."topic", NULL, NULL, false, 3 FROM d)
+SELECT p."topic", count(*) FILTER (WHERE p.kind < 3), min(p."created_at"), count(*) FILTER (WHERE p.kind = 3), now(),
+	CASE WHEN bool_or(p."last_error_class" = 'unavailable') THEN count(*) FILTER (WHERE p.kind < 3) ELSE 0 END,
+	count(*) FILTER (WHERE p.held),
+	(SELECT count(*) FROM u), (SELECT count(*) FROM k), (SELECT count(*) FROM d), (SELECT count(*) FROM c)
+FROM p GROUP BY p."topic" ORDER BY p."topic"`, q, limit)
+	rs, err := ex.Query(ctx, sql)
+	if err != nil {
+		return dialect.OverviewRow{}, err
+	}
+	defer rs.Close()
+	var out dialect.OverviewRow
+	for rs.Next() {
+		var b dialect.BacklogRow
+		if err := rs.Scan(&b.Topic, &b.Pending, (*dialect.Time)(&b.Oldest), &b.DeadLettered, (*dialect.Time)(&b.Now), &b.Unavailable, &b.Held,
+			&out.Unordered, &out.Keyed, &out.Dead, &out.Heads); err != nil {
+			return dialect.OverviewRow{}, err
+		}
+		out.Topics = append(out.Topics, b)
+	}
+	return out, rs.Err()
+}

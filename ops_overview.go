@@ -7,7 +7,7 @@ import (
 
 // DefaultOverviewLimit is the limit the console's overview passes to BacklogOverview: how many
 // events of each kind it reads at most.
-const DefaultOverviewLimit = 10000
+const DefaultOverviewLimit = 2000
 
 // MaxOverviewLimit is the largest limit BacklogOverview takes.
 const MaxOverviewLimit = 1000000
@@ -30,7 +30,9 @@ type BacklogOverview struct {
 	// Limit earliest dead-lettered.
 	DeadCapped bool
 	// HeldCapped reports that Limit keys with a failed or dead-lettered event were examined
-	// for a failed head: Held may miss events held behind the heads of further keys.
+	// for a failed head: Held may miss events held behind the heads of further keys. (Only
+	// the keys of the keyed events read are examined: a key none of whose pending events was
+	// read holds none of them.)
 	HeldCapped bool
 }
 

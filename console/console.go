@@ -77,8 +77,8 @@ type Config struct {
 	// OverviewLimit is how many events of each kind (unordered pending, keyed pending, dead
 	// letters, keys with a failed event) the overview reads at most, so that it answers in
 	// bounded time whatever the backlog (outbox.Subscriber.BacklogOverview); beyond it the
-	// overview shows its counts as lower bounds ("10,000+"). Default
-	// outbox.DefaultOverviewLimit (10,000); at most outbox.MaxOverviewLimit.
+	// overview shows its counts as lower bounds ("2,000+"). Default
+	// outbox.DefaultOverviewLimit (2,000); at most outbox.MaxOverviewLimit.
 	OverviewLimit int
 	// Logger logs one line per action; nil means watermill.NopLogger.
 	Logger watermill.LoggerAdapter

@@ -157,14 +157,15 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 
 // keysData is the blocked-keys page's.
 type keysData struct {
-	Keys  []outbox.BlockedKey
-	Limit int
-	Err   string
+	Keys    []outbox.BlockedKey
+	Limit   int
+	MaxHeld int64
+	Err     string
 }
 
 func (c *Console) keys(w http.ResponseWriter, r *http.Request) {
 	ks, err := c.sub.BlockedKeys(r.Context(), c.cfg.PageSize)
-	d := keysData{Keys: ks, Limit: c.cfg.PageSize}
+	d := keysData{Keys: ks, Limit: c.cfg.PageSize, MaxHeld: outbox.MaxHeldCount}
 	if err != nil {
 		if !errors.Is(err, outbox.ErrNotSupported) {
 			c.fail(w, r, err)

@@ -12,7 +12,7 @@ import (
 type Operator interface {
 	// BlockedKeys returns up to limit ordering keys whose head (lowest-sequence unpublished
 	// event) failed (attempts > 0, pending) or is dead-lettered and that hold later pending
-	// events, oldest head first.
+	// events, oldest head first, with the held events counted up to HeldCountLimit.
 	BlockedKeys(ctx context.Context, ex Executor, t *Table, limit int) ([]BlockedKeyRow, error)
 	// ActOnHead applies a to event seq of key when it is still that key's head and still
 	// failed or dead-lettered, and returns how many events it changed (0 or 1). Every action
@@ -39,6 +39,9 @@ type OverviewRow struct {
 	Topics                        []BacklogRow
 	Unordered, Keyed, Dead, Heads int64
 }
+
+// HeldCountLimit is how many held events BlockedKeys counts at most per key.
+const HeldCountLimit = 10000
 
 // HeadAction is what ActOnHead does to a key's head.
 type HeadAction int

@@ -13,22 +13,26 @@ var _ dialect.Operator = Dialect{}
 // BlockedKeys implements dialect.Operator. The candidates are each key's lowest entry of
 // blocking_idx (unpublished keyed events that are dead-lettered or have a next_attempt_at:
 // O(failed and dead-lettered keyed events), never the history); each is checked to be its
-// key's head and to hold a pending event after it by key_idx probes, and the held events are
-// counted for the keys shown only (the subquery in FROM with its LIMIT is not flattened).
+// key's head and failed by one key_idx probe that reads the key's first unpublished event.
+// They are sorted by sequence before (OFFSET 0 keeps the subquery whole) the check that a
+// pending event waits behind them, which therefore runs only until limit keys are found
+// (a dead-lettered head with nothing behind it is common, and each check reads the key's
+// later dead letters too). The held events are counted for the keys shown only, at most
+// dialect.HeldCountLimit each.
 func (Dialect) BlockedKeys(ctx context.Context, ex dialect.Executor, t *dialect.Table, limit int) ([]dialect.BlockedKeyRow, error) {
 	q := dialect.DoubleQuote(t.Parts...)
 	sql := fmt.Sprintf(`SELECT x.k, x."sequence", x."id"::text, x."topic", x."attempts", x."last_error", x."next_attempt_at", x."dead_lettered_at", x."created_at",
-	(SELECT count(*) FROM %[1]s r WHERE r."published_at" IS NULL AND r."ordering_key" = x.k AND r."sequence" > x."sequence" AND r."dead_lettered_at" IS NULL), now()
-FROM (SELECT h.k, o."sequence", o."id", o."topic", o."attempts", o."last_error", o."next_attempt_at", o."dead_lettered_at", o."created_at"
+	(SELECT count(*) FROM (SELECT 1 FROM %[1]s r WHERE r."published_at" IS NULL AND r."ordering_key" = x.k AND r."sequence" > x."sequence" AND r."dead_lettered_at" IS NULL LIMIT %[3]d) n), now()
+FROM (SELECT c.k, o."sequence", o."id", o."topic", o."attempts", o."last_error", o."next_attempt_at", o."dead_lettered_at", o."created_at"
 	FROM (SELECT DISTINCT ON (b."ordering_key") b."ordering_key" AS k, b."sequence" AS s FROM %[1]s b
 		WHERE b."published_at" IS NULL AND b."ordering_key" IS NOT NULL AND (b."dead_lettered_at" IS NOT NULL OR b."next_attempt_at" IS NOT NULL)
-		ORDER BY b."ordering_key", b."sequence") h
-	JOIN %[1]s o ON o."sequence" = h.s
-	WHERE (o."dead_lettered_at" IS NOT NULL OR o."attempts" > 0)
-	AND h.s = (SELECT min(e."sequence") FROM %[1]s e WHERE e."published_at" IS NULL AND e."ordering_key" = h.k)
-	AND EXISTS (SELECT 1 FROM %[1]s r WHERE r."published_at" IS NULL AND r."ordering_key" = h.k AND r."sequence" > h.s AND r."dead_lettered_at" IS NULL)
-	ORDER BY o."sequence" LIMIT %[2]d) x
-ORDER BY x."sequence"`, q, limit)
+		ORDER BY b."ordering_key", b."sequence") c
+	CROSS JOIN LATERAL (SELECT e."sequence", e."id", e."topic", e."attempts", e."last_error", e."next_attempt_at", e."dead_lettered_at", e."created_at" FROM %[1]s e
+		WHERE e."published_at" IS NULL AND e."ordering_key" = c.k ORDER BY e."sequence" LIMIT 1) o
+	WHERE o."sequence" = c.s AND (o."dead_lettered_at" IS NOT NULL OR o."attempts" > 0)
+	ORDER BY o."sequence" OFFSET 0) x
+WHERE EXISTS (SELECT 1 FROM %[1]s r WHERE r."published_at" IS NULL AND r."ordering_key" = x.k AND r."sequence" > x."sequence" AND r."dead_lettered_at" IS NULL)
+ORDER BY x."sequence" LIMIT %[2]d`, q, limit, dialect.HeldCountLimit)
 	rs, err := ex.Query(ctx, sql)
 	if err != nil {
 		return nil, err
@@ -145,11 +149,12 @@ WHERE l."leased_by" IS NOT NULL AND l."lease_until" > now() GROUP BY 1 ORDER BY 
 // BacklogOverview implements dialect.Operator: BacklogByTopic over bounded reads, so that its
 // cost is O(limit) whatever the backlog and the history. u and k are the oldest limit events
 // of unordered_idx and keyed_idx (index scans in sequence order, stopped by the LIMIT); d the
-// limit earliest entries of dead_idx; c the lowest blocking_idx entry of its first limit keys
-// (the candidate failed heads, as BlockedKeys), of which f keeps those that are their key's
-// head (no lower unpublished event in key_idx) and failed (dead-lettered or attempts > 0: one
-// primary-key fetch each). A keyed event read is held when its key's failed head is below it.
-// The last four columns count the rows read of each kind, the same on every row.
+// limit earliest entries of dead_idx; c the lowest blocking_idx entry of each key of k that
+// has one (the candidate failed heads, as BlockedKeys; keys with no event read cannot hold
+// one, so dead letters that hold nothing cost no probe), of which f keeps those that are
+// their key's head and failed (dead-lettered or attempts > 0): one key_idx probe that reads
+// the key's first unpublished event. A keyed event read is held when its key's failed head is
+// below it. The last four columns count the rows read of each kind, the same on every row.
 func (Dialect) BacklogOverview(ctx context.Context, ex dialect.Executor, t *dialect.Table, limit int) (dialect.OverviewRow, error) {
 	q := dialect.DoubleQuote(t.Parts...)
 	sql := fmt.Sprintf(`WITH u AS (SELECT "topic", "created_at", "last_error_class" FROM %[1]s
@@ -159,9 +164,11 @@ k AS (SELECT "topic", "created_at", "last_error_class", "ordering_key", "sequenc
 d AS (SELECT "topic" FROM %[1]s WHERE "dead_lettered_at" IS NOT NULL AND "published_at" IS NULL ORDER BY "dead_lettered_at" LIMIT %[2]d),
 c AS (SELECT DISTINCT ON (b."ordering_key") b."ordering_key" AS k, b."sequence" AS s FROM %[1]s b
 	WHERE b."published_at" IS NULL AND b."ordering_key" IS NOT NULL AND (b."dead_lettered_at" IS NOT NULL OR b."next_attempt_at" IS NOT NULL)
+	AND b."ordering_key" IN (SELECT k."ordering_key" FROM k)
 	ORDER BY b."ordering_key", b."sequence" LIMIT %[2]d),
-f AS (SELECT c.k, c.s FROM c JOIN %[1]s o ON o."sequence" = c.s AND (o."dead_lettered_at" IS NOT NULL OR o."attempts" > 0)
-	WHERE NOT EXISTS (SELECT 1 FROM %[1]s e WHERE e."published_at" IS NULL AND e."ordering_key" = c.k AND e."sequence" < c.s)),
+f AS (SELECT c.k, c.s FROM c CROSS JOIN LATERAL (SELECT e."sequence", e."attempts", e."dead_lettered_at" FROM %[1]s e
+	WHERE e."published_at" IS NULL AND e."ordering_key" = c.k ORDER BY e."sequence" LIMIT 1) h
+	WHERE h."sequence" = c.s AND (h."dead_lettered_at" IS NOT NULL OR h."attempts" > 0)),
 p AS (SELECT u."topic", u."created_at", u."last_error_class", false AS held, 1 AS kind FROM u
 	UNION ALL SELECT k."topic", k."created_at", k."last_error_class", f.s IS NOT NULL, 2 FROM k LEFT JOIN f ON f.k = k."ordering_key" AND k."sequence" > f.s
 	UNION ALL SELECT d."topic", NULL, NULL, false, 3 FROM d)

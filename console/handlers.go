@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -291,10 +292,15 @@ func (c *Console) dead(w http.ResponseWriter, r *http.Request) {
 	d := deadData{Q: deadQueryOf(r.URL.Query())}
 	f, err := d.Q.filter()
 	if err == nil {
+		// The count and the page at once: both read the dead letters (dead_idx), so the
+		// page waits for one of them, not for their sum.
+		var wg sync.WaitGroup
+		var lErr error
+		wg.Add(1)
+		go func() { defer wg.Done(); d.List, lErr = c.sub.ListDeadLettered(r.Context(), f, c.cfg.PageSize) }()
 		d.Count, err = c.sub.CountDeadLettered(r.Context(), f)
-	}
-	if err == nil && d.Count > 0 {
-		d.List, err = c.sub.ListDeadLettered(r.Context(), f, c.cfg.PageSize)
+		wg.Wait()
+		err = cmp.Or(err, lErr)
 	}
 	if err != nil {
 		if statusOf(err) == http.StatusInternalServerError {

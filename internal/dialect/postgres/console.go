@@ -149,26 +149,30 @@ WHERE l."leased_by" IS NOT NULL AND l."lease_until" > now() GROUP BY 1 ORDER BY 
 // BacklogOverview implements dialect.Operator: BacklogByTopic over bounded reads, so that its
 // cost is O(limit) whatever the backlog and the history. u and k are the oldest limit events
 // of unordered_idx and keyed_idx (index scans in sequence order, stopped by the LIMIT); d the
-// limit earliest entries of dead_idx; c the lowest blocking_idx entry of each key of k that
-// has one (the candidate failed heads, as BlockedKeys; keys with no event read cannot hold
-// one, so dead letters that hold nothing cost no probe), of which f keeps those that are
-// their key's head and failed (dead-lettered or attempts > 0): one key_idx probe that reads
-// the key's first unpublished event. A keyed event read is held when its key's failed head is
-// below it. The last four columns count the rows read of each kind, the same on every row.
+// limit earliest entries of dead_idx; c the lowest blocking_idx entry (dead-lettered or with a
+// next attempt) of each key of k that has one: the only possible failed head of that key (a
+// failed head has a next attempt or is dead-lettered). A keyed event read is held when its
+// key's failed head is below it, so f needs only the candidates below the highest sequence
+// of k, and checks them against k alone, with no probe of the table: every unpublished event
+// of the key below the candidate is pending and not dead-lettered (else it would be the
+// lowest blocking_idx entry), so it is in k (k holds every such event up to its highest
+// sequence); the candidate is the head when k has none of them, and failed when it is
+// dead-lettered (not in k, whose events are not) or has attempts > 0. The last four columns
+// count the rows read of each kind, the same on every row.
 func (Dialect) BacklogOverview(ctx context.Context, ex dialect.Executor, t *dialect.Table, limit int) (dialect.OverviewRow, error) {
 	q := dialect.DoubleQuote(t.Parts...)
 	sql := fmt.Sprintf(`WITH u AS (SELECT "topic", "created_at", "last_error_class" FROM %[1]s
 	WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NULL ORDER BY "sequence" LIMIT %[2]d),
-k AS (SELECT "topic", "created_at", "last_error_class", "ordering_key", "sequence" FROM %[1]s
+k AS (SELECT "topic", "created_at", "last_error_class", "ordering_key", "sequence", "attempts" FROM %[1]s
 	WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NOT NULL ORDER BY "sequence" LIMIT %[2]d),
 d AS (SELECT "topic" FROM %[1]s WHERE "dead_lettered_at" IS NOT NULL AND "published_at" IS NULL ORDER BY "dead_lettered_at" LIMIT %[2]d),
 c AS (SELECT DISTINCT ON (b."ordering_key") b."ordering_key" AS k, b."sequence" AS s FROM %[1]s b
 	WHERE b."published_at" IS NULL AND b."ordering_key" IS NOT NULL AND (b."dead_lettered_at" IS NOT NULL OR b."next_attempt_at" IS NOT NULL)
 	AND b."ordering_key" IN (SELECT k."ordering_key" FROM k)
 	ORDER BY b."ordering_key", b."sequence" LIMIT %[2]d),
-f AS (SELECT c.k, c.s FROM c CROSS JOIN LATERAL (SELECT e."sequence", e."attempts", e."dead_lettered_at" FROM %[1]s e
-	WHERE e."published_at" IS NULL AND e."ordering_key" = c.k ORDER BY e."sequence" LIMIT 1) h
-	WHERE h."sequence" = c.s AND (h."dead_lettered_at" IS NOT NULL OR h."attempts" > 0)),
+f AS (SELECT c.k, c.s FROM c LEFT JOIN k h ON h."sequence" = c.s
+	WHERE c.s < (SELECT max(m."sequence") FROM k m) AND (h."sequence" IS NULL OR h."attempts" > 0)
+	AND NOT EXISTS (SELECT 1 FROM k e WHERE e."ordering_key" = c.k AND e."sequence" < c.s)),
 p AS (SELECT u."topic", u."created_at", u."last_error_class", false AS held, 1 AS kind FROM u
 	UNION ALL SELECT k."topic", k."created_at", k."last_error_class", f.s IS NOT NULL, 2 FROM k LEFT JOIN f ON f.k = k."ordering_key" AND k."sequence" > f.s
 	UNION ALL SELECT d."topic", NULL, NULL, false, 3 FROM d)

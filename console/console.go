@@ -2,8 +2,9 @@
 // JavaScript needed, no external assets, usable offline and on a phone) that show the backlog
 // per topic, the ordering keys held behind a failed head, the dead letters, the destinations'
 // outages and an audit log, and that act on them (retry, skip or purge a key's head; retry or
-// purge every dead letter a filter matches) through the root package's operations — the same
-// ones the API and the `outbox` command use.
+// purge every dead letter a filter matches; replay the published events of a window after a
+// dry-run count) through the root package's operations — the same ones the API and the
+// `outbox` command use.
 //
 // The console is read-only unless Config.Token or Config.BasicAuth is set: every action then
 // needs it, and otherwise answers 403 Forbidden. Actions are POST forms protected against
@@ -197,6 +198,8 @@ func (c *Console) routes() {
 	m.HandleFunc("GET /destinations", c.destinations)
 	m.HandleFunc("GET /audit", c.auditPage)
 	m.HandleFunc("GET /replay", c.replay)
+	m.HandleFunc("GET /replay/confirm", c.replayConfirm)
+	m.HandleFunc("POST /replay/apply", c.action(c.replayApply))
 	m.HandleFunc("GET /login", c.loginPage)
 	m.HandleFunc("POST /login", c.login)
 	m.HandleFunc("POST /logout", c.logout)

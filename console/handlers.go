@@ -50,7 +50,7 @@ func parseTemplates() (map[string]*template.Template, error) {
 		"until": func(now, t time.Time) string { return ago(t.Sub(now)) },
 	}
 	out := map[string]*template.Template{}
-	for _, name := range []string{"overview", "keys", "dead", "confirm", "done", "event", "destinations", "audit", "replay", "login", "error"} {
+	for _, name := range []string{"overview", "keys", "dead", "confirm", "done", "event", "destinations", "audit", "replay", "replayconfirm", "login", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", name, err)
@@ -429,11 +429,4 @@ func (c *Console) auditPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.render(w, r, "audit", "Audit log", l)
-}
-
-// replay is the place of the replay page (re-send published events by window, topic, key or
-// destination), which the root package's replay operation will serve.
-// TODO(replay): list, count and start replays here once the root API and `outbox replay` land.
-func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
-	c.render(w, r, "replay", "Replay", nil)
 }

@@ -259,25 +259,33 @@ func (q deadQuery) String() string {
 // timeForm is the layout of the datetime-local inputs, read as UTC.
 const timeForm = "2006-01-02T15:04"
 
-func (q deadQuery) filter() (outbox.DeadLetterFilter, error) {
-	f := outbox.DeadLetterFilter{Topics: []string{q.Topic}, Key: q.Key, ErrorContains: q.Error}
-	for _, b := range []struct {
-		s   string
-		dst *time.Time
-		n   string
-	}{{q.After, &f.DeadAfter, "after"}, {q.Before, &f.DeadBefore, "before"}} {
-		if b.s == "" {
+// formTime is a time field of a form: its name, its value, where it is parsed to.
+type formTime struct {
+	name, value string
+	dst         *time.Time
+}
+
+// parseTimes parses each field given: a datetime-local value read as UTC, or RFC 3339
+// (fractional seconds accepted); "" leaves the destination zero. A bad one is a 400.
+func parseTimes(fs ...formTime) error {
+	for _, f := range fs {
+		if f.value == "" {
 			continue
 		}
-		t, err := time.Parse(timeForm, b.s)
+		t, err := time.Parse(timeForm, f.value)
 		if err != nil {
-			if t, err = time.Parse(time.RFC3339, b.s); err != nil {
-				return f, &errStatus{http.StatusBadRequest, fmt.Sprintf("%s: %q is not a time like 2026-12-06T18:30 (UTC)", b.n, b.s)}
+			if t, err = time.Parse(time.RFC3339, f.value); err != nil {
+				return &errStatus{http.StatusBadRequest, fmt.Sprintf("%s: %q is not a time like 2026-12-06T18:30 (UTC)", f.name, f.value)}
 			}
 		}
-		*b.dst = t.UTC()
+		*f.dst = t.UTC()
 	}
-	return f, nil
+	return nil
+}
+
+func (q deadQuery) filter() (outbox.DeadLetterFilter, error) {
+	f := outbox.DeadLetterFilter{Topics: []string{q.Topic}, Key: q.Key, ErrorContains: q.Error}
+	return f, parseTimes(formTime{"after", q.After, &f.DeadAfter}, formTime{"before", q.Before, &f.DeadBefore})
 }
 
 // deadData is the dead-letter page's.

@@ -2,7 +2,6 @@ package console
 
 import (
 	"encoding/json"
-	"fmt"
 	"html/template"
 	"net/http"
 	"net/url"
@@ -51,21 +50,8 @@ func (q replayQuery) filter() (f outbox.ReplayFilter, ok bool, err error) {
 	if q.Since == "" {
 		return f, false, nil
 	}
-	for _, b := range []struct {
-		s   string
-		dst *time.Time
-		n   string
-	}{{q.Since, &f.Since, "since"}, {q.Until, &f.Until, "until"}} {
-		if b.s == "" {
-			continue
-		}
-		t, err := time.Parse(timeForm, b.s)
-		if err != nil {
-			if t, err = time.Parse(time.RFC3339Nano, b.s); err != nil {
-				return f, true, &errStatus{http.StatusBadRequest, fmt.Sprintf("%s: %q is not a time like 2026-12-06T18:30 (UTC)", b.n, b.s)}
-			}
-		}
-		*b.dst = t.UTC()
+	if err := parseTimes(formTime{"since", q.Since, &f.Since}, formTime{"until", q.Until, &f.Until}); err != nil {
+		return f, true, err
 	}
 	f.Topics, f.Keys = fields(q.Topics), fields(q.Keys)
 	return f, true, f.Validate()

@@ -363,8 +363,9 @@ type TopicBacklog struct {
 
 // BacklogByTopic returns the Backlog of every topic that has pending or dead-lettered events,
 // sorted by topic (a held event counts under its own topic, whatever its head's). It reads
-// every unpublished row (meant for status pages and the command line, not for frequent
-// metrics: use Backlog there). Errors: the database error.
+// every unpublished row (meant for the command line, not for frequent metrics: use Backlog
+// there; for a page that must answer in bounded time whatever the backlog, BacklogOverview
+// reads at most a given number of events of each kind). Errors: the database error.
 func (s *Subscriber) BacklogByTopic(ctx context.Context) ([]TopicBacklog, error) {
 	rows, err := s.s.d.BacklogByTopic(ctx, s.db, s.s.t)
 	if err != nil {

@@ -19,6 +19,9 @@ const SkippedKeyHeader = dialect.SkippedKeyHeader
 // MaxBlockedKeys is the largest limit BlockedKeys takes.
 const MaxBlockedKeys = 1000
 
+// MaxHeldCount is where BlockedKey.Held stops counting.
+const MaxHeldCount = dialect.HeldCountLimit
+
 // BlockedKey is an ordering key held behind its head: the key's lowest-sequence unpublished
 // event failed (it waits for its next attempt) or is dead-lettered, and later pending events of
 // the key wait for it.
@@ -32,7 +35,9 @@ type BlockedKey struct {
 	NextAttemptAt time.Time
 	// DeadLetteredAt is when the head was dead-lettered (zero when it is retrying).
 	DeadLetteredAt time.Time
-	// Held counts the key's pending events after the head.
+	// Held counts the key's pending events after the head, up to MaxHeldCount: a key that
+	// holds more shows MaxHeldCount (the count stops there, so that listing keys costs
+	// O(limit × MaxHeldCount) at worst, whatever the backlog).
 	Held int64
 	// Now is the database clock when the list was read.
 	Now time.Time

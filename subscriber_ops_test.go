@@ -206,6 +206,39 @@ func TestOperations(t *testing.T) {
 			byTopic[0].OldestPendingAge < time.Hour {
 			t.Fatalf("backlog by topic %v", got)
 		}
+		// The overview under its limit is BacklogByTopic; over it (PostgreSQL), it counts the
+		// oldest events of each kind only and says so.
+		ov, err := sub.BacklogOverview(ctx, outbox.DefaultOverviewLimit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		noAge := func(tb []outbox.TopicBacklog) string {
+			var out []outbox.TopicBacklog
+			for _, x := range tb {
+				x.OldestPendingAge = x.OldestPendingAge.Round(time.Hour)
+				out = append(out, x)
+			}
+			return fmt.Sprint(out)
+		}
+		if noAge(ov.Topics) != noAge(byTopic) || ov.Capped() || ov.Total.Pending != 200 || ov.Total.DeadLettered != 54 || ov.Total.Held != 133 ||
+			ov.Total.OldestPendingAge.Round(time.Hour) != time.Hour {
+			t.Fatalf("overview %+v, want the backlog by topic %v, uncapped", ov, byTopic)
+		}
+		if _, err := sub.BacklogOverview(ctx, 0); !errors.Is(err, outbox.ErrConfig) {
+			t.Fatalf("overview limit 0: %v", err)
+		}
+		if b.dialect == outbox.DialectPostgreSQL {
+			// 67 unordered and 133 keyed pending (all held behind the dead heads of k1 and
+			// k2), 54 dead letters: 40 of each read.
+			ov, err := sub.BacklogOverview(ctx, 40)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ov.PendingCapped || !ov.DeadCapped || ov.HeldCapped || ov.Total.Pending != 80 || ov.Total.Held != 40 || ov.Total.DeadLettered != 40 ||
+				ov.Topics[0].Topic != "t" || ov.Topics[0].Pending != 80 || ov.Total.OldestPendingAge.Round(time.Hour) != time.Hour {
+				t.Fatalf("overview capped at 40: %+v", ov)
+			}
+		}
 		for _, tc := range []struct {
 			f    outbox.DeadLetterFilter
 			want int64

@@ -2,8 +2,9 @@
 // JavaScript needed, no external assets, usable offline and on a phone) that show the backlog
 // per topic, the ordering keys held behind a failed head, the dead letters, the destinations'
 // outages and an audit log, and that act on them (retry, skip or purge a key's head; retry or
-// purge every dead letter a filter matches) through the root package's operations — the same
-// ones the API and the `outbox` command use.
+// purge every dead letter a filter matches; replay the published events of a window after a
+// dry-run count) through the root package's operations — the same ones the API and the
+// `outbox` command use.
 //
 // The console is read-only unless Config.Token or Config.BasicAuth is set: every action then
 // needs it, and otherwise answers 403 Forbidden. Actions are POST forms protected against
@@ -74,6 +75,12 @@ type Config struct {
 	// PageSize is how many dead letters and blocked keys a page lists. Default 100; at most
 	// outbox.MaxBlockedKeys.
 	PageSize int
+	// OverviewLimit is how many events of each kind (unordered pending, keyed pending, dead
+	// letters, keys with a failed event) the overview reads at most, so that it answers in
+	// bounded time whatever the backlog (outbox.Subscriber.BacklogOverview); beyond it the
+	// overview shows its counts as lower bounds ("2,000+"). Default
+	// outbox.DefaultOverviewLimit (2,000); at most outbox.MaxOverviewLimit.
+	OverviewLimit int
 	// Logger logs one line per action; nil means watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 }
@@ -93,6 +100,9 @@ func (c Config) Validate() error {
 	}
 	if c.PageSize < 0 || c.PageSize > outbox.MaxBlockedKeys {
 		return &outbox.ConfigError{Field: "console.Config.PageSize", Reason: fmt.Sprintf("%d outside 0..%d", c.PageSize, outbox.MaxBlockedKeys)}
+	}
+	if c.OverviewLimit < 0 || c.OverviewLimit > outbox.MaxOverviewLimit {
+		return &outbox.ConfigError{Field: "console.Config.OverviewLimit", Reason: fmt.Sprintf("%d outside 0..%d", c.OverviewLimit, outbox.MaxOverviewLimit)}
 	}
 	if err := c.Schema.Validate(); err != nil {
 		return err
@@ -119,6 +129,9 @@ func New(cfg Config) (*Console, error) {
 	}
 	if cfg.PageSize == 0 {
 		cfg.PageSize = 100
+	}
+	if cfg.OverviewLimit == 0 {
+		cfg.OverviewLimit = outbox.DefaultOverviewLimit
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}
@@ -185,6 +198,8 @@ func (c *Console) routes() {
 	m.HandleFunc("GET /destinations", c.destinations)
 	m.HandleFunc("GET /audit", c.auditPage)
 	m.HandleFunc("GET /replay", c.replay)
+	m.HandleFunc("GET /replay/confirm", c.replayConfirm)
+	m.HandleFunc("POST /replay/apply", c.action(c.replayApply))
 	m.HandleFunc("GET /login", c.loginPage)
 	m.HandleFunc("POST /login", c.login)
 	m.HandleFunc("POST /logout", c.logout)

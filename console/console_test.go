@@ -573,7 +573,7 @@ func TestPages(t *testing.T) {
 		t.Errorf("outages %q", got)
 	}
 	screenshot(t, b, "destinations")
-	if err := chromedp.Do(b, chromedp.Navigate(e.srv.URL+"/replay"), chromedp.WaitVisible(chromedp.CSS(`#replay-todo`))); err != nil {
+	if err := chromedp.Do(b, chromedp.Navigate(e.srv.URL+"/replay"), chromedp.WaitVisible(chromedp.CSS(`#replay-filter`))); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -36,12 +38,19 @@ func parseTemplates() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
 		"ago":   ago,
 		"num":   num,
+		"int64": func(n int) int64 { return int64(n) },
+		"atleast": func(n int64, capped bool) string {
+			if capped {
+				return num(n) + "+"
+			}
+			return num(n)
+		},
 		"utc":   func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
 		"since": func(now, t time.Time) string { return ago(now.Sub(t)) },
 		"until": func(now, t time.Time) string { return ago(t.Sub(now)) },
 	}
 	out := map[string]*template.Template{}
-	for _, name := range []string{"overview", "keys", "dead", "confirm", "done", "event", "destinations", "audit", "replay", "login", "error"} {
+	for _, name := range []string{"overview", "keys", "dead", "confirm", "done", "event", "destinations", "audit", "replay", "replayconfirm", "login", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", name, err)
@@ -95,8 +104,7 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
 
 // overviewData is the overview page's.
 type overviewData struct {
-	Topics    []outbox.TopicBacklog
-	Total     outbox.Backlog
+	outbox.BacklogOverview
 	Stats     *outbox.DeliveryStats
 	StatsErr  string
 	Rate      template.HTML
@@ -109,23 +117,27 @@ type overviewData struct {
 	Now       time.Time
 }
 
+// overview reads the backlog, the last hour's deliveries and the leases at once (three
+// statements on three connections of the pool), so that the page waits for the slowest only.
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	topics, err := c.sub.BacklogByTopic(ctx)
-	if err != nil {
-		c.fail(w, r, err)
+	d := overviewData{Now: time.Now()}
+	var (
+		wg               sync.WaitGroup
+		bErr, sErr, lErr error
+		st               outbox.DeliveryStats
+	)
+	wg.Add(3)
+	go func() { defer wg.Done(); d.BacklogOverview, bErr = c.sub.BacklogOverview(ctx, c.cfg.OverviewLimit) }()
+	go func() { defer wg.Done(); st, sErr = c.sub.DeliveryStats(ctx, time.Hour) }()
+	go func() { defer wg.Done(); d.Leases, lErr = c.sub.RelayLeases(ctx) }()
+	wg.Wait()
+	if bErr != nil {
+		c.fail(w, r, bErr)
 		return
 	}
-	d := overviewData{Topics: topics, Now: time.Now()}
-	for _, t := range topics {
-		d.Total.Pending += t.Pending
-		d.Total.DeadLettered += t.DeadLettered
-		d.Total.Unavailable += t.Unavailable
-		d.Total.Held += t.Held
-		d.Total.OldestPendingAge = max(d.Total.OldestPendingAge, t.OldestPendingAge)
-	}
-	if st, err := c.sub.DeliveryStats(ctx, time.Hour); err != nil {
-		d.StatsErr = err.Error()
+	if sErr != nil {
+		d.StatsErr = sErr.Error()
 	} else if len(st.Minutes) > 0 {
 		d.Stats = &st
 		d.Rate, d.Delay = rateChart(st), delayChart(st)
@@ -138,24 +150,23 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		d.PerSec = fmt.Sprintf("%.1f", float64(d.Delivered)/max(span.Seconds(), 1))
 		d.P95 = ago(worst)
 	}
-	if l, err := c.sub.RelayLeases(ctx); err != nil {
-		d.LeasesErr = err.Error()
-	} else {
-		d.Leases = l
+	if lErr != nil {
+		d.LeasesErr = lErr.Error()
 	}
 	c.render(w, r, "overview", "Overview", d)
 }
 
 // keysData is the blocked-keys page's.
 type keysData struct {
-	Keys  []outbox.BlockedKey
-	Limit int
-	Err   string
+	Keys    []outbox.BlockedKey
+	Limit   int
+	MaxHeld int64
+	Err     string
 }
 
 func (c *Console) keys(w http.ResponseWriter, r *http.Request) {
 	ks, err := c.sub.BlockedKeys(r.Context(), c.cfg.PageSize)
-	d := keysData{Keys: ks, Limit: c.cfg.PageSize}
+	d := keysData{Keys: ks, Limit: c.cfg.PageSize, MaxHeld: outbox.MaxHeldCount}
 	if err != nil {
 		if !errors.Is(err, outbox.ErrNotSupported) {
 			c.fail(w, r, err)
@@ -248,25 +259,33 @@ func (q deadQuery) String() string {
 // timeForm is the layout of the datetime-local inputs, read as UTC.
 const timeForm = "2006-01-02T15:04"
 
-func (q deadQuery) filter() (outbox.DeadLetterFilter, error) {
-	f := outbox.DeadLetterFilter{Topics: []string{q.Topic}, Key: q.Key, ErrorContains: q.Error}
-	for _, b := range []struct {
-		s   string
-		dst *time.Time
-		n   string
-	}{{q.After, &f.DeadAfter, "after"}, {q.Before, &f.DeadBefore, "before"}} {
-		if b.s == "" {
+// formTime is a time field of a form: its name, its value, where it is parsed to.
+type formTime struct {
+	name, value string
+	dst         *time.Time
+}
+
+// parseTimes parses each field given: a datetime-local value read as UTC, or RFC 3339
+// (fractional seconds accepted); "" leaves the destination zero. A bad one is a 400.
+func parseTimes(fs ...formTime) error {
+	for _, f := range fs {
+		if f.value == "" {
 			continue
 		}
-		t, err := time.Parse(timeForm, b.s)
+		t, err := time.Parse(timeForm, f.value)
 		if err != nil {
-			if t, err = time.Parse(time.RFC3339, b.s); err != nil {
-				return f, &errStatus{http.StatusBadRequest, fmt.Sprintf("%s: %q is not a time like 2026-12-06T18:30 (UTC)", b.n, b.s)}
+			if t, err = time.Parse(time.RFC3339, f.value); err != nil {
+				return &errStatus{http.StatusBadRequest, fmt.Sprintf("%s: %q is not a time like 2026-12-06T18:30 (UTC)", f.name, f.value)}
 			}
 		}
-		*b.dst = t.UTC()
+		*f.dst = t.UTC()
 	}
-	return f, nil
+	return nil
+}
+
+func (q deadQuery) filter() (outbox.DeadLetterFilter, error) {
+	f := outbox.DeadLetterFilter{Topics: []string{q.Topic}, Key: q.Key, ErrorContains: q.Error}
+	return f, parseTimes(formTime{"after", q.After, &f.DeadAfter}, formTime{"before", q.Before, &f.DeadBefore})
 }
 
 // deadData is the dead-letter page's.
@@ -281,10 +300,15 @@ func (c *Console) dead(w http.ResponseWriter, r *http.Request) {
 	d := deadData{Q: deadQueryOf(r.URL.Query())}
 	f, err := d.Q.filter()
 	if err == nil {
+		// The count and the page at once: both read the dead letters (dead_idx), so the
+		// page waits for one of them, not for their sum.
+		var wg sync.WaitGroup
+		var lErr error
+		wg.Add(1)
+		go func() { defer wg.Done(); d.List, lErr = c.sub.ListDeadLettered(r.Context(), f, c.cfg.PageSize) }()
 		d.Count, err = c.sub.CountDeadLettered(r.Context(), f)
-	}
-	if err == nil && d.Count > 0 {
-		d.List, err = c.sub.ListDeadLettered(r.Context(), f, c.cfg.PageSize)
+		wg.Wait()
+		err = cmp.Or(err, lErr)
 	}
 	if err != nil {
 		if statusOf(err) == http.StatusInternalServerError {
@@ -413,11 +437,4 @@ func (c *Console) auditPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.render(w, r, "audit", "Audit log", l)
-}
-
-// replay is the place of the replay page (re-send published events by window, topic, key or
-// destination), which the root package's replay operation will serve.
-// TODO(replay): list, count and start replays here once the root API and `outbox replay` land.
-func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
-	c.render(w, r, "replay", "Replay", nil)
 }

@@ -12,7 +12,7 @@ import (
 type Operator interface {
 	// BlockedKeys returns up to limit ordering keys whose head (lowest-sequence unpublished
 	// event) failed (attempts > 0, pending) or is dead-lettered and that hold later pending
-	// events, oldest head first.
+	// events, oldest head first, with the held events counted up to HeldCountLimit.
 	BlockedKeys(ctx context.Context, ex Executor, t *Table, limit int) ([]BlockedKeyRow, error)
 	// ActOnHead applies a to event seq of key when it is still that key's head and still
 	// failed or dead-lettered, and returns how many events it changed (0 or 1). Every action
@@ -26,7 +26,22 @@ type Operator interface {
 	// Leases returns the unexpired leases of pending events grouped by relay instance (the
 	// fencing token without its claim number).
 	Leases(ctx context.Context, ex Executor, t *Table) ([]LeaseRow, error)
+	// BacklogOverview is BacklogByTopic over at most limit events of each kind: the oldest
+	// limit unordered and the oldest limit keyed pending events (by sequence), the limit
+	// earliest dead letters, and the failed heads among the first limit keys that have a
+	// failed or dead-lettered event. The row counts read tell which kinds were capped.
+	BacklogOverview(ctx context.Context, ex Executor, t *Table, limit int) (OverviewRow, error)
 }
+
+// OverviewRow is BacklogOverview's answer: the per-topic backlog of the events read, and how
+// many of each kind were read (a count equal to the limit means the kind was capped).
+type OverviewRow struct {
+	Topics                        []BacklogRow
+	Unordered, Keyed, Dead, Heads int64
+}
+
+// HeldCountLimit is how many held events BlockedKeys counts at most per key.
+const HeldCountLimit = 10000
 
 // HeadAction is what ActOnHead does to a key's head.
 type HeadAction int

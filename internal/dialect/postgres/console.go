@@ -13,22 +13,26 @@ var _ dialect.Operator = Dialect{}
 // BlockedKeys implements dialect.Operator. The candidates are each key's lowest entry of
 // blocking_idx (unpublished keyed events that are dead-lettered or have a next_attempt_at:
 // O(failed and dead-lettered keyed events), never the history); each is checked to be its
-// key's head and to hold a pending event after it by key_idx probes, and the held events are
-// counted for the keys shown only (the subquery in FROM with its LIMIT is not flattened).
+// key's head and failed by one key_idx probe that reads the key's first unpublished event.
+// They are sorted by sequence before (OFFSET 0 keeps the subquery whole) the check that a
+// pending event waits behind them, which therefore runs only until limit keys are found
+// (a dead-lettered head with nothing behind it is common, and each check reads the key's
+// later dead letters too). The held events are counted for the keys shown only, at most
+// dialect.HeldCountLimit each.
 func (Dialect) BlockedKeys(ctx context.Context, ex dialect.Executor, t *dialect.Table, limit int) ([]dialect.BlockedKeyRow, error) {
 	q := dialect.DoubleQuote(t.Parts...)
 	sql := fmt.Sprintf(`SELECT x.k, x."sequence", x."id"::text, x."topic", x."attempts", x."last_error", x."next_attempt_at", x."dead_lettered_at", x."created_at",
-	(SELECT count(*) FROM %[1]s r WHERE r."published_at" IS NULL AND r."ordering_key" = x.k AND r."sequence" > x."sequence" AND r."dead_lettered_at" IS NULL), now()
-FROM (SELECT h.k, o."sequence", o."id", o."topic", o."attempts", o."last_error", o."next_attempt_at", o."dead_lettered_at", o."created_at"
+	(SELECT count(*) FROM (SELECT 1 FROM %[1]s r WHERE r."published_at" IS NULL AND r."ordering_key" = x.k AND r."sequence" > x."sequence" AND r."dead_lettered_at" IS NULL LIMIT %[3]d) n), now()
+FROM (SELECT c.k, o."sequence", o."id", o."topic", o."attempts", o."last_error", o."next_attempt_at", o."dead_lettered_at", o."created_at"
 	FROM (SELECT DISTINCT ON (b."ordering_key") b."ordering_key" AS k, b."sequence" AS s FROM %[1]s b
 		WHERE b."published_at" IS NULL AND b."ordering_key" IS NOT NULL AND (b."dead_lettered_at" IS NOT NULL OR b."next_attempt_at" IS NOT NULL)
-		ORDER BY b."ordering_key", b."sequence") h
-	JOIN %[1]s o ON o."sequence" = h.s
-	WHERE (o."dead_lettered_at" IS NOT NULL OR o."attempts" > 0)
-	AND h.s = (SELECT min(e."sequence") FROM %[1]s e WHERE e."published_at" IS NULL AND e."ordering_key" = h.k)
-	AND EXISTS (SELECT 1 FROM %[1]s r WHERE r."published_at" IS NULL AND r."ordering_key" = h.k AND r."sequence" > h.s AND r."dead_lettered_at" IS NULL)
-	ORDER BY o."sequence" LIMIT %[2]d) x
-ORDER BY x."sequence"`, q, limit)
+		ORDER BY b."ordering_key", b."sequence") c
+	CROSS JOIN LATERAL (SELECT e."sequence", e."id", e."topic", e."attempts", e."last_error", e."next_attempt_at", e."dead_lettered_at", e."created_at" FROM %[1]s e
+		WHERE e."published_at" IS NULL AND e."ordering_key" = c.k ORDER BY e."sequence" LIMIT 1) o
+	WHERE o."sequence" = c.s AND (o."dead_lettered_at" IS NOT NULL OR o."attempts" > 0)
+	ORDER BY o."sequence" OFFSET 0) x
+WHERE EXISTS (SELECT 1 FROM %[1]s r WHERE r."published_at" IS NULL AND r."ordering_key" = x.k AND r."sequence" > x."sequence" AND r."dead_lettered_at" IS NULL)
+ORDER BY x."sequence" LIMIT %[2]d`, q, limit, dialect.HeldCountLimit)
 	rs, err := ex.Query(ctx, sql)
 	if err != nil {
 		return nil, err
@@ -138,6 +142,58 @@ WHERE l."leased_by" IS NOT NULL AND l."lease_until" > now() GROUP BY 1 ORDER BY 
 			return nil, err
 		}
 		out = append(out, l)
+	}
+	return out, rs.Err()
+}
+
+// BacklogOverview implements dialect.Operator: BacklogByTopic over bounded reads, so that its
+// cost is O(limit) whatever the backlog and the history. u and k are the oldest limit events
+// of unordered_idx and keyed_idx (index scans in sequence order, stopped by the LIMIT); d the
+// limit earliest entries of dead_idx; c the lowest blocking_idx entry (dead-lettered or with a
+// next attempt) of each key of k that has one: the only possible failed head of that key (a
+// failed head has a next attempt or is dead-lettered). A keyed event read is held when its
+// key's failed head is below it, so f needs only the candidates below the highest sequence
+// of k, and checks them against k alone, with no probe of the table: every unpublished event
+// of the key below the candidate is pending and not dead-lettered (else it would be the
+// lowest blocking_idx entry), so it is in k (k holds every such event up to its highest
+// sequence); the candidate is the head when k has none of them, and failed when it is
+// dead-lettered (not in k, whose events are not) or has attempts > 0. The last four columns
+// count the rows read of each kind, the same on every row.
+func (Dialect) BacklogOverview(ctx context.Context, ex dialect.Executor, t *dialect.Table, limit int) (dialect.OverviewRow, error) {
+	q := dialect.DoubleQuote(t.Parts...)
+	sql := fmt.Sprintf(`WITH u AS (SELECT "topic", "created_at", "last_error_class" FROM %[1]s
+	WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NULL ORDER BY "sequence" LIMIT %[2]d),
+k AS (SELECT "topic", "created_at", "last_error_class", "ordering_key", "sequence", "attempts" FROM %[1]s
+	WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NOT NULL ORDER BY "sequence" LIMIT %[2]d),
+d AS (SELECT "topic" FROM %[1]s WHERE "dead_lettered_at" IS NOT NULL AND "published_at" IS NULL ORDER BY "dead_lettered_at" LIMIT %[2]d),
+c AS (SELECT DISTINCT ON (b."ordering_key") b."ordering_key" AS k, b."sequence" AS s FROM %[1]s b
+	WHERE b."published_at" IS NULL AND b."ordering_key" IS NOT NULL AND (b."dead_lettered_at" IS NOT NULL OR b."next_attempt_at" IS NOT NULL)
+	AND b."ordering_key" IN (SELECT k."ordering_key" FROM k)
+	ORDER BY b."ordering_key", b."sequence" LIMIT %[2]d),
+f AS (SELECT c.k, c.s FROM c LEFT JOIN k h ON h."sequence" = c.s
+	WHERE c.s < (SELECT max(m."sequence") FROM k m) AND (h."sequence" IS NULL OR h."attempts" > 0)
+	AND NOT EXISTS (SELECT 1 FROM k e WHERE e."ordering_key" = c.k AND e."sequence" < c.s)),
+p AS (SELECT u."topic", u."created_at", u."last_error_class", false AS held, 1 AS kind FROM u
+	UNION ALL SELECT k."topic", k."created_at", k."last_error_class", f.s IS NOT NULL, 2 FROM k LEFT JOIN f ON f.k = k."ordering_key" AND k."sequence" > f.s
+	UNION ALL SELECT d."topic", NULL, NULL, false, 3 FROM d)
+SELECT p."topic", count(*) FILTER (WHERE p.kind < 3), min(p."created_at"), count(*) FILTER (WHERE p.kind = 3), now(),
+	CASE WHEN bool_or(p."last_error_class" = 'unavailable') THEN count(*) FILTER (WHERE p.kind < 3) ELSE 0 END,
+	count(*) FILTER (WHERE p.held),
+	(SELECT count(*) FROM u), (SELECT count(*) FROM k), (SELECT count(*) FROM d), (SELECT count(*) FROM c)
+FROM p GROUP BY p."topic" ORDER BY p."topic"`, q, limit)
+	rs, err := ex.Query(ctx, sql)
+	if err != nil {
+		return dialect.OverviewRow{}, err
+	}
+	defer rs.Close()
+	var out dialect.OverviewRow
+	for rs.Next() {
+		var b dialect.BacklogRow
+		if err := rs.Scan(&b.Topic, &b.Pending, (*dialect.Time)(&b.Oldest), &b.DeadLettered, (*dialect.Time)(&b.Now), &b.Unavailable, &b.Held,
+			&out.Unordered, &out.Keyed, &out.Dead, &out.Heads); err != nil {
+			return dialect.OverviewRow{}, err
+		}
+		out.Topics = append(out.Topics, b)
 	}
 	return out, rs.Err()
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -192,6 +193,10 @@ func TestOperationPlans(t *testing.T) {
 			_, err := d.BacklogByTopic(ctx, ex, tbl)
 			return err
 		}, 0},
+		{"backlog overview, capped at 1,000 of each kind", func(ex dialect.Executor) error {
+			_, err := d.BacklogOverview(ctx, ex, tbl, 1000)
+			return err
+		}, 0},
 		{"blocked keys", func(ex dialect.Executor) error {
 			_, err := d.BlockedKeys(ctx, ex, tbl, 100)
 			return err
@@ -247,6 +252,9 @@ func TestOperationPlans(t *testing.T) {
 				}
 				if slices.Contains(p.seq, name) {
 					t.Errorf("sequential scan of the outbox table")
+				}
+				if strings.HasPrefix(op.name, "backlog overview") && p.buffers > 1000 {
+					t.Errorf("%d buffers read, more than the limit of 1,000 events of each kind: not bounded by the limit", p.buffers)
 				}
 				if p.buffers > live+5*op.changed {
 					t.Errorf("%d buffers read, more than %d live events + 5 per deleted row", p.buffers, live)

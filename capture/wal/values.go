@@ -98,7 +98,20 @@ func builtinRule(name string) *typeRule {
 			}
 			return "false"
 		}}
-	case "text", "varchar", "name", "numeric", "uuid", "inet", "cidr", "macaddr", "macaddr8", "citext", "date", "time", "timetz":
+	case "inet":
+		// inet's output drops a host mask (/32, /128); its ::text keeps it.
+		withMask := func(b []byte) string {
+			s := string(b)
+			switch {
+			case strings.Contains(s, "/"):
+				return s
+			case strings.Contains(s, ":"):
+				return s + "/128"
+			}
+			return s + "/32"
+		}
+		return &typeRule{json: func(b []byte) (json.RawMessage, error) { return jsonString(withMask(b)), nil }, text: withMask}
+	case "text", "varchar", "name", "numeric", "uuid", "cidr", "macaddr", "macaddr8", "citext", "date", "time", "timetz":
 		return &typeRule{json: asString, text: plainText}
 	case "bpchar":
 		trim := func(b []byte) string { return strings.TrimRight(string(b), " ") }
@@ -141,4 +154,3 @@ func builtinRule(name string) *typeRule {
 	}
 	return nil
 }
-

@@ -62,14 +62,23 @@ func exec(t testing.TB, pool *pgxpool.Pool, stmts ...string) {
 type received struct {
 	topic, key, id string
 	payload        json.RawMessage
+	epoch          int // the recorder's epoch when it was delivered (see recorder.restart)
 }
 
 // recorder is a destination that records what it is given; fail, when set, decides which
 // messages fail.
 type recorder struct {
 	mu   sync.Mutex
-	got  []received
-	fail func(msg *message.Message) bool
+	got   []received
+	fail  func(msg *message.Message) bool
+	epoch int
+}
+
+// restart starts a new epoch: a restart of the source happens now.
+func (r *recorder) restart() {
+	r.mu.Lock()
+	r.epoch++
+	r.mu.Unlock()
 }
 
 func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
@@ -79,7 +88,7 @@ func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
 		if r.fail != nil && r.fail(m) {
 			return errors.New("destination refuses")
 		}
-		r.got = append(r.got, received{topic: topic, key: m.Metadata.Get(outbox.MetadataOrderingKey), id: m.UUID, payload: json.RawMessage(m.Payload)})
+		r.got = append(r.got, received{topic: topic, key: m.Metadata.Get(outbox.MetadataOrderingKey), id: m.UUID, payload: json.RawMessage(m.Payload), epoch: r.epoch})
 	}
 	return nil
 }

@@ -157,7 +157,7 @@ func (s *Source) publish(ctx context.Context, c *change) bool {
 			s.delivered.Add(1)
 			return true
 		}
-		if attempt >= s.cfg.MaxAttempts || ctx.Err() != nil {
+		if attempt >= s.cfg.MaxAttempts || ctx.Err() != nil || s.overBound.Load() {
 			s.cfg.Logger.Error("wal: delivery failed; parking the change in the outbox table", err, watermill.LogFields{"event_id": msg.UUID, "topic": c.topic, "ordering_key": c.key, "attempts": attempt})
 			return false
 		}

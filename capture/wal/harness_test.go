@@ -68,7 +68,7 @@ type received struct {
 // recorder is a destination that records what it is given; fail, when set, decides which
 // messages fail.
 type recorder struct {
-	mu   sync.Mutex
+	mu    sync.Mutex
 	got   []received
 	fail  func(msg *message.Message) bool
 	epoch int

@@ -127,18 +127,7 @@ func TestKill(t *testing.T) {
 	}
 	waitFor(t, 120*time.Second, "every version", func() bool {
 		read()
-		next := map[int]int{}
-		for _, c := range got {
-			if c.v == next[c.id] {
-				next[c.id]++
-			}
-		}
-		for id, v := range final {
-			if next[id] != v+1 {
-				return false
-			}
-		}
-		return true
+		return allDelivered(got, final)
 	})
 	dups := checkOrder(t, got, final)
 	t.Logf("%d kills: %d delivered, %d duplicates", kills, len(got), dups)

@@ -74,6 +74,22 @@ func checkOrder(t testing.TB, got []itemChange, final map[int]int) (dups int) {
 	return dups
 }
 
+// allDelivered reports whether got holds every version of final, each key's in order.
+func allDelivered(got []itemChange, final map[int]int) bool {
+	next := map[int]int{}
+	for _, c := range got {
+		if c.v == next[c.id] {
+			next[c.id]++
+		}
+	}
+	for id, v := range final {
+		if next[id] != v+1 {
+			return false
+		}
+	}
+	return true
+}
+
 func decodeItems(t testing.TB, rs []received) []itemChange {
 	t.Helper()
 	out := make([]itemChange, 0, len(rs))
@@ -163,20 +179,7 @@ func TestOrderAcrossRestarts(t *testing.T) {
 	for _, v := range final {
 		total += v + 1
 	}
-	waitFor(t, 120*time.Second, "every version", func() bool {
-		next := map[int]int{}
-		for _, c := range decodeItems(t, rec.snapshot()) {
-			if c.v == next[c.id] {
-				next[c.id]++
-			}
-		}
-		for id, v := range final {
-			if next[id] != v+1 {
-				return false
-			}
-		}
-		return true
-	})
+	waitFor(t, 120*time.Second, "every version", func() bool { return allDelivered(decodeItems(t, rec.snapshot()), final) })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}

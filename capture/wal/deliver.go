@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/forwarder"
 )
 
 // lane is the changes of one ordering key in a batch, in commit order (unkeyed changes are
@@ -83,6 +84,9 @@ func (s *Source) deliver(ctx context.Context, batch []*txn) error {
 		return err
 	}
 	parkAll := s.overBound.Load()
+	if bp, ok := s.cfg.Destination.(forwarder.BatchPublisher); ok && !parkAll {
+		s.publishBatch(ctx, bp, lanes, held)
+	}
 	work := make(chan *lane)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -91,6 +95,9 @@ func (s *Source) deliver(ctx context.Context, batch []*txn) error {
 		wg.Go(func() {
 			for l := range work {
 				var err error
+				if len(l.changes) == 0 {
+					continue
+				}
 				if parkAll || (l.key != "" && held[l.key]) {
 					err = s.parkChanges(ctx, l.key, l.changes)
 				} else {
@@ -144,14 +151,7 @@ func (s *Source) deliverLane(ctx context.Context, l *lane) error {
 func (s *Source) publish(ctx context.Context, c *change) bool {
 	wait := s.cfg.RetryBackoff
 	for attempt := 1; ; attempt++ {
-		msg := message.NewMessage(c.id.String(), message.Payload(c.payload))
-		msg.Metadata[outbox.MetadataEventID] = msg.UUID
-		msg.Metadata[outbox.MetadataTopic] = c.topic
-		if c.key != "" {
-			msg.Metadata[outbox.MetadataOrderingKey] = c.key
-		}
-		msg.Metadata[outbox.MetadataAttempt] = strconv.Itoa(attempt)
-		msg.SetContext(ctx)
+		msg := newMessage(ctx, c, attempt)
 		err := s.cfg.Destination.Publish(c.topic, msg)
 		if err == nil {
 			s.delivered.Add(1)
@@ -168,6 +168,61 @@ func (s *Source) publish(ctx context.Context, c *change) bool {
 		case <-time.After(wait):
 		}
 		wait = min(wait*2, s.cfg.MaxBackoff)
+	}
+}
+
+// newMessage is the Watermill message of c: the event id as UUID and the outbox metadata the
+// relay sets (event id, topic, ordering key, attempt).
+func newMessage(ctx context.Context, c *change, attempt int) *message.Message {
+	msg := message.NewMessage(c.id.String(), message.Payload(c.payload))
+	msg.Metadata[outbox.MetadataEventID] = msg.UUID
+	msg.Metadata[outbox.MetadataTopic] = c.topic
+	if c.key != "" {
+		msg.Metadata[outbox.MetadataOrderingKey] = c.key
+	}
+	msg.Metadata[outbox.MetadataAttempt] = strconv.Itoa(attempt)
+	msg.SetContext(ctx)
+	return msg
+}
+
+// publishBatch gives the lanes that are not held to a batch destination in one PublishBatch
+// call (each lane's changes in order) and removes from each lane the prefix the destination
+// acknowledged; what remains of a lane (from its first failed change) takes the one-by-one path
+// with its retries and parking.
+func (s *Source) publishBatch(ctx context.Context, bp forwarder.BatchPublisher, lanes []*lane, held map[string]bool) {
+	var out []forwarder.Outgoing
+	for _, l := range lanes {
+		if l.key != "" && held[l.key] {
+			continue
+		}
+		for _, c := range l.changes {
+			out = append(out, forwarder.Outgoing{Topic: c.topic, Message: newMessage(ctx, c, 1)})
+		}
+	}
+	if len(out) == 0 {
+		return
+	}
+	results := bp.PublishBatch(ctx, out)
+	i := 0
+	for _, l := range lanes {
+		if l.key != "" && held[l.key] {
+			continue
+		}
+		// acked counts the lane's leading acknowledged changes only.
+		acked, failed := 0, false
+		for range l.changes {
+			if !failed && i < len(results) && results[i] == nil {
+				acked++
+			} else {
+				failed = true
+			}
+			i++
+		}
+		s.delivered.Add(uint64(acked))
+		if acked < len(l.changes) {
+			s.retries.Add(1)
+		}
+		l.changes = l.changes[acked:]
 	}
 }
 

@@ -10,18 +10,51 @@ import (
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/capture/wal"
+	"github.com/watermill-outbox/outbox/forwarder"
 )
 
 // TestParking: a key whose delivery fails is parked in the outbox table after MaxAttempts,
 // its later changes are parked behind it without being tried while it has unpublished rows,
 // other keys flow meanwhile; the outbox relay then delivers the parked rows in order, and once
 // they are published the key's next changes go straight to the destination again.
+// With a forwarder.BatchPublisher destination, each batch goes out in one PublishBatch call
+// first (one more attempt for the failing change).
 func TestParking(t *testing.T) {
+	t.Run("publisher", func(t *testing.T) { testParking(t, false) })
+	t.Run("batch-publisher", func(t *testing.T) { testParking(t, true) })
+}
+
+// batchRecorder is a recorder with PublishBatch: a failing message holds back its key's later
+// messages of the batch.
+type batchRecorder struct{ *recorder }
+
+func (b batchRecorder) PublishBatch(_ context.Context, batch []forwarder.Outgoing) []error {
+	errs := make([]error, len(batch))
+	failed := map[string]bool{}
+	for i, o := range batch {
+		k := o.Message.Metadata.Get(outbox.MetadataOrderingKey)
+		if failed[k] {
+			errs[i] = forwarder.ErrHeldBack
+			continue
+		}
+		if errs[i] = b.Publish(o.Topic, o.Message); errs[i] != nil {
+			failed[k] = true
+		}
+	}
+	return errs
+}
+
+func testParking(t *testing.T, batch bool) {
 	_, pool := logicalPG(t)
 	tables := itemTable(t, pool, 10)
 	rec := &recorder{}
 	rec.setFail(func(m *message.Message) bool { return m.Metadata.Get(outbox.MetadataOrderingKey) == "item:3" })
-	src, err := wal.New(pool, wal.Config{Tables: tables, Destination: rec, MaxAttempts: 2, RetryBackoff: 5 * time.Millisecond, StatusInterval: 50 * time.Millisecond})
+	var dest message.Publisher = rec
+	wantRetries := uint64(1)
+	if batch {
+		dest, wantRetries = batchRecorder{rec}, 2
+	}
+	src, err := wal.New(pool, wal.Config{Tables: tables, Destination: dest, MaxAttempts: 2, RetryBackoff: 5 * time.Millisecond, StatusInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,8 +80,8 @@ func TestParking(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+outbox.DefaultTable+" WHERE published_at IS NULL AND ordering_key = 'item:3'").Scan(&unpublished); err != nil {
 		t.Fatal(err)
 	}
-	if st := src.Stats(); unpublished != 5 || st.Retries != 1 || len(versionsOf("item:3")) != 0 {
-		t.Fatalf("unpublished %d (want 5), retries %d (want 1: only the first change was tried), delivered versions of item 3 %v", unpublished, st.Retries, versionsOf("item:3"))
+	if st := src.Stats(); unpublished != 5 || st.Retries != wantRetries || len(versionsOf("item:3")) != 0 {
+		t.Fatalf("unpublished %d (want 5), retries %d (want %d: only the first change was tried), delivered versions of item 3 %v", unpublished, st.Retries, wantRetries, versionsOf("item:3"))
 	}
 
 	// The destination recovers; the relay delivers the parked rows.

@@ -14,10 +14,14 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/capture"
 	"github.com/watermill-outbox/outbox/capture/wal"
+	"github.com/watermill-outbox/outbox/forwarder"
+	"github.com/watermill-outbox/outbox/forwarder/kafka"
+	"github.com/watermill-outbox/outbox/internal/brokertest"
 )
 
 func envInt(name string, def int) int {
@@ -141,8 +145,21 @@ func BenchmarkWALBulkUpdate(b *testing.B) {
 // destination by the WAL source (from its slot) and by the polling relay (the same payloads,
 // keys and order published into the outbox table), settings as capture's
 // BenchmarkDrainCaptured. Rounds (OUTBOX_BENCH_ROUNDS, default 2) alternate which drains first;
-// it reports each side's events/s and the ratio wal/relay.
+// it reports each side's events/s and the ratio wal/relay. OUTBOX_BENCH_DEST=kafka drains into
+// an in-process kfake cluster (8 partitions) through forwarder/kafka instead, the relay through
+// a forwarder.Forwarder (PublishBatch per claimed batch), the WAL source through PublishBatch per
+// batch.
 func BenchmarkWALThroughput(b *testing.B) {
+	kafkaDest := os.Getenv("OUTBOX_BENCH_DEST") == "kafka"
+	newKafka := func() *kafka.Publisher {
+		c := brokertest.Kafka(b, kfake.SeedTopics(8, "walt.updated"))
+		pub, err := kafka.NewPublisher(kafka.Config{Brokers: c.ListenAddrs()}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = pub.Close() })
+		return pub
+	}
 	_, pool := logicalPG(b)
 	n, rounds := envInt("OUTBOX_BENCH_EVENTS", 20000), envInt("OUTBOX_BENCH_ROUNDS", 2)
 	const keys = 1000
@@ -186,14 +203,17 @@ func BenchmarkWALThroughput(b *testing.B) {
 		return schema
 	}
 	drainWAL := func() time.Duration {
-		dest := &counter{}
+		var dest message.Publisher = &counter{}
+		if kafkaDest {
+			dest = newKafka()
+		}
 		src, err := wal.New(pool, wal.Config{Tables: tables, Destination: dest, Concurrency: 16})
 		if err != nil {
 			b.Fatal(err)
 		}
 		start := time.Now()
 		stop := run(b, src)
-		waitFor(b, 10*time.Minute, "the WAL backlog", func() bool { return dest.n.Load() >= int64(n) })
+		waitFor(b, 10*time.Minute, "the WAL backlog", func() bool { return src.Stats().Delivered >= uint64(n) })
 		took := time.Since(start)
 		if err := stop(); err != nil {
 			b.Fatal(err)
@@ -209,6 +229,21 @@ func BenchmarkWALThroughput(b *testing.B) {
 		sctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		start := time.Now()
+		if kafkaDest {
+			fwd, err := forwarder.New(sub, newKafka(), forwarder.Config{}, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			go func() { _ = fwd.Run(sctx) }()
+			waitFor(b, 10*time.Minute, "the relay backlog", func() bool {
+				var left int
+				_ = pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NULL`, schema.Table)).Scan(&left)
+				return left == 0
+			})
+			took := time.Since(start)
+			_ = fwd.Close()
+			return took
+		}
 		ch, err := sub.Subscribe(sctx, "*")
 		if err != nil {
 			b.Fatal(err)

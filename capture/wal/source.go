@@ -332,8 +332,12 @@ func (r *reader) add(relID uint32, op capture.Operation, oldT, newT *pglogrepl.T
 	}
 	r.seq++
 	c, err := rel.build(op, tupleOf(oldT), tupleOf(newT), r.cur.commit, r.cur.final, r.seq)
-	if err != nil || c == nil {
-		return err
+	if err != nil {
+		// Reconnecting would read the same change again: stop Run instead.
+		return &outbox.ConfigError{Field: "wal.Config.Tables", Reason: "a change cannot be turned into an envelope", Err: err}
+	}
+	if c == nil {
+		return nil
 	}
 	r.cur.changes = append(r.cur.changes, c)
 	return nil

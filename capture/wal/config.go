@@ -45,7 +45,10 @@ type Config struct {
 	Schema outbox.SchemaConfig
 	// Destination receives every change as a Watermill message (a forwarder, a Kafka
 	// publisher…). Required. It must be safe for concurrent use: up to Concurrency calls run
-	// at once, never two for one ordering key.
+	// at once, never two for one ordering key. A forwarder.BatchPublisher (forwarder/kafka,
+	// forwarder/amqp…) gets each batch in one PublishBatch call first; the changes it does not
+	// acknowledge, from each key's first failure on, then take the one-message path with its
+	// MaxAttempts.
 	Destination message.Publisher
 	// BatchSize caps the changes delivered between two confirmations of the slot's position.
 	// Default DefaultBatchSize.

@@ -33,7 +33,8 @@
 // # Delivery, order, parking
 //
 // Changes are delivered in batches of up to BatchSize, the changes of one ordering key in
-// commit order, up to Concurrency keys at once. A Publish that fails is retried with backoff
+// commit order, up to Concurrency keys at once (a forwarder.BatchPublisher gets the whole batch
+// in one PublishBatch call first). A Publish that fails is retried with backoff
 // (RetryBackoff doubling up to MaxBackoff) up to MaxAttempts; then the change is parked: written
 // as a row of the outbox table (Config.Schema) with its id, topic, payload and ordering key,
 // so the outbox relay (outbox.Subscriber) retries and dead-letters it like any event. Every

@@ -96,7 +96,7 @@ func (f *captureFlags) run(cmd *cobra.Command, fn func(d *database, tables []cap
 
 func newCaptureCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "capture install|sql|uninstall|verify",
+		Use:   "capture install|sql|uninstall|verify|wal",
 		Short: "Capture every row change of tables as outbox events (generated triggers)",
 		Long: `capture installs database triggers that write an outbox event for every INSERT, UPDATE and
 DELETE of the given tables, in the writing transaction (raw SQL, COPY and cascades included).
@@ -107,7 +107,7 @@ partition whose triggers are missing or not enabled.
 See the capture package documentation for the envelope and the JSON form of values.
 PostgreSQL and SQLite only: a MariaDB/MySQL --db is refused.`,
 	}
-	cmd.AddCommand(newCaptureInstallCmd(), newCaptureSQLCmd(), newCaptureUninstallCmd(), newCaptureVerifyCmd())
+	cmd.AddCommand(newCaptureInstallCmd(), newCaptureSQLCmd(), newCaptureUninstallCmd(), newCaptureVerifyCmd(), newCaptureWALCmd())
 	return cmd
 }
 

@@ -1,6 +1,7 @@
 package prom_test
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"regexp"
@@ -8,9 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/capture"
+	"github.com/watermill-outbox/outbox/capture/wal"
 	"github.com/watermill-outbox/outbox/metrics/prom"
 )
 
@@ -34,6 +39,17 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 	r.Written("t", true)
 	r.WriteInvalid("topic")
 	r.WriteCall(time.Millisecond, "ok")
+	// The WAL source's collector (package capture/wal): a Source on a pool that never connects.
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	src, err := wal.New(pool, wal.Config{Tables: []capture.Table{{Name: "t"}}, Destination: gochannel.NewGoChannel(gochannel.Config{}, nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.MustRegister(wal.NewCollector(src))
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

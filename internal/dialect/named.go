@@ -23,6 +23,7 @@ const (
 type Stmt struct {
 	SQL   string
 	names []string // the parameter of each placeholder, in order
+	at    []int    // each placeholder's byte offset in SQL (Question)
 }
 
 // Compile compiles q. It panics on an '@' followed by no name: statements are constants of the
@@ -31,6 +32,7 @@ func Compile(q string, style Placeholder) *Stmt {
 	var (
 		b     strings.Builder
 		names []string
+		at    []int
 		index = map[string]int{}
 	)
 	for i := 0; i < len(q); {
@@ -102,6 +104,7 @@ func Compile(q string, style Placeholder) *Stmt {
 			switch style {
 			case Question:
 				names = append(names, name)
+				at = append(at, b.Len())
 				b.WriteByte('?')
 			default:
 				n, ok := index[name]
@@ -118,7 +121,7 @@ func Compile(q string, style Placeholder) *Stmt {
 			i++
 		}
 	}
-	return &Stmt{SQL: b.String(), names: names}
+	return &Stmt{SQL: b.String(), names: names, at: at}
 }
 
 // Args returns the statement's arguments in placeholder order. It panics when a parameter has
@@ -133,6 +136,55 @@ func (s *Stmt) Args(named map[string]any) []any {
 		args[i] = v
 	}
 	return args
+}
+
+// Expand returns the statement's text and arguments for named, as Args does, but with each
+// list parameter ([]int64 or []string value) written as one placeholder per element ("?, ?,
+// ?"), as sqlc's sqlc.slice does for MySQL: "col IN (@list)" then reaches the server as a list
+// of values, which it reads as ranges of an index (MySQL has no array type to pass instead). An
+// empty list is written NULL, so "col IN (@list)" matches nothing; guard a NOT IN with a flag.
+// Question style only (it panics otherwise, and like Args on a missing parameter).
+func (s *Stmt) Expand(named map[string]any) (string, []any) {
+	if len(s.at) != len(s.names) {
+		panic("dialect: Expand of a statement not compiled for Question")
+	}
+	var b strings.Builder
+	args := make([]any, 0, len(s.names))
+	last := 0
+	for i, n := range s.names {
+		v, ok := named[n]
+		if !ok {
+			panic(fmt.Sprintf("dialect: no value for parameter @%s", n))
+		}
+		var vals []any
+		switch l := v.(type) {
+		case []int64:
+			vals = anySlice(l)
+		case []string:
+			vals = anySlice(l)
+		default:
+			args = append(args, v)
+			continue
+		}
+		b.WriteString(s.SQL[last:s.at[i]])
+		if len(vals) == 0 {
+			b.WriteString("NULL")
+		} else {
+			b.WriteString(strings.Repeat("?, ", len(vals)-1) + "?")
+		}
+		args = append(args, vals...)
+		last = s.at[i] + 1
+	}
+	b.WriteString(s.SQL[last:])
+	return b.String(), args
+}
+
+func anySlice[T any](vals []T) []any {
+	out := make([]any, len(vals))
+	for i, v := range vals {
+		out[i] = v
+	}
+	return out
 }
 
 func isNameStart(c byte) bool {

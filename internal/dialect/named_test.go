@@ -28,6 +28,17 @@ func TestCompileQuestion(t *testing.T) {
 	}
 }
 
+func TestExpandLists(t *testing.T) {
+	s := Compile(`SELECT @a FROM t WHERE x IN (@xs) AND '@xs?' <> @b AND y IN (@ys) AND z IN (@xs)`, Question)
+	q, args := s.Expand(map[string]any{"a": 1, "b": "?", "xs": []int64{7, 8, 9}, "ys": []string{}})
+	if want := `SELECT ? FROM t WHERE x IN (?, ?, ?) AND '@xs?' <> ? AND y IN (NULL) AND z IN (?, ?, ?)`; q != want {
+		t.Fatalf("SQL = %q, want %q", q, want)
+	}
+	if want := []any{1, int64(7), int64(8), int64(9), "?", int64(7), int64(8), int64(9)}; !reflect.DeepEqual(args, want) {
+		t.Fatalf("args = %v, want %v", args, want)
+	}
+}
+
 func TestArgsMissingPanics(t *testing.T) {
 	defer func() {
 		if recover() == nil {

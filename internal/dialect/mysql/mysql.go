@@ -323,15 +323,6 @@ func topicSQL(tp dialect.Topic, col string, args *[]any) string {
 	}
 }
 
-// selectionSQL renders a subscription's topic selection as a condition on col.
-func selectionSQL(sel dialect.TopicSelection, col string, args *[]any) string {
-	cond := topicSQL(sel.Include, col, args)
-	for _, e := range sel.Excludes {
-		cond += " AND NOT " + topicSQL(e, col, args)
-	}
-	return cond
-}
-
 // listSQL renders "col IN (vals)", or FALSE for no values.
 func listSQL[T any](col string, vals []T, args *[]any) string {
 	if len(vals) == 0 {

@@ -2,50 +2,91 @@ package mysql
 
 import (
 	"context"
+	_ "embed"
 	"database/sql"
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/watermill-outbox/outbox/internal/dialect"
 )
 
-// relay is one subscription's compiled statements.
+// relay is one subscription's statements: claim.sql's, filled with the table's shape, and the
+// parameters of its topic selection.
 type relay struct {
 	t      *dialect.Table
 	n      names
 	cfg    dialect.RelayConfig
-	filter string // the topic selection on `topic`, parameters in filterArgs
-	fargs  []any
-	cols   string // the columns of a claimed event, in scanClaimed's order
+	st     map[string]*dialect.Stmt // claim.sql's statements by name
+	topics map[string]any           // the topic selection's parameters (topicParams)
 }
+
+//go:embed claim.sql
+var claimFile string
+
+var claimStmts = dialect.ParseSQLFile(claimFile)
 
 // NewRelay compiles the claim, renew and mark statements of one subscription.
 func (*Dialect) NewRelay(t *dialect.Table, cfg dialect.RelayConfig, sel dialect.TopicSelection) dialect.Relay {
-	r := &relay{t: t, n: namesOf(t), cfg: cfg}
-	r.filter = selectionSQL(sel, "o.`topic`", &r.fargs)
-	cols := "o.`sequence`, o.`id`, o.`topic`, o.`payload`, o.`headers`, o.`ordering_key`, " + selectTime("o.`created_at`") + ", o.`attempts`, o.`last_error`, o.`delivery_starts`"
+	r := &relay{t: t, n: namesOf(t), cfg: cfg, topics: topicParams(sel), st: map[string]*dialect.Stmt{}}
+	var extra strings.Builder
 	for _, c := range t.Extra {
-		cols += ", o." + ident(c.Name)
+		extra.WriteString(", o." + ident(c.Name))
 	}
-	r.cols = cols
+	shape := map[string]string{"t": r.n.table, "pending_idx": r.n.pending, "key_idx": r.n.keyIdx, "extra": extra.String()}
+	for name, q := range claimStmts {
+		r.st[name] = dialect.Compile(dialect.Fill(q, shape), dialect.Question)
+	}
 	return r
 }
 
-// claimable is the condition under which an event may be leased now (besides being pending):
-// due and not leased by a live relay (database clock).
-const claimable = "(o.`next_attempt_at` IS NULL OR o.`next_attempt_at` <= UTC_TIMESTAMP(6)) AND (o.`lease_until` IS NULL OR o.`lease_until` < UTC_TIMESTAMP(6))"
+// topicParams returns the parameters of claim.sql's topic condition for sel: @topic_all, or
+// @topic_prefix and @topic, and @topic_not, the excluded patterns as [name, prefix] pairs.
+func topicParams(sel dialect.TopicSelection) map[string]any {
+	not := make([][2]any, 0, len(sel.Excludes))
+	for _, e := range sel.Excludes {
+		prefix := 0
+		if e.Prefix || e.All {
+			prefix = 1 // All: every topic starts with ""
+		}
+		not = append(not, [2]any{e.Value, prefix})
+	}
+	return map[string]any{"topic_all": sel.Include.All, "topic_prefix": sel.Include.Prefix, "topic": sel.Include.Value, "topic_not": dialect.JSONList(not)}
+}
 
-// topicsSQL adds the Paused (left out) and Probe (only these) topics of a claim.
-func topicsSQL(p *dialect.ClaimParams, args *[]any) string {
-	var s string
-	if len(p.Probe) > 0 {
-		s += " AND " + listSQL("o.`topic`", p.Probe, args)
+// query runs claim.sql's statement name with the claim's parameters (args) and extra ones.
+func (r *relay) query(ctx context.Context, q querier, name string, args map[string]any, extra map[string]any) (dialect.Rows, error) {
+	named := args
+	if len(extra) > 0 {
+		named = make(map[string]any, len(args)+len(extra))
+		for k, v := range args {
+			named[k] = v
+		}
+		for k, v := range extra {
+			named[k] = v
+		}
 	}
-	if len(p.Paused) > 0 {
-		s += " AND NOT " + listSQL("o.`topic`", p.Paused, args)
+	stmt, vals := r.st[name].Expand(named)
+	return q.query(ctx, stmt, vals...)
+}
+
+// claimArgs returns the parameters every statement of p's claim shares: the topic selection,
+// the probed and paused topics.
+func (r *relay) claimArgs(p *dialect.ClaimParams) map[string]any {
+	named := map[string]any{"probe_on": len(p.Probe) > 0, "probe": nonNil(p.Probe), "paused_on": len(p.Paused) > 0, "paused": nonNil(p.Paused)}
+	for k, v := range r.topics {
+		named[k] = v
 	}
-	return s
+	return named
+}
+
+// nonNil returns vals, or an empty slice for nil (a list parameter, see dialect.Stmt.Expand).
+func nonNil(vals []string) []string {
+	if vals == nil {
+		return []string{}
+	}
+	return vals
 }
 
 // Kinds of candidate key of a claim.
@@ -128,12 +169,8 @@ func (r *relay) claim(ctx context.Context, q querier, p *dialect.ClaimParams, re
 
 	// 1. The walk: the window (a plain read, each row with whether it is its key's head),
 	// then the window's heads locked.
-	args := append([]any{p.LowKeyed}, r.fargs...)
-	window := "SELECT w.s, w.k, w.s = (SELECT h.`sequence` FROM " + r.n.table + " h FORCE INDEX (" + r.n.keyIdx + ") WHERE h.`outbox_key` = w.k ORDER BY h.`sequence` LIMIT 1)" +
-		" FROM (SELECT o.`sequence` AS s, o.`outbox_key` AS k FROM " + r.n.table + " o FORCE INDEX (" + r.n.pending + ")" +
-		" WHERE o.`outbox_pending` = 1 AND o.`sequence` >= ? AND " + claimable + " AND " + r.filter + topicsSQL(p, &args) +
-		" ORDER BY o.`sequence` LIMIT " + itoa(2*oldest) + ") w"
-	rs, err := q.query(ctx, window, args...)
+	args := r.claimArgs(p)
+	rs, err := r.query(ctx, q, "window", args, map[string]any{"floor_keyed": p.LowKeyed, "window": 2 * oldest})
 	if err != nil {
 		return fmt.Errorf("window: %w", err)
 	}
@@ -165,10 +202,7 @@ func (r *relay) claim(ctx context.Context, q querier, p *dialect.ClaimParams, re
 	walkedMin := map[string]int64{}
 	var walkOrder []string
 	if len(heads) > 0 {
-		var hargs []any
-		stmt := "SELECT o.`sequence`, o.`outbox_key` FROM " + r.n.table + " o WHERE " + listSQL("o.`sequence`", heads, &hargs) +
-			" AND o.`outbox_pending` = 1 AND " + claimable + " ORDER BY o.`sequence` LIMIT " + itoa(oldest) + " FOR UPDATE SKIP LOCKED"
-		rs, err := q.query(ctx, stmt, hargs...)
+		rs, err := r.query(ctx, q, "walk", nil, map[string]any{"heads": heads, "oldest": oldest})
 		if err != nil {
 			return fmt.Errorf("walk: %w", err)
 		}
@@ -201,7 +235,7 @@ func (r *relay) claim(ctx context.Context, q querier, p *dialect.ClaimParams, re
 	}
 	var cands []candidate
 	if nWalk >= oldest || p.LowKeyed > 0 {
-		scanned, err := r.scan(ctx, q, p, walkedMin, cont, res)
+		scanned, err := r.scan(ctx, q, p, args, walkedMin, cont, res)
 		if err != nil {
 			return fmt.Errorf("scan: %w", err)
 		}
@@ -231,16 +265,7 @@ func (r *relay) claim(ctx context.Context, q querier, p *dialect.ClaimParams, re
 		for i, m := range members {
 			seqs[i] = m.seq
 		}
-		// The topic filter and the paused (or probed) topics are checked here too: a key's run
-		// may hold events of other topics, and leasing one of those would hand it to a
-		// subscription that does not serve its topic (it then ends the key's run, as on
-		// PostgreSQL).
-		var largs []any
-		stmt := "SELECT " + r.cols + " FROM " + r.n.table + " o WHERE " + listSQL("o.`sequence`", seqs, &largs)
-		largs = append(largs, r.fargs...)
-		stmt += " AND o.`published_at` IS NULL AND o.`dead_lettered_at` IS NULL AND " + claimable + " AND " + r.filter + topicsSQL(p, &largs) +
-			" ORDER BY o.`sequence` FOR UPDATE SKIP LOCKED"
-		if err := r.scanClaimed(ctx, q, stmt, largs, events); err != nil {
+		if err := r.scanClaimed(ctx, q, "lock", args, map[string]any{"seqs": seqs}, events); err != nil {
 			return fmt.Errorf("lock runs: %w", err)
 		}
 		broken := map[string]bool{}
@@ -258,12 +283,8 @@ func (r *relay) claim(ctx context.Context, q querier, p *dialect.ClaimParams, re
 	}
 
 	// 5. Unordered events.
-	uargs := append([]any{p.LowUnordered}, r.fargs...)
-	stmt := "SELECT " + r.cols + " FROM " + r.n.table + " o FORCE INDEX (" + r.n.pending + ")" +
-		" WHERE o.`outbox_pending` = 0 AND o.`sequence` >= ? AND " + claimable + " AND " + r.filter + topicsSQL(p, &uargs) +
-		" ORDER BY o.`sequence` LIMIT " + itoa(batch) + " FOR UPDATE SKIP LOCKED"
 	unordered := map[int64]dialect.Claimed{}
-	if err := r.scanClaimed(ctx, q, stmt, uargs, unordered); err != nil {
+	if err := r.scanClaimed(ctx, q, "unordered", args, map[string]any{"floor_unordered": p.LowUnordered, "batch": batch}, unordered); err != nil {
 		return fmt.Errorf("unordered: %w", err)
 	}
 	for seq, ev := range unordered {
@@ -280,11 +301,8 @@ func (r *relay) claim(ctx context.Context, q querier, p *dialect.ClaimParams, re
 	}
 
 	// 6. Lease.
-	var uparams []any
-	uparams = append(uparams, r.cfg.LeaseDuration.Microseconds(), p.Token)
-	upd := "UPDATE " + r.n.table + " o SET o.`lease_until` = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, o.`leased_by` = ?, o.`delivery_starts` = o.`delivery_starts` + 1 WHERE " +
-		listSQL("o.`sequence`", picked, &uparams)
-	if _, err := q.exec(ctx, upd, uparams...); err != nil {
+	stmt, vals := r.st["lease"].Expand(map[string]any{"lease_us": r.cfg.LeaseDuration.Microseconds(), "token": p.Token, "seqs": picked})
+	if _, err := q.exec(ctx, stmt, vals...); err != nil {
 		return fmt.Errorf("lease: %w", err)
 	}
 	res.Events = make([]dialect.Claimed, len(picked))

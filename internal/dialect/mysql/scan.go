@@ -18,15 +18,8 @@ import (
 // outbox_key > k (a recursive CTE of MIN() subqueries read the whole index once per key: 130 ms
 // per claim at 10,000 events), which is why outbox_key is a plain column kept by Insert's
 // DEFAULT and the ack, and checked by a CHECK constraint.
-func (r *relay) scan(ctx context.Context, q querier, p *dialect.ClaimParams, walkedMin map[string]int64, cont map[string]bool, res *dialect.ClaimResult) ([]candidate, error) {
-	args := []any{p.Cursor}
-	hcond := "o.`dead_lettered_at` IS NULL AND " + claimable + " AND " + r.filter
-	args = append(args, r.fargs...)
-	hcond += topicsSQL(p, &args)
-	stmt := "SELECT s.k, s.h, o.`sequence` IS NOT NULL FROM (SELECT h.`outbox_key` AS k, MIN(h.`sequence`) AS h FROM " + r.n.table + " h FORCE INDEX (" + r.n.keyIdx + ")" +
-		" WHERE h.`outbox_key` > ? GROUP BY h.`outbox_key` ORDER BY h.`outbox_key` LIMIT " + itoa(max(r.cfg.KeyScan, 1)) + ") s" +
-		" LEFT JOIN " + r.n.table + " o ON o.`sequence` = s.h AND " + hcond
-	rs, err := q.query(ctx, stmt, args...)
+func (r *relay) scan(ctx context.Context, q querier, p *dialect.ClaimParams, args map[string]any, walkedMin map[string]int64, cont map[string]bool, res *dialect.ClaimResult) ([]candidate, error) {
+	rs, err := r.query(ctx, q, "scan", args, map[string]any{"cursor": p.Cursor, "key_scan": max(r.cfg.KeyScan, 1)})
 	if err != nil {
 		return nil, err
 	}
@@ -104,25 +97,22 @@ func (r *relay) runs(ctx context.Context, q querier, p *dialect.ClaimParams, can
 			}
 		}
 		n = min(max(n, 1), runsChunk, len(cands)-start)
-		lim := itoa(min(run, need))
+		lim := min(run, need)
 		var (
 			args  []any
 			parts []string
 		)
 		for i, c := range cands[start : start+n] {
-			head := "o.`outbox_key` = ? AND o.`sequence` >= ?"
-			args = append(args, start+i, c.key, c.from)
+			name, named := "run_scanned", map[string]any{"i": start + i, "key": c.key, "from": c.from, "run": lim}
 			switch c.kind {
 			case candWalked:
-				head += " AND (SELECT h.`sequence` FROM " + r.n.table + " h FORCE INDEX (" + r.n.keyIdx + ") WHERE h.`outbox_key` = ? ORDER BY h.`sequence` LIMIT 1) = ?"
-				args = append(args, c.key, c.from)
+				name = "run_walked"
 			case candCont:
-				head += " AND (SELECT h.`sequence` > ? OR (h.`leased_by` = ? AND h.`lease_until` > UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) FROM " + r.n.table +
-					" h FORCE INDEX (" + r.n.keyIdx + ") WHERE h.`outbox_key` = ? AND h.`sequence` >= ? ORDER BY h.`sequence` LIMIT 1)"
-				args = append(args, c.cont.After, p.ContToken, margin, c.key, c.cont.From)
+				name = "run_cont"
+				named["after"], named["cont_token"], named["margin_us"], named["cont_from"] = c.cont.After, p.ContToken, margin, c.cont.From
 			}
-			parts = append(parts, "(SELECT ? AS i, o.`sequence` FROM "+r.n.table+" o FORCE INDEX ("+r.n.keyIdx+") WHERE "+head+
-				" ORDER BY o.`sequence` LIMIT "+lim+")")
+			parts = append(parts, r.st[name].SQL)
+			args = append(args, r.st[name].Args(named)...)
 		}
 		rs, err := q.query(ctx, strings.Join(parts, "\nUNION ALL\n"), args...)
 		if err != nil {
@@ -168,9 +158,10 @@ func (r *relay) runs(ctx context.Context, q querier, p *dialect.ClaimParams, can
 	return members, nil
 }
 
-// scanClaimed runs a locking SELECT of r.cols and adds its rows to into by sequence.
-func (r *relay) scanClaimed(ctx context.Context, q querier, stmt string, args []any, into map[int64]dialect.Claimed) error {
-	rs, err := q.query(ctx, stmt, args...)
+// scanClaimed runs claim.sql's locking SELECT name (the claim's parameters args and extra
+// ones) and adds its rows to into by sequence.
+func (r *relay) scanClaimed(ctx context.Context, q querier, name string, args, extra map[string]any, into map[int64]dialect.Claimed) error {
+	rs, err := r.query(ctx, q, name, args, extra)
 	if err != nil {
 		return err
 	}

@@ -2,8 +2,8 @@ package mysql
 
 import (
 	"context"
-	_ "embed"
 	"database/sql"
+	_ "embed"
 	"fmt"
 	"slices"
 	"sort"

@@ -5,11 +5,13 @@ import (
 	"database/sql"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/watermill-outbox/outbox/internal/dialect"
+	"github.com/watermill-outbox/outbox/internal/mariadbtest"
 )
 
 // planEx is an Executor inside one transaction that records the EXPLAIN of every statement it
@@ -106,9 +108,28 @@ func claimPlans(t *testing.T) map[string]string {
 	return out
 }
 
-// TestClaimPlans: OUTBOX_PLAN_DUMP=file writes the plans of every claim variant there.
+// TestClaimPlans: every statement of every claim variant reads the table through an index (the
+// pending index for the walks, the key index for heads, the skip scan and runs, the primary
+// key for the locks and the lease), never by a full scan. OUTBOX_PLAN_DUMP=file writes the
+// plans of every variant there.
 func TestClaimPlans(t *testing.T) {
 	plans := claimPlans(t)
+	for _, v := range claimVariants {
+		reads := 0
+		for _, line := range strings.Split(plans[v.name], "\n") {
+			f := strings.Fields(line)
+			if len(f) < 5 || (f[2] != "o" && f[2] != "h") {
+				continue
+			}
+			reads++
+			if f[3] == "ALL" || f[3] == "index" || strings.HasPrefix(f[4], "key=()") {
+				t.Errorf("%s: a statement reads the table without an index range: %q\n%s", v.name, line, plans[v.name])
+			}
+		}
+		if reads < 4 {
+			t.Errorf("%s: %d reads of the table in the claim's plans; want the window, its heads, the lock and the lease at least:\n%s", v.name, reads, plans[v.name])
+		}
+	}
 	if f := os.Getenv("OUTBOX_PLAN_DUMP"); f != "" {
 		var b strings.Builder
 		for _, v := range claimVariants {
@@ -116,6 +137,87 @@ func TestClaimPlans(t *testing.T) {
 		}
 		if err := os.WriteFile(f, []byte(b.String()), 0o644); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// rewritten returns the window statement of p's claim as MariaDB rewrote it for execution
+// (EXPLAIN EXTENDED's note 1003), on db.
+func rewritten(t *testing.T, db *sql.DB, r *relay, p *dialect.ClaimParams) string {
+	t.Helper()
+	ctx := context.Background()
+	named := r.claimArgs(p)
+	named["floor_keyed"], named["window"] = int64(0), 200
+	q, args := r.st["window"].Expand(named)
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rs, err := conn.QueryContext(ctx, "EXPLAIN EXTENDED "+q, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs.Close()
+	rs, err = conn.QueryContext(ctx, "SHOW WARNINGS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var (
+			level, msg string
+			code       int
+		)
+		if err := rs.Scan(&level, &code, &msg); err != nil {
+			t.Fatal(err)
+		}
+		if code == 1003 {
+			return strings.ReplaceAll(msg, r.n.name, "T")
+		}
+	}
+	t.Fatalf("no note 1003 after EXPLAIN EXTENDED %s", q)
+	return ""
+}
+
+// TestClaimParametersFold: the server folds the claim's parameters into the conditions they
+// stand for, as if the statement were written for the selection: every topic leaves no topic
+// condition, one topic an equality, paused and probed topics a comparison, and the JSON
+// table of excluded topics is there only when topics are excluded. Through the driver's
+// interpolateParams (values sent as literals) and through server-side prepared statements.
+func TestClaimParametersFold(t *testing.T) {
+	tb := newTable(t)
+	for _, h := range []struct {
+		name string
+		db   *sql.DB
+	}{{"prepared", needDB(t)}, {"interpolated", mariadbtest.Require(t)}} {
+		for _, c := range []struct {
+			variant   string
+			has, hasn []string
+		}{
+			{"all", nil, []string{"`topic`", "json_table"}},
+			{"exact", []string{"`o`.`topic` = 't1'"}, []string{"left(", "json_table"}},
+			{"prefix", []string{"left(`o`.`topic`"}, []string{"`o`.`topic` =", "json_table"}},
+			{"excludes", []string{"json_table"}, []string{"left(`o`.`topic`", "`o`.`topic` ="}},
+			{"paused", []string{"`o`.`topic` <> 't0'"}, []string{"json_table", "left("}},
+			{"probe", []string{"`o`.`topic` = 't0'"}, []string{"json_table", "left("}},
+		} {
+			i := slices.IndexFunc(claimVariants, func(v claimVariant) bool { return v.name == c.variant })
+			v := claimVariants[i]
+			r := New().NewRelay(tb, dialect.RelayConfig{BatchSize: 100, MaxRunPerKey: 10, KeyScan: 100, LeaseDuration: time.Minute}, v.sel).(*relay)
+			got := rewritten(t, h.db, r, &v.p)
+			where := got[strings.Index(got, " from "):]
+			where = strings.ToLower(strings.ReplaceAll(where, "`test`.", ""))
+			for _, s := range c.has {
+				if !strings.Contains(where, s) {
+					t.Errorf("%s, %s: the rewritten window lacks %q:\n%s", h.name, c.variant, s, where)
+				}
+			}
+			for _, s := range c.hasn {
+				if strings.Contains(where, s) {
+					t.Errorf("%s, %s: the rewritten window holds %q:\n%s", h.name, c.variant, s, where)
+				}
+			}
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"sort"
@@ -47,7 +48,9 @@ func (sub *subscription) claim(token string) (items []*item, more bool, err erro
 	// busy handler would otherwise queue with the writers for the lock at every poll
 	// (docs/design/relay.md, "Why the policies").
 	p.ReadFirst = sub.fullRun == 0 && !sub.s.cfg.SQLiteNoReadFirst
-	res, err := sub.relay.Claim(sub.ctx, s.db, p)
+	cctx, cancel := sub.claimContext()
+	res, err := sub.relay.Claim(cctx, s.db, p)
+	cancel()
 	if err != nil {
 		sub.lostFollowed(p.Cont, follow, nil)
 		return nil, false, fmt.Errorf("outbox: claim from %s: %w", s.table, err)
@@ -192,7 +195,9 @@ func (sub *subscription) probeClaim(token string, o *outage) ([]*item, error) {
 	if sub.s.cfg.Destination != nil {
 		limit = min(sub.s.cfg.BatchSize, 16)
 	}
-	res, err := sub.relay.Claim(sub.ctx, sub.s.db, &dialect.ClaimParams{Token: token, Limit: limit, Oldest: 16, Probe: topics})
+	cctx, cancel := sub.claimContext()
+	res, err := sub.relay.Claim(cctx, sub.s.db, &dialect.ClaimParams{Token: token, Limit: limit, Oldest: 16, Probe: topics})
+	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("outbox: probe claim from %s: %w", sub.s.table, err)
 	}
@@ -268,3 +273,21 @@ const (
 	splitClaims = 16
 	maxHotKeys  = 64
 )
+
+// claimGrace is how long a claim statement may go on after its subscription stops.
+const claimGrace = 5 * time.Second
+
+// claimContext returns the context of a claim statement: not ended by the subscription's stop
+// itself but claimGrace after it. A claim canceled mid-statement may still commit its leases
+// on the server (PostgreSQL runs the statement to its end, and pgx gives up on the answer), and
+// the relay would never see, deliver or release those events: they would wait for their lease to
+// expire. A claim that returns after the stop leases a batch the stop then releases (deliver
+// emits nothing of it; its mark gives the leases back).
+func (sub *subscription) claimContext() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(sub.ctx))
+	stop := context.AfterFunc(sub.ctx, func() {
+		t := time.AfterFunc(claimGrace, cancel)
+		context.AfterFunc(ctx, func() { t.Stop() })
+	})
+	return ctx, func() { stop(); cancel() }
+}

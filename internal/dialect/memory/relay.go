@@ -198,7 +198,15 @@ func (r *relay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.Claim
 			Headers: x.Headers, OrderingKey: x.OrderingKey, CreatedAt: x.CreatedAt, Attempts: x.Attempts, LastError: x.LastError,
 			Rank: rank, DeliveryStarts: x.DeliveryStarts})
 	}
-	return res, d.end(ex, OpClaim, nil)
+	if err := d.end(ex, OpClaim, nil); err != nil {
+		return nil, err
+	}
+	// As a server that ran the statement to its end while the client gave up on the answer:
+	// the leases stand, the relay sees an error.
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return res, nil
 }
 
 // takeRun returns the gap-free claimable start of evs (a key's events from its head, or from

@@ -101,8 +101,10 @@ type SubscriberConfig struct {
 	// be answered: it emits nothing new, their contexts stay live, and their Acks and Nacks
 	// are recorded as usual. What is still unanswered then is released (lease cleared,
 	// attempts unchanged) and its message contexts are canceled; a Nack caused by that
-	// cancellation (context.Canceled) counts no attempt either. Default DeliveryTimeout; must
-	// not be negative or above DeliveryTimeout.
+	// cancellation (context.Canceled) counts no attempt either. A claim statement running at
+	// the stop is let finish (for up to 5 s) so that the events it leased are released too,
+	// instead of waiting for their lease. Default DeliveryTimeout; must not be negative or
+	// above DeliveryTimeout.
 	CloseTimeout time.Duration
 	// Concurrency is how many messages one subscription has out (emitted, not yet acked or
 	// nacked) at once. Default 10.

@@ -2,95 +2,72 @@ package sqlite
 
 import (
 	"context"
+	_ "embed"
 	"fmt"
+	"maps"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/watermill-outbox/outbox/internal/dialect"
 )
 
-// relay is one subscription's compiled statements.
+// relay is one subscription's statements: claim.sql's, filled with the table's shape and the
+// subscription's topic condition, and that condition's parameters.
 type relay struct {
 	t                    *dialect.Table
 	cfg                  dialect.RelayConfig
-	claim, paused, probe string
-	lease                string
-	args                 []any // the topic filter's parameters, from $4 on
+	claim, paused, probe *dialect.Stmt // claim.sql's select: no topic paused, some paused, a probe
+	lease                *dialect.Stmt
+	topics               map[string]any // the topic condition's parameters (@topic_0 …)
 }
 
-// NewRelay implements dialect.Dialect. The claim's parameters are $1 the relay's clock
-// (microseconds), $2 the key cursor, $3 the paused (or probed) topics as a JSON array, then the
-// topic filter's. Paused topics are tested only by the paused and probe statements: in the
-// claim used while nothing is paused, a json_each per row examined would run while the claim
-// holds the database's write lock.
+//go:embed claim.sql
+var claimFile string
+
+var claimStmts = dialect.ParseSQLFile(claimFile)
+
+// NewRelay implements dialect.Dialect. Paused topics are tested only by the paused and probe
+// statements: in the claim used while nothing is paused, a json_each per row examined would run
+// while the claim holds the database's write lock.
 func (Dialect) NewRelay(t *dialect.Table, cfg dialect.RelayConfig, sel dialect.TopicSelection) dialect.Relay {
-	r := &relay{t: t, cfg: cfg}
-	args := []any{nil, nil, nil}
-	filter := topicCond(`"topic"`, sel.Include, &args)
+	r := &relay{t: t, cfg: cfg, topics: map[string]any{}}
+	filter := namedTopicCond(sel.Include, r.topics)
 	for _, e := range sel.Excludes {
-		filter += " AND NOT " + topicCond(`"topic"`, e, &args)
+		filter += " AND NOT " + namedTopicCond(e, r.topics)
 	}
-	r.args = args[3:]
-	r.claim = claimSQL(t, cfg, filter, cfg.BatchSize)
-	r.paused = claimSQL(t, cfg, filter+` AND "topic" NOT IN (SELECT value FROM json_each($3))`, cfg.BatchSize)
-	r.probe = claimSQL(t, cfg, filter+` AND "topic" IN (SELECT value FROM json_each($3))`, 1)
 	var extra strings.Builder
 	for _, c := range t.Extra {
 		extra.WriteString(", " + dialect.DoubleQuote(c.Name))
 	}
-	// The leasing half: $1 the lease end (microseconds), $2 the fencing token, $3 the selected
-	// sequences (a JSON array); it returns the rows in the layout dialect.ScanClaimed reads.
-	r.lease = fmt.Sprintf(`UPDATE %s SET "lease_until" = $1, "leased_by" = $2, "delivery_starts" = "delivery_starts" + 1 WHERE "sequence" IN (SELECT value FROM json_each($3))
-RETURNING 0, "sequence", "id", "topic", "payload", "headers", "ordering_key", "created_at", "attempts", "last_error", NULL, "delivery_starts"%s, NULL, NULL, NULL`, quote(t), extra.String())
+	shape := func(topics string, batch int) map[string]string {
+		return map[string]string{
+			"t": quote(t), "keyed_idx": index(t, "keyed_idx"), "unordered_idx": index(t, "unordered_idx"), "extra": extra.String(),
+			"topics": topics, "batch": strconv.Itoa(batch), "run": strconv.Itoa(min(cfg.MaxRunPerKey, batch)), "key_scan": strconv.Itoa(cfg.KeyScan),
+		}
+	}
+	compile := func(name, topics string, batch int) *dialect.Stmt {
+		return dialect.Compile(dialect.Fill(claimStmts[name], shape(topics, batch)), dialect.Dollar)
+	}
+	r.claim = compile("select", filter, cfg.BatchSize)
+	r.paused = compile("select", filter+` AND o."topic" NOT IN (SELECT value FROM json_each(@listed))`, cfg.BatchSize)
+	r.probe = compile("select", filter+` AND o."topic" IN (SELECT value FROM json_each(@listed))`, 1)
+	r.lease = compile("lease", filter, cfg.BatchSize)
 	return r
 }
 
-// claimSQL is the selecting half of the SQLite claim; Claim leases what it selects in the same
-// (IMMEDIATE) transaction. It mirrors the PostgreSQL claim without SKIP LOCKED (SQLite's single
-// writer): candidate keys are those of the oldest claimable keyed events plus a bounded skip
-// scan of the key index after the cursor (so keys behind blocked ones are reached within a few
-// polls); each key's head is claimable (not dead-lettered, due, not leased) or the key is
-// skipped; up to MaxRunPerKey events of each key are read from its head, BatchSize in all, and
-// only the gap-free claimable start of each run is kept. Unordered events come from their own
-// partial index (INDEXED BY: the planner would otherwise pick the topic index and read every
-// event of the topic). The last row carries the skip scan's last key and how many keys it saw.
-// The relay ranks each key's events in Go (1 for the head). CROSS JOIN fixes the join order
-// (SQLite's planner hint): each head drives primary-key lookups, never a scan of the topic
-// index per head.
-func claimSQL(t *dialect.Table, cfg dialect.RelayConfig, filter string, batch int) string {
-	claimable := fmt.Sprintf(`o."dead_lettered_at" IS NULL AND (o."next_attempt_at" IS NULL OR o."next_attempt_at" <= $1) AND (o."lease_until" IS NULL OR o."lease_until" < $1) AND %s`,
-		strings.ReplaceAll(filter, `"topic"`, `o."topic"`))
-	unpublishedKeyed := `"published_at" IS NULL AND "ordering_key" IS NOT NULL`
-	return fmt.Sprintf(`WITH RECURSIVE skip(k) AS (
-	SELECT (SELECT min("ordering_key") FROM %[1]s WHERE %[2]s AND "ordering_key" > $2)
-	UNION ALL
-	SELECT (SELECT min("ordering_key") FROM %[1]s WHERE %[2]s AND "ordering_key" > skip.k) FROM skip WHERE skip.k IS NOT NULL
-	LIMIT %[6]d
-), scanned AS MATERIALIZED (
-	SELECT k FROM skip WHERE k IS NOT NULL
-), oldest AS MATERIALIZED (
-	SELECT DISTINCT "ordering_key" AS k FROM (SELECT o."ordering_key" FROM %[1]s o INDEXED BY %[7]s
-		WHERE o."published_at" IS NULL AND o."ordering_key" IS NOT NULL AND %[3]s ORDER BY o."sequence" LIMIT %[4]d)
-), heads AS MATERIALIZED (
-	SELECT c.k, (SELECT min("sequence") FROM %[1]s WHERE %[2]s AND "ordering_key" = c.k) AS seq
-	FROM (SELECT k FROM oldest UNION SELECT k FROM scanned) c
-), ok_heads AS MATERIALIZED (
-	SELECT h.k, h.seq FROM heads h CROSS JOIN %[1]s o ON o."sequence" = h.seq WHERE %[3]s ORDER BY h.seq LIMIT %[4]d
-), cand AS MATERIALIZED (
-	SELECT o."sequence", o."ordering_key", CASE WHEN %[3]s THEN 0 ELSE 1 END AS bad
-	FROM ok_heads h CROSS JOIN %[1]s o ON o."sequence" IN (
-		SELECT x."sequence" FROM %[1]s x WHERE x."published_at" IS NULL AND x."ordering_key" IS NOT NULL AND x."ordering_key" = h.k ORDER BY x."sequence" LIMIT %[5]d)
-	LIMIT %[4]d
-), picked AS MATERIALIZED (
-	SELECT "sequence" FROM (SELECT "sequence", sum(bad) OVER (PARTITION BY "ordering_key" ORDER BY "sequence") AS bad FROM cand) WHERE bad = 0
-	UNION ALL
-	SELECT "sequence" FROM (SELECT o."sequence" FROM %[1]s o INDEXED BY %[8]s WHERE o."published_at" IS NULL AND o."ordering_key" IS NULL AND %[3]s ORDER BY o."sequence" LIMIT %[4]d)
-	ORDER BY 1 LIMIT %[4]d
-)
-SELECT "sequence", NULL, NULL FROM picked
-UNION ALL
-SELECT NULL, (SELECT max(k) FROM scanned), (SELECT count(*) FROM scanned)`,
-		quote(t), unpublishedKeyed, claimable, batch, min(cfg.MaxRunPerKey, batch), cfg.KeyScan, index(t, "keyed_idx"), index(t, "unordered_idx"))
+// namedTopicCond renders one topic pattern as a condition on o."topic" whose value is a named
+// parameter (@topic_N), recorded in named.
+func namedTopicCond(tp dialect.Topic, named map[string]any) string {
+	if tp.All {
+		return "true"
+	}
+	name := "topic_" + strconv.Itoa(len(named))
+	named[name] = tp.Value
+	if tp.Prefix {
+		return fmt.Sprintf(`substr(o."topic", 1, length(@%s)) = @%s`, name, name)
+	}
+	return `o."topic" = @` + name
 }
 
 // Claim implements dialect.Relay: the selection and an UPDATE … RETURNING that leases it, in
@@ -103,12 +80,15 @@ func (r *relay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.Claim
 	case len(p.Paused) > 0:
 		q = r.paused
 	}
+	named := maps.Clone(r.topics)
+	named["cursor"], named["listed"] = p.Cursor, dialect.JSONList(topics)
 	res := &dialect.ClaimResult{Walked: -1}
 	err := withRelayTx(ctx, ex, p.Eager, p.ReadFirst, func(ex dialect.Executor) error {
 		// The clock is read once the write lock is held: BEGIN IMMEDIATE may wait up to the
 		// busy timeout, and a lease computed before that wait could already have expired.
 		now := time.Now()
-		rs, err := ex.Query(ctx, q, append([]any{micros(now), p.Cursor, dialect.JSONList(topics)}, r.args...)...)
+		named["now"] = micros(now)
+		rs, err := ex.Query(ctx, q.SQL, q.Args(named)...)
 		if err != nil {
 			return err
 		}
@@ -132,7 +112,7 @@ func (r *relay) Claim(ctx context.Context, ex dialect.Executor, p *dialect.Claim
 		if err := rs.Err(); err != nil || len(seqs) == 0 {
 			return err
 		}
-		rs, err = ex.Query(ctx, r.lease, micros(now.Add(r.cfg.LeaseDuration)), p.Token, dialect.JSONList(seqs))
+		rs, err = ex.Query(ctx, r.lease.SQL, r.lease.Args(map[string]any{"lease_until": micros(now.Add(r.cfg.LeaseDuration)), "token": p.Token, "seqs": dialect.JSONList(seqs)})...)
 		if err != nil {
 			return err
 		}

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"maps"
 	"sort"
 	"time"
 )
@@ -19,6 +20,12 @@ type Outage struct {
 	Refused int
 	// LastError is the last refusal's error.
 	LastError error
+	// LastProbe is when the last probe ended: the one event claimed for the outage's topics
+	// was answered, or the claim found none. Zero before the first probe.
+	LastProbe time.Time
+	// NextProbe is when the next probe is due (relay clock); the probe waits grow from
+	// UnavailableBackoff to UnavailableBackoffMax.
+	NextProbe time.Time
 }
 
 // Outages returns the destinations that this Subscriber's subscriptions currently treat as
@@ -31,6 +38,12 @@ func (s *Subscriber) Outages() []Outage {
 		out = append(out, Outage(o))
 	}
 	return out
+}
+
+// DestinationLimits returns a copy of SubscriberConfig.DestinationLimits: the flow control
+// of the destinations it names (nil when none). Safe for concurrent use.
+func (s *Subscriber) DestinationLimits() map[string]DestinationLimit {
+	return maps.Clone(s.cfg.DestinationLimits)
 }
 
 // Outages returns the outages of every table's Subscriber (see Subscriber.Outages), sorted by

@@ -167,6 +167,14 @@ func TestUnavailableDestinationPausesItsTopicsOnly(t *testing.T) {
 		if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE attempts > 0 OR dead_lettered_at IS NOT NULL`, schema.Table)); n != 0 {
 			t.Fatalf("%d events charged an attempt or dead-lettered during the outage", n)
 		}
+		// The probes are reported: when the last one ended and when the next is due.
+		pgtest.Eventually(t, 10*time.Second, "a probe is reported", func() bool {
+			o := sub.Outages()
+			return len(o) == 1 && !o[0].LastProbe.IsZero()
+		})
+		if o := sub.Outages()[0]; o.LastProbe.Before(o.Since) || !o.NextProbe.After(o.LastProbe) {
+			t.Fatalf("outage since %v, last probe %v, next probe %v; want since ≤ last probe < next probe", o.Since, o.LastProbe, o.NextProbe)
+		}
 		if n := b.count(t, fmt.Sprintf(`SELECT count(*) FROM %q WHERE last_error LIKE 'forwarder: publish event %%: unavailable: broker-a: %%' AND last_error_class = 'unavailable'`, schema.Table)); n == 0 {
 			t.Fatal("no released event notes the outage in last_error and last_error_class")
 		}

@@ -48,6 +48,13 @@ type OutageSource interface {
 	Outages() []outbox.Outage
 }
 
+// LimitSource is implemented by an OutageSource that also tells the destinations' flow
+// control (*outbox.Subscriber: SubscriberConfig.DestinationLimits); the destinations page then
+// lists each limited destination with its rate, burst and in-flight bound.
+type LimitSource interface {
+	DestinationLimits() map[string]outbox.DestinationLimit
+}
+
 // Config configures a Console. DB is required; the zero value of every other field is its
 // default.
 type Config struct {
@@ -69,8 +76,8 @@ type Config struct {
 	// ShowPayloads shows the dead letters' payloads on their detail page; otherwise a payload
 	// is never sent to the browser (only its size). Headers are always shown.
 	ShowPayloads bool
-	// Outages lists the destinations' outages when the console runs inside a relay; nil shows
-	// "n/a" on the destinations page.
+	// Outages lists the destinations' outages when the console runs inside a relay (and their
+	// flow control when it is also a LimitSource); nil shows "n/a" on the destinations page.
 	Outages OutageSource
 	// PageSize is how many dead letters and blocked keys a page lists. Default 100; at most
 	// outbox.MaxBlockedKeys.

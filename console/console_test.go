@@ -473,6 +473,14 @@ type outages []outbox.Outage
 
 func (o outages) Outages() []outbox.Outage { return o }
 
+// relayView is a fixed OutageSource and LimitSource.
+type relayView struct {
+	outages
+	limits map[string]outbox.DestinationLimit
+}
+
+func (r relayView) DestinationLimits() map[string]outbox.DestinationLimit { return r.limits }
+
 // seedHour fills e's table as a busy hour leaves it: 6,000 events published over the last
 // hour, pending events of three topics (one of them waiting on an outage), a key blocked
 // behind a dead-lettered head, leases of two relays, and dead letters with headers.
@@ -502,8 +510,12 @@ func (e *env) seedHour(t *testing.T) {
 // totals and charts, the relays' leases, the blocked keys, a dead letter's detail with its
 // payload hidden, the destinations), on a desktop and a phone screen.
 func TestPages(t *testing.T) {
-	e := newEnv(t, console.Config{Token: "t", Outages: outages{{Destination: "smtp 127.0.0.1:2525", Topics: []string{"mail.welcome"},
-		Since: time.Now().Add(-95 * time.Second), Refused: 14, LastError: errors.New("dial tcp 127.0.0.1:2525: connect: connection refused")}}})
+	now := time.Now()
+	e := newEnv(t, console.Config{Token: "t", Outages: relayView{
+		outages: outages{{Destination: "smtp 127.0.0.1:2525", Topics: []string{"mail.welcome"}, Since: now.Add(-95 * time.Second), Refused: 14,
+			LastError: errors.New("dial tcp 127.0.0.1:2525: connect: connection refused"), LastProbe: now.Add(-20 * time.Minute), NextProbe: now.Add(10 * time.Minute)}},
+		limits: map[string]outbox.DestinationLimit{"webhook 127.0.0.1:8443": {Rate: 100}, "smtp 127.0.0.1:2525": {MaxInFlight: 4}},
+	}})
 	e.seedHour(t)
 	ctx := context.Background()
 	total, err := e.sub.Backlog(ctx)
@@ -569,8 +581,11 @@ func TestPages(t *testing.T) {
 	if err := chromedp.Do(b, chromedp.Navigate(e.srv.URL+"/destinations"), chromedp.WaitVisible(chromedp.CSS(`#outages`))); err != nil {
 		t.Fatal(err)
 	}
-	if got := text(t, b, `#outages tbody`); !strings.Contains(got, "smtp 127.0.0.1:2525") || !strings.Contains(got, "connection refused") {
+	if got := text(t, b, `#outages tbody`); !regexp.MustCompile(`^smtp 127\.0\.0\.1:2525\s+mail\.welcome\s+1m[3-5][0-9]s\s+14\s+20m[0-2][0-9]s ago\s+9m[3-5][0-9]s\s+dial tcp 127\.0\.0\.1:2525: connect: connection refused$`).MatchString(got) {
 		t.Errorf("outages %q", got)
+	}
+	if got := text(t, b, `#limits tbody`); !regexp.MustCompile(`^smtp 127\.0\.0\.1:2525\s+unlimited\s+—\s+4\s+webhook 127\.0\.0\.1:8443\s+100\s+10\s+unlimited$`).MatchString(got) {
+		t.Errorf("flow control %q", got)
 	}
 	screenshot(t, b, "destinations")
 	if err := chromedp.Do(b, chromedp.Navigate(e.srv.URL+"/replay"), chromedp.WaitVisible(chromedp.CSS(`#replay-filter`))); err != nil {

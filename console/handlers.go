@@ -417,15 +417,29 @@ func (c *Console) deadEvent(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) destinations(w http.ResponseWriter, r *http.Request) {
+	type limit struct {
+		Destination string
+		outbox.DestinationLimit
+	}
 	var d struct {
 		InRelay bool
 		Outages []outbox.Outage
+		Limits  []limit
 		Now     time.Time
 	}
 	d.Now = time.Now()
 	if c.cfg.Outages != nil {
 		d.InRelay = true
 		d.Outages = c.cfg.Outages.Outages()
+		if ls, ok := c.cfg.Outages.(LimitSource); ok {
+			for name, l := range ls.DestinationLimits() {
+				if l.Rate > 0 && l.Burst <= 0 {
+					l.Burst = max(1, int(l.Rate/10)) // the default the relay applies
+				}
+				d.Limits = append(d.Limits, limit{name, l})
+			}
+			sort.Slice(d.Limits, func(i, j int) bool { return d.Limits[i].Destination < d.Limits[j].Destination })
+		}
 	}
 	c.render(w, r, "destinations", "Destinations", d)
 }

@@ -161,6 +161,23 @@ func (o outageSources) Outages() []outbox.Outage {
 	return out
 }
 
+// DestinationLimits merges the flow control of the subscribers that have any, for the
+// console's destinations page (the relay's subscribers share one configuration).
+func (o outageSources) DestinationLimits() map[string]outbox.DestinationLimit {
+	var out map[string]outbox.DestinationLimit
+	for _, src := range o {
+		if l, ok := src.(console.LimitSource); ok {
+			for name, lim := range l.DestinationLimits() {
+				if out == nil {
+					out = map[string]outbox.DestinationLimit{}
+				}
+				out[name] = lim
+			}
+		}
+	}
+	return out
+}
+
 // openConsole makes the console that serve mounts (with --console) and creates its audit
 // table.
 func (s *relayStats) openConsole(ctx context.Context, db any, schema outbox.SchemaConfig, outages []health.OutageSource, logger watermill.LoggerAdapter) error {

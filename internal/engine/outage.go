@@ -16,6 +16,7 @@ type outage struct {
 	topics    map[string]bool
 	since     time.Time
 	nextProbe time.Time
+	lastProbe time.Time // when the last probe's answer (or its empty claim) came; zero: none yet
 	probes    int
 	refused   int // events released as unavailable during the outage
 	lastErr   error
@@ -59,6 +60,11 @@ type Outage struct {
 	Refused int
 	// LastError is the last refusal's error.
 	LastError error
+	// LastProbe is when the last probe ended (its event answered, or its claim found none);
+	// zero before the first.
+	LastProbe time.Time
+	// NextProbe is when the next probe is due (relay clock).
+	NextProbe time.Time
 }
 
 // publishOutages copies the subscription's outages to the Subscriber for Outages.
@@ -70,7 +76,7 @@ func (sub *subscription) publishOutages() {
 			ts = append(ts, t)
 		}
 		sort.Strings(ts)
-		list = append(list, Outage{Destination: o.dest, Topics: ts, Since: o.since, Refused: o.refused, LastError: o.lastErr})
+		list = append(list, Outage{Destination: o.dest, Topics: ts, Since: o.since, Refused: o.refused, LastError: o.lastErr, LastProbe: o.lastProbe, NextProbe: o.nextProbe})
 	}
 	s := sub.s
 	s.outagesMu.Lock()
@@ -239,6 +245,7 @@ func (sub *subscription) noteOutcomes(items []*item, probe *outage) {
 	}
 	if probe != nil {
 		probe.probes++
+		probe.lastProbe = now
 		probe.empty++
 		if len(items) > 0 {
 			probe.empty = 0

@@ -157,3 +157,51 @@ func blockedKeySkipHTTP(t *testing.T, db *sql.DB, schema outbox.SchemaConfig) {
 		t.Errorf("GET /: %d\n%s", code, page)
 	}
 }
+
+// TestOverviewCappedSQLite: with OverviewLimit 1 the overview shows its counts as lower bounds
+// and says which kinds were capped, the relays' leased events included (two events leased by one
+// relay: "1+").
+func TestOverviewCappedSQLite(t *testing.T) {
+	ctx := context.Background()
+	db, err := sql.Open("sqlite", outbox.SQLiteDSN(filepath.Join(t.TempDir(), "console.db")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	schema := outbox.SchemaConfig{Dialect: outbox.DialectSQLite}
+	if err := outbox.Migrate(ctx, db, schema); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := outbox.NewPublisher(db, outbox.PublisherConfig{Schema: schema}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish("mail", outbox.NewMessage([]byte(`{}`)), outbox.NewMessage([]byte(`{}`)), outbox.NewMessage([]byte(`{}`))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`UPDATE "watermill_outbox" SET "leased_by" = 'relay-1#0123456789ab#4', "lease_until" = $1 WHERE "sequence" <= 2`, time.Now().Add(time.Minute).UnixMicro()); err != nil {
+		t.Fatal(err)
+	}
+	con, err := console.New(console.Config{DB: db, Schema: schema, OverviewLimit: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = con.Close() })
+	srv := httptest.NewServer(con)
+	t.Cleanup(srv.Close)
+	resp, err := srv.Client().Get(srv.URL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	page := string(body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /: %d\n%s", resp.StatusCode, page)
+	}
+	for _, want := range []string{`id="capped"`, `<b id="total-pending">1&#43;</b>`, `id="leases-capped"`, "relay-1#0123456789ab", `<td class="n">1&#43;</td>`} {
+		if !strings.Contains(page, want) {
+			t.Errorf("overview lacks %q:\n%s", want, page)
+		}
+	}
+}

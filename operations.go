@@ -98,14 +98,14 @@ type DeadLetterFilter struct {
 	// OlderThan narrows the selection to events dead-lettered more than this long ago
 	// (database clock on PostgreSQL). Zero means any age; negative is a *ConfigError.
 	OlderThan time.Duration
-	// The fields below narrow the selection further (each one given must hold). They are
-	// served on PostgreSQL only: elsewhere a filter that sets one is a *NotSupportedError.
+	// The fields below narrow the selection further (each one given must hold). PostgreSQL,
+	// SQLite and MariaDB/MySQL serve them.
 	//
 	// Key selects the events of this ordering key (and those SkipKeyHead took out of its
 	// order, see SkippedKeyHeader); "" means any.
 	Key string
-	// ErrorContains selects the events whose last error contains this text, ignoring case;
-	// "" means any.
+	// ErrorContains selects the events whose last error contains this text, ignoring case
+	// (on SQLite the case of ASCII letters only); "" means any.
 	ErrorContains string
 	// DeadAfter and DeadBefore bound when the events were dead-lettered: at or after
 	// DeadAfter, before DeadBefore. Zero means unbounded; DeadBefore not after DeadAfter

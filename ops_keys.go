@@ -53,7 +53,8 @@ type KeyHead struct {
 	Sequence int64
 }
 
-// operator returns the table's dialect as a dialect.Operator, or a *NotSupportedError for op.
+// operator returns the table's dialect as a dialect.Operator (PostgreSQL, SQLite and
+// MariaDB/MySQL all are), or a *NotSupportedError for op.
 func (s *Subscriber) operator(op string) (dialect.Operator, error) {
 	if o, ok := s.s.d.(dialect.Operator); ok {
 		return o, nil
@@ -63,9 +64,10 @@ func (s *Subscriber) operator(op string) (dialect.Operator, error) {
 
 // BlockedKeys returns up to limit (1..MaxBlockedKeys) ordering keys that are held behind a
 // failed or dead-lettered head and hold later pending events, oldest head first. Its cost
-// grows with the failed and dead-lettered keyed events (and the held events of the keys it
-// returns), not with the table. Errors: a *ConfigError for a limit out of range, a
-// *NotSupportedError on SQLite and MariaDB/MySQL, or the database error. Safe for concurrent
+// grows with live work, not with the table's history: on PostgreSQL with the failed and
+// dead-lettered keyed events, on SQLite and MariaDB/MySQL with the keys that have unpublished
+// events (one read of the key index each); and with the held events of the keys it returns.
+// Errors: a *ConfigError for a limit out of range, or the database error. Safe for concurrent
 // use, also after Close.
 func (s *Subscriber) BlockedKeys(ctx context.Context, limit int) ([]BlockedKey, error) {
 	if limit < 1 || limit > MaxBlockedKeys {
@@ -91,9 +93,8 @@ func (s *Subscriber) BlockedKeys(ctx context.Context, limit int) ([]BlockedKey, 
 
 // RetryKeyHead makes the key's failed head due now (it keeps its attempts), or gives a
 // dead-lettered head fresh attempts as RetryDeadLettered does. Errors: ErrHeadMoved when h is
-// no longer the key's failed head or is in flight, a *ConfigError for an empty key, a
-// *NotSupportedError on SQLite and MariaDB/MySQL, or the database error. Safe for concurrent
-// use, also after Close.
+// no longer the key's failed head or is in flight, a *ConfigError for an empty key, or the
+// database error. Safe for concurrent use, also after Close.
 func (s *Subscriber) RetryKeyHead(ctx context.Context, h KeyHead) error {
 	return s.actOnHead(ctx, "RetryKeyHead", h, dialect.HeadRetry)
 }
@@ -159,8 +160,7 @@ const DefaultStatsRows = 50000
 // DeliveryStats returns the events published in the last window (above zero, at most 24h),
 // per minute, with their commit → delivery delay. It reads the newest of them through the
 // published_at index, at most DefaultStatsRows: its cost is bounded by that, whatever the
-// table's history. Errors: a *ConfigError for a window out of range, a *NotSupportedError on
-// SQLite and MariaDB/MySQL, or the database error.
+// table's history. Errors: a *ConfigError for a window out of range, or the database error.
 func (s *Subscriber) DeliveryStats(ctx context.Context, window time.Duration) (DeliveryStats, error) {
 	if window <= 0 || window > 24*time.Hour {
 		return DeliveryStats{}, &ConfigError{Field: "window", Reason: fmt.Sprintf("%s outside (0, 24h]", window)}
@@ -186,36 +186,54 @@ type RelayLease struct {
 	// Relay is the relay's name (SubscriberConfig.RelayName); Instance adds the Subscriber's
 	// nonce, so two processes of one name are told apart.
 	Relay, Instance string
-	// Events counts the pending events it holds.
+	// Events counts the pending events it holds (among those read, see LeaseReport).
 	Events int64
 	// Until is the latest expiry of its leases, Earliest the earliest.
 	Until, Earliest time.Time
-	// Now is the database clock.
+	// Now is the database clock (the relay's clock on SQLite).
 	Now time.Time
+}
+
+// LeaseReport is RelayLeases' answer.
+type LeaseReport struct {
+	// Relays holds one entry per relay instance, sorted by Instance.
+	Relays []RelayLease
+	// Limit is how many leased events were read at most.
+	Limit int
+	// Capped reports that more than Limit leased events were found: the Events counts then
+	// cover the first Limit of them (in sequence order) and are lower bounds, and a relay
+	// whose leases all lie beyond them is missing.
+	Capped bool
 }
 
 // RelayLeases returns the relays that hold unexpired leases on pending events, with how many
 // events each holds: the relays at work right now (an idle relay holds none). It reads the
-// 10,000 oldest pending events of each pending index (keyed, unordered) — relays lease the
-// oldest claimable events — so its cost is bounded whatever the backlog; a lease beyond them
-// (behind a larger backlog of blocked or retrying events) is not counted. Errors: a
-// *NotSupportedError on SQLite and MariaDB/MySQL, or the database error.
-func (s *Subscriber) RelayLeases(ctx context.Context) ([]RelayLease, error) {
+// pending events in sequence order, at most 10,000 of each pending index (keyed, unordered) —
+// relays lease the oldest claimable events — and stops at limit (1..MaxOverviewLimit) leased
+// events (LeaseReport.Capped tells when there were more), so its cost is bounded whatever the
+// backlog; a lease beyond the 10,000 oldest events of its kind (behind a larger backlog of
+// blocked or retrying events) is not counted. The console's overview passes its
+// OverviewLimit (default DefaultOverviewLimit). Errors: a *ConfigError for a limit out of
+// range, or the database error. Safe for concurrent use, also after Close.
+func (s *Subscriber) RelayLeases(ctx context.Context, limit int) (LeaseReport, error) {
+	if limit < 1 || limit > MaxOverviewLimit {
+		return LeaseReport{}, &ConfigError{Field: "limit", Reason: fmt.Sprintf("%d outside 1..%d", limit, MaxOverviewLimit)}
+	}
 	o, err := s.operator("RelayLeases")
 	if err != nil {
-		return nil, err
+		return LeaseReport{}, err
 	}
-	rows, err := o.Leases(ctx, s.db, s.s.t)
+	r, err := o.Leases(ctx, s.db, s.s.t, limit)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: relay leases of %s: %w", s.s.table, err)
+		return LeaseReport{}, fmt.Errorf("outbox: relay leases of %s: %w", s.s.table, err)
 	}
-	out := make([]RelayLease, 0, len(rows))
-	for _, r := range rows {
+	out := LeaseReport{Relays: make([]RelayLease, 0, len(r.Relays)), Limit: limit, Capped: r.Capped}
+	for _, r := range r.Relays {
 		l := RelayLease{Relay: r.Instance, Instance: r.Instance, Events: r.Events, Until: r.LeaseUntil, Earliest: r.OldestLeased, Now: r.Now}
 		if i := strings.LastIndexByte(r.Instance, '#'); i >= 0 {
 			l.Relay = r.Instance[:i]
 		}
-		out = append(out, l)
+		out.Relays = append(out.Relays, l)
 	}
 	return out, nil
 }

@@ -44,9 +44,8 @@ func (o BacklogOverview) Capped() bool { return o.PendingCapped || o.DeadCapped 
 // keyed pending events, the limit earliest dead letters, and the failed heads of at most limit
 // keys. Its cost is therefore bounded by limit, whatever the backlog and the history; the
 // counts of a capped kind are lower bounds (see BacklogOverview). The oldest pending age is
-// exact: the oldest events are always read. On SQLite and MariaDB/MySQL it reads every
-// unpublished row, as BacklogByTopic, and nothing is capped. Errors: a *ConfigError for a
-// limit out of range, or the database error. Safe for concurrent use, also after Close.
+// exact: the oldest events are always read. Errors: a *ConfigError for a limit out of range,
+// or the database error. Safe for concurrent use, also after Close.
 func (s *Subscriber) BacklogOverview(ctx context.Context, limit int) (BacklogOverview, error) {
 	if limit < 1 || limit > MaxOverviewLimit {
 		return BacklogOverview{}, &ConfigError{Field: "limit", Reason: fmt.Sprintf("%d outside 1..%d", limit, MaxOverviewLimit)}

@@ -4,21 +4,26 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/watermill-outbox/outbox"
+	"github.com/watermill-outbox/outbox/internal/dialect"
 )
 
 // auditLog is the audit table: one row per action (who, when, what, on which filter, how
-// many events it changed, and its error).
+// many events it changed, and its error), with its statements in the database's SQL.
 type auditLog struct {
-	raw   string // as configured
-	table string // quoted
-	pool  *pgxpool.Pool
-	db    *sql.DB
+	raw     string // as configured
+	table   string // quoted
+	d       outbox.Dialect
+	insert  string // $1…$5 or ?: actor, action, target, affected, error
+	listSQL string // ends with LIMIT: the limit follows
+	pool    *pgxpool.Pool
+	db      *sql.DB
 }
 
 // AuditEntry is one recorded action.
@@ -38,10 +43,39 @@ type AuditEntry struct {
 	Error string
 }
 
-// AuditSQL returns the statement that creates the audit table (idempotent), for users' own
-// migration tools; table is the table name, optionally schema-qualified, unquoted.
-func AuditSQL(table string) string {
-	return `CREATE TABLE IF NOT EXISTS ` + quoteTable(table) + ` (
+// AuditSQL returns the PostgreSQL statement that creates the audit table (idempotent), for
+// users' own migration tools; table is the table name, optionally schema-qualified, unquoted.
+// AuditSQLFor gives it for another database.
+func AuditSQL(table string) string { return AuditSQLFor(outbox.DialectPostgreSQL, table) }
+
+// AuditSQLFor returns the statement that creates the audit table (idempotent) in database d;
+// table is the table name, optionally qualified by its schema (database on MariaDB/MySQL),
+// unquoted. Times are TIMESTAMPTZ on PostgreSQL, DATETIME(6) UTC on MariaDB/MySQL and INTEGER
+// microseconds since the epoch on SQLite (as in the outbox table).
+func AuditSQLFor(d outbox.Dialect, table string) string {
+	switch d {
+	case outbox.DialectSQLite:
+		return `CREATE TABLE IF NOT EXISTS ` + quoteTable(table, '"') + ` (
+	"id"       INTEGER PRIMARY KEY AUTOINCREMENT,
+	"at"       INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000000 AS INTEGER)),
+	"actor"    TEXT NOT NULL,
+	"action"   TEXT NOT NULL,
+	"target"   TEXT NOT NULL,
+	"affected" INTEGER NOT NULL,
+	"error"    TEXT NULL
+)`
+	case outbox.DialectMySQL:
+		return "CREATE TABLE IF NOT EXISTS " + quoteTable(table, '`') + ` (
+	` + "`id`       BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY," + `
+	` + "`at`       DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))," + `
+	` + "`actor`    TEXT NOT NULL," + `
+	` + "`action`   TEXT NOT NULL," + `
+	` + "`target`   TEXT NOT NULL," + `
+	` + "`affected` BIGINT NOT NULL," + `
+	` + "`error`    TEXT NULL" + `
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`
+	}
+	return `CREATE TABLE IF NOT EXISTS ` + quoteTable(table, '"') + ` (
 	"id"       BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 	"at"       TIMESTAMPTZ NOT NULL DEFAULT now(),
 	"actor"    TEXT NOT NULL,
@@ -52,16 +86,17 @@ func AuditSQL(table string) string {
 )`
 }
 
-func quoteTable(table string) string {
+// quoteTable quotes each dot-separated part of table with q (doubled inside).
+func quoteTable(table string, q byte) string {
 	parts := strings.Split(table, ".")
 	for i, p := range parts {
-		parts[i] = `"` + strings.ReplaceAll(p, `"`, `""`) + `"`
+		parts[i] = string(q) + strings.ReplaceAll(p, string(q), string(q)+string(q)) + string(q)
 	}
 	return strings.Join(parts, ".")
 }
 
-func newAuditLog(db any, table string) (*auditLog, error) {
-	a := &auditLog{raw: table, table: quoteTable(table)}
+func newAuditLog(db any, d outbox.Dialect, table string) (*auditLog, error) {
+	a := &auditLog{raw: table, table: quoteTable(table, '"'), d: d}
 	switch h := db.(type) {
 	case *pgxpool.Pool:
 		a.pool = h
@@ -69,6 +104,13 @@ func newAuditLog(db any, table string) (*auditLog, error) {
 		a.db = h
 	default:
 		return nil, &outbox.ConfigError{Field: "console.Config.DB", Reason: fmt.Sprintf("%T: give a *pgxpool.Pool or a *sql.DB", db)}
+	}
+	a.insert = `INSERT INTO ` + a.table + ` ("actor", "action", "target", "affected", "error") VALUES ($1, $2, $3, $4, $5)`
+	a.listSQL = `SELECT "id", "at", "actor", "action", "target", "affected", COALESCE("error", '') FROM ` + a.table + ` ORDER BY "id" DESC LIMIT `
+	if d == outbox.DialectMySQL {
+		a.table = quoteTable(table, '`')
+		a.insert = "INSERT INTO " + a.table + " (`actor`, `action`, `target`, `affected`, `error`) VALUES (?, ?, ?, ?, ?)"
+		a.listSQL = "SELECT `id`, CAST(`at` AS CHAR), `actor`, `action`, `target`, `affected`, COALESCE(`error`, '') FROM " + a.table + " ORDER BY `id` DESC LIMIT "
 	}
 	return a, nil
 }
@@ -83,7 +125,7 @@ func (a *auditLog) exec(ctx context.Context, q string, args ...any) error {
 }
 
 func (a *auditLog) migrate(ctx context.Context) error {
-	if err := a.exec(ctx, AuditSQL(a.raw)); err != nil {
+	if err := a.exec(ctx, AuditSQLFor(a.d, a.raw)); err != nil {
 		return fmt.Errorf("console: create audit table %s: %w", a.table, err)
 	}
 	return nil
@@ -98,8 +140,7 @@ func (a *auditLog) record(ctx context.Context, e AuditEntry) error {
 	if e.Error != "" {
 		errText = e.Error
 	}
-	err := a.exec(ctx, `INSERT INTO `+a.table+` ("actor", "action", "target", "affected", "error") VALUES ($1, $2, $3, $4, $5)`,
-		e.Actor, e.Action, e.Target, e.Affected, errText)
+	err := a.exec(ctx, a.insert, e.Actor, e.Action, e.Target, e.Affected, errText)
 	if err != nil {
 		return fmt.Errorf("console: record action in %s: %w", a.table, err)
 	}
@@ -108,11 +149,11 @@ func (a *auditLog) record(ctx context.Context, e AuditEntry) error {
 
 // list returns the newest limit entries, newest first (primary key order).
 func (a *auditLog) list(ctx context.Context, limit int) ([]AuditEntry, error) {
-	q := fmt.Sprintf(`SELECT "id", "at", "actor", "action", "target", "affected", COALESCE("error", '') FROM %s ORDER BY "id" DESC LIMIT %d`, a.table, limit)
+	q := a.listSQL + strconv.Itoa(limit)
 	var out []AuditEntry
 	scan := func(s func(...any) error) error {
 		var e AuditEntry
-		if err := s(&e.ID, &e.At, &e.Actor, &e.Action, &e.Target, &e.Affected, &e.Error); err != nil {
+		if err := s(&e.ID, (*dialect.Time)(&e.At), &e.Actor, &e.Action, &e.Target, &e.Affected, &e.Error); err != nil {
 			return err
 		}
 		out = append(out, e)

@@ -19,8 +19,8 @@
 //	if err := c.Migrate(ctx); err != nil { … }
 //	http.ListenAndServe("127.0.0.1:8080", c)
 //
-// Its pages need PostgreSQL: on SQLite and MariaDB/MySQL the blocked-keys page, the charts,
-// the leases and the dead-letter filters beyond the topic answer "not supported".
+// Every page works on PostgreSQL, SQLite and MariaDB/MySQL; the audit table's DDL is the
+// database's own (AuditSQLFor).
 package console
 
 import (
@@ -83,10 +83,10 @@ type Config struct {
 	// outbox.MaxBlockedKeys.
 	PageSize int
 	// OverviewLimit is how many events of each kind (unordered pending, keyed pending, dead
-	// letters, keys with a failed event) the overview reads at most, so that it answers in
-	// bounded time whatever the backlog (outbox.Subscriber.BacklogOverview); beyond it the
-	// overview shows its counts as lower bounds ("2,000+"). Default
-	// outbox.DefaultOverviewLimit (2,000); at most outbox.MaxOverviewLimit.
+	// letters, keys with a failed event, leased events) the overview reads at most, so that
+	// it answers in bounded time whatever the backlog (outbox.Subscriber.BacklogOverview and
+	// RelayLeases); beyond it the overview shows its counts as lower bounds ("2,000+").
+	// Default outbox.DefaultOverviewLimit (2,000); at most outbox.MaxOverviewLimit.
 	OverviewLimit int
 	// Logger logs one line per action; nil means watermill.NopLogger.
 	Logger watermill.LoggerAdapter
@@ -154,7 +154,7 @@ func New(cfg Config) (*Console, error) {
 	if cfg.AuditTable == "" {
 		cfg.AuditTable = table + "_console_audit"
 	}
-	audit, err := newAuditLog(cfg.DB, cfg.AuditTable)
+	audit, err := newAuditLog(cfg.DB, cfg.Schema.Dialect, cfg.AuditTable)
 	if err != nil {
 		_ = sub.Close()
 		return nil, err

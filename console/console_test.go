@@ -212,7 +212,13 @@ func (r *relay) keyAcked(key string) []string {
 
 func startRelay(t *testing.T, e *env) *relay {
 	t.Helper()
-	sub, err := outbox.NewSubscriber(e.pool, outbox.SubscriberConfig{Schema: e.schema, PollInterval: 50 * time.Millisecond,
+	return startRelayOn(t, e.pool, e.schema)
+}
+
+// startRelayOn is startRelay on any database handle and table.
+func startRelayOn(t *testing.T, db any, schema outbox.SchemaConfig) *relay {
+	t.Helper()
+	sub, err := outbox.NewSubscriber(db, outbox.SubscriberConfig{Schema: schema, PollInterval: 50 * time.Millisecond,
 		RetryBase: time.Hour, RetryMax: time.Hour, MaxAttempts: 10}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"html/template"
 	"net/http"
@@ -113,8 +112,10 @@ type overviewData struct {
 	PerSec    string
 	P95       string
 	Leases    []outbox.RelayLease
-	LeasesErr string
-	Now       time.Time
+	// LeasesCapped: more leased events than OverviewLimit (the counts are lower bounds).
+	LeasesCapped bool
+	LeasesErr    string
+	Now          time.Time
 }
 
 // overview reads the backlog, the last hour's deliveries and the leases at once (three
@@ -130,7 +131,12 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	wg.Add(3)
 	go func() { defer wg.Done(); d.BacklogOverview, bErr = c.sub.BacklogOverview(ctx, c.cfg.OverviewLimit) }()
 	go func() { defer wg.Done(); st, sErr = c.sub.DeliveryStats(ctx, time.Hour) }()
-	go func() { defer wg.Done(); d.Leases, lErr = c.sub.RelayLeases(ctx) }()
+	go func() {
+		defer wg.Done()
+		var lr outbox.LeaseReport
+		lr, lErr = c.sub.RelayLeases(ctx, c.cfg.OverviewLimit)
+		d.Leases, d.LeasesCapped = lr.Relays, lr.Capped
+	}()
 	wg.Wait()
 	if bErr != nil {
 		c.fail(w, r, bErr)
@@ -161,20 +167,15 @@ type keysData struct {
 	Keys    []outbox.BlockedKey
 	Limit   int
 	MaxHeld int64
-	Err     string
 }
 
 func (c *Console) keys(w http.ResponseWriter, r *http.Request) {
 	ks, err := c.sub.BlockedKeys(r.Context(), c.cfg.PageSize)
-	d := keysData{Keys: ks, Limit: c.cfg.PageSize, MaxHeld: outbox.MaxHeldCount}
 	if err != nil {
-		if !errors.Is(err, outbox.ErrNotSupported) {
-			c.fail(w, r, err)
-			return
-		}
-		d.Err = err.Error()
+		c.fail(w, r, err)
+		return
 	}
-	c.render(w, r, "keys", "Blocked keys", d)
+	c.render(w, r, "keys", "Blocked keys", keysData{Keys: ks, Limit: c.cfg.PageSize, MaxHeld: outbox.MaxHeldCount})
 }
 
 // keyAction runs POST /keys/{retry|skip|purge}.

@@ -200,7 +200,7 @@ func TestConsolePerf(t *testing.T) {
 		{name: "BacklogByTopic", run: func() error { _, err := sub.BacklogByTopic(ctx); return err }},
 		{name: fmt.Sprintf("BacklogOverview(%d)", outbox.DefaultOverviewLimit), run: func() error { _, err := sub.BacklogOverview(ctx, outbox.DefaultOverviewLimit); return err }},
 		{name: "DeliveryStats(1h)", run: func() error { _, err := sub.DeliveryStats(ctx, time.Hour); return err }},
-		{name: "RelayLeases", run: func() error { _, err := sub.RelayLeases(ctx); return err }},
+		{name: "RelayLeases", run: func() error { _, err := sub.RelayLeases(ctx, outbox.DefaultOverviewLimit); return err }},
 	}
 	for range 40 {
 		for i, p := range pages {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/console"
 )
 
@@ -22,9 +23,10 @@ func newConsoleCmd() *cobra.Command {
 		token        string
 		basicAuth    string
 		showPayloads bool
+		overview     int
 	)
 	cmd := &cobra.Command{
-		Use:   "console --db URL [--addr 127.0.0.1:8080] [--token T | --basic-auth user:pass] [--show-payloads]",
+		Use:   "console --db URL [--addr 127.0.0.1:8080] [--token T | --basic-auth user:pass] [--show-payloads] [--overview-limit N]",
 		Short: "Serve the operator console: backlog, blocked keys, dead letters, audit log (HTML)",
 		Long: `console serves the operator console over HTTP: the backlog per topic with the last hour's
 deliveries and delays, the ordering keys held behind a failed head (retry now, skip, purge), the
@@ -34,12 +36,16 @@ confirmation that repeats the count), and an audit log of every action.
 It is read-only unless --token or --basic-auth is given: actions then need the token (log in on
 /login) or the basic-auth user, and answer 403 Forbidden otherwise. Payloads are not shown
 unless --show-payloads. It listens on 127.0.0.1 unless --addr says otherwise. It creates its
-audit table (<table>_console_audit) when it is missing. PostgreSQL serves every page; on SQLite
-and MariaDB/MySQL the pages that need PostgreSQL say so.`,
+audit table (<table>_console_audit) when it is missing. The overview reads at most
+--overview-limit events of each kind (pending, dead-lettered, leased …) and shows larger counts
+as lower bounds ("2,000+"). Every page works on PostgreSQL, SQLite and MariaDB/MySQL.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if token != "" && basicAuth != "" {
 				return &usageError{errors.New("give --token or --basic-auth, not both")}
+			}
+			if overview < 1 || overview > outbox.MaxOverviewLimit {
+				return badFlag("overview-limit", fmt.Sprintf(" must be within 1..%d (got %d)", outbox.MaxOverviewLimit, overview))
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
@@ -49,7 +55,8 @@ and MariaDB/MySQL the pages that need PostgreSQL say so.`,
 			}
 			defer d.Close()
 			logger := newSlogLogger(cmd.ErrOrStderr(), false, false)
-			c, err := console.New(console.Config{DB: d.Handle(), Schema: d.schema, Token: token, BasicAuth: basicAuth, ShowPayloads: showPayloads, Logger: logger})
+			c, err := console.New(console.Config{DB: d.Handle(), Schema: d.schema, Token: token, BasicAuth: basicAuth, ShowPayloads: showPayloads,
+				OverviewLimit: overview, Logger: logger})
 			if err != nil {
 				return &usageError{err}
 			}
@@ -84,5 +91,6 @@ and MariaDB/MySQL the pages that need PostgreSQL say so.`,
 	cmd.Flags().StringVar(&token, "token", "", "operator token that enables actions (log in with it on /login); empty = read-only")
 	cmd.Flags().StringVar(&basicAuth, "basic-auth", "", "user:password for HTTP basic authentication of every page; enables actions")
 	cmd.Flags().BoolVar(&showPayloads, "show-payloads", false, "show dead letters' payloads on their detail page")
+	cmd.Flags().IntVar(&overview, "overview-limit", outbox.DefaultOverviewLimit, fmt.Sprintf("how many events of each kind the overview reads at most (1..%d); larger counts show as lower bounds", outbox.MaxOverviewLimit))
 	return withEnv(cmd)
 }

@@ -3,11 +3,14 @@ package main
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -76,9 +79,17 @@ func TestConsoleCommand(t *testing.T) {
 	}
 }
 
+// TestConsoleFlags: conflicting or out-of-range flags are usage errors (exit 2) before the
+// database is opened.
 func TestConsoleFlags(t *testing.T) {
 	wantStderr(t, cli(t, nil, "console", "--db", "x.db", "--token", "a", "--basic-auth", "u:p"), 2,
 		"outbox: give --token or --basic-auth, not both")
+	for _, v := range []string{"0", "-5", "1000001"} {
+		wantStderr(t, cli(t, nil, "console", "--db", "x.db", "--overview-limit", v), 2,
+			"outbox: --overview-limit must be within 1..1000000 (got "+v+")")
+	}
+	wantStderr(t, cli(t, nil, "console", "--db", "x.db", "--overview-limit", "many"), 2,
+		`outbox: --overview-limit "many" is not a whole number: give e.g. --overview-limit 2000 (see outbox console --help)`)
 }
 
 // TestRelayConsole: `outbox relay --http-addr … --console` serves the console beside /metrics
@@ -111,4 +122,38 @@ func TestRelayConsole(t *testing.T) {
 	})
 	wantStderr(t, cli(t, nil, "relay", "--db", db, "--table", table, "--to", "http://127.0.0.1:1/", "--allow-prefix", "127.0.0.0/8", "--console"), 2,
 		"outbox: --console and --console-token need --http-addr (the address the console is served on)")
+}
+
+// TestConsoleCommandSQLite: `outbox console` on a SQLite file serves every page (the blocked
+// keys, the overview with its charts and leases) with --overview-limit, and creates its audit
+// table in SQLite's SQL.
+func TestConsoleCommandSQLite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "outbox.db")
+	mustRun(t, nil, "migrate", "--db", path)
+	p := start(t, nil, "console", "--db", path, "--addr", "127.0.0.1:0", "--overview-limit", "5")
+	var base string
+	waitFor(t, 30*time.Second, "the console's address", func() bool {
+		if m := regexp.MustCompile(`outbox console on (http://127\.0\.0\.1:\d+)/ \(read-only\)`).FindStringSubmatch(p.out.String()); m != nil {
+			base = m[1]
+			return true
+		}
+		if !p.running() {
+			t.Fatalf("console exited: %s", p.errb.String())
+		}
+		return false
+	})
+	for _, path := range []string{"/", "/keys", "/dead?topic=*&key=k&error=x", "/audit"} {
+		if code, body := httpGet(t, base+path); code != http.StatusOK || strings.Contains(body, "not supported") {
+			t.Errorf("GET %s: %d\n%s", path, code, body)
+		}
+	}
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM "watermill_outbox_console_audit"`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("audit table: %d rows, %v; want it created and empty", n, err)
+	}
 }

@@ -527,8 +527,8 @@ type DeadFilter struct {
 	Topics    []Topic
 	IDs       []string
 	OlderThan time.Duration
-	// The narrowing conditions below are served by the dialects that implement Operator only
-	// (the root package refuses them elsewhere): Key, the ordering key (also an event that
+	// The narrowing conditions below are served by the dialects that implement Operator
+	// (every SQL dialect; the root package refuses them elsewhere): Key, the ordering key (also an event that
 	// HeadSkip took out of that key's order); ErrorContains, text in last_error (case
 	// insensitive); After and Before bound dead_lettered_at (inclusive, exclusive; zero: open).
 	Key           string

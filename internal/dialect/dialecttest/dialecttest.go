@@ -6,7 +6,8 @@
 //
 // A new dialect's package adds one test that calls Run with a Harness for its database. Checks
 // that depend on a capability (Capabilities.Continuations, Floors, Notify) run
-// only for dialects that have it, and say so when skipped. Every table is fresh (Harness.Table),
+// only for dialects that have it, and say so when skipped; so do the Operator checks, for a
+// dialect that does not implement dialect.Operator. Every table is fresh (Harness.Table),
 // so the suite may share a database server with other tests.
 //
 // Time-dependent checks never sleep: leases, due times and ages are moved into the past with
@@ -134,5 +135,11 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Cleanup", s.cleanup)
 	t.Run("Backlog", s.backlog)
 	t.Run("MissingTable", s.missingTable)
+	t.Run("OperatorBlockedKeys", s.operatorBlockedKeys)
+	t.Run("OperatorActOnHead", s.operatorActOnHead)
+	t.Run("OperatorDeadFilters", s.operatorDeadFilters)
+	t.Run("OperatorDeliveryStats", s.operatorDeliveryStats)
+	t.Run("OperatorLeases", s.operatorLeases)
+	t.Run("OperatorOverview", s.operatorOverview)
 	t.Run("WakeProbe", s.wakeProbe)
 }

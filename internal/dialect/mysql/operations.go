@@ -19,7 +19,31 @@ func deadWhere(f dialect.DeadFilter, args *[]any) string {
 		func() string {
 			*args = append(*args, f.OlderThan.Microseconds())
 			return "o.`dead_lettered_at` < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND"
-		})
+		}) + narrowDead(f, args)
+}
+
+// narrowDead renders DeadFilter's narrowing conditions (Key, ErrorContains, After, Before) on
+// o, each preceded by " AND "; "" when there are none. The time bounds read the
+// dead_lettered_at index's range.
+func narrowDead(f dialect.DeadFilter, args *[]any) string {
+	var w string
+	if f.Key != "" {
+		*args = append(*args, f.Key, f.Key)
+		w += " AND (o.`ordering_key` = ? OR (o.`ordering_key` IS NULL AND JSON_UNQUOTE(JSON_EXTRACT(o.`headers`, '$.\"" + dialect.SkippedKeyHeader + "\"')) = ?))"
+	}
+	if f.ErrorContains != "" {
+		*args = append(*args, f.ErrorContains)
+		w += " AND LOCATE(LOWER(?), LOWER(COALESCE(o.`last_error`, ''))) > 0"
+	}
+	if !f.After.IsZero() {
+		*args = append(*args, timeText(f.After))
+		w += " AND o.`dead_lettered_at` >= ?"
+	}
+	if !f.Before.IsZero() {
+		*args = append(*args, timeText(f.Before))
+		w += " AND o.`dead_lettered_at` < ?"
+	}
+	return w
 }
 
 // execRC runs one statement in a READ COMMITTED transaction of its own (or the caller's): no

@@ -117,33 +117,26 @@ GROUP BY 1 ORDER BY 1`, q, maxRows+1)
 	return out, nil
 }
 
-// LeaseScan is how many of the oldest pending events of each pending index (keyed,
-// unordered) Leases reads: relays lease the oldest claimable events, so their leases lie there.
-const LeaseScan = 10000
-
-// Leases implements dialect.Operator: the unexpired leases among the LeaseScan oldest pending
-// events of each pending index (bounded whatever the backlog), grouped by the token without its
-// claim number (relay name, '#', the Subscriber's nonce).
-func (Dialect) Leases(ctx context.Context, ex dialect.Executor, t *dialect.Table) ([]dialect.LeaseRow, error) {
+// Leases implements dialect.Operator: each pending index (keyed, unordered) is read in
+// sequence order, at most dialect.LeaseScan entries, and stops once it has found limit+1
+// unexpired leases (relays lease the oldest claimable events, so the leases lie at the start);
+// the first limit+1 of both by sequence are grouped in Go by the token without its claim
+// number (relay name, '#', the Subscriber's nonce).
+func (Dialect) Leases(ctx context.Context, ex dialect.Executor, t *dialect.Table, limit int) (dialect.LeasesRow, error) {
 	q := dialect.DoubleQuote(t.Parts...)
-	sql := fmt.Sprintf(`SELECT regexp_replace(l."leased_by", '#[0-9]+$', ''), count(*), max(l."lease_until"), min(l."lease_until"), now() FROM (
-	(SELECT "leased_by", "lease_until" FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NULL ORDER BY "sequence" LIMIT %[2]d)
-	UNION ALL (SELECT "leased_by", "lease_until" FROM %[1]s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NOT NULL ORDER BY "sequence" LIMIT %[2]d)) l
-WHERE l."leased_by" IS NOT NULL AND l."lease_until" > now() GROUP BY 1 ORDER BY 1`, q, LeaseScan)
+	sql := fmt.Sprintf(`SELECT l."leased_by", l."lease_until", now() FROM (
+	(SELECT w."sequence", w."leased_by", w."lease_until" FROM (SELECT "sequence", "leased_by", "lease_until" FROM %[1]s
+		WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NULL ORDER BY "sequence" LIMIT %[2]d) w
+		WHERE w."leased_by" IS NOT NULL AND w."lease_until" > now() LIMIT %[3]d)
+	UNION ALL (SELECT w."sequence", w."leased_by", w."lease_until" FROM (SELECT "sequence", "leased_by", "lease_until" FROM %[1]s
+		WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "ordering_key" IS NOT NULL ORDER BY "sequence" LIMIT %[2]d) w
+		WHERE w."leased_by" IS NOT NULL AND w."lease_until" > now() LIMIT %[3]d)) l
+ORDER BY l."sequence" LIMIT %[3]d`, q, dialect.LeaseScan, limit+1)
 	rs, err := ex.Query(ctx, sql)
 	if err != nil {
-		return nil, err
+		return dialect.LeasesRow{}, err
 	}
-	defer rs.Close()
-	var out []dialect.LeaseRow
-	for rs.Next() {
-		var l dialect.LeaseRow
-		if err := rs.Scan(&l.Instance, &l.Events, (*dialect.Time)(&l.LeaseUntil), (*dialect.Time)(&l.OldestLeased), (*dialect.Time)(&l.Now)); err != nil {
-			return nil, err
-		}
-		out = append(out, l)
-	}
-	return out, rs.Err()
+	return dialect.ScanLeases(rs, limit)
 }
 
 // BacklogOverview implements dialect.Operator: BacklogByTopic over bounded reads, so that its
@@ -185,15 +178,5 @@ FROM p GROUP BY p."topic" ORDER BY p."topic"`, q, limit)
 	if err != nil {
 		return dialect.OverviewRow{}, err
 	}
-	defer rs.Close()
-	var out dialect.OverviewRow
-	for rs.Next() {
-		var b dialect.BacklogRow
-		if err := rs.Scan(&b.Topic, &b.Pending, (*dialect.Time)(&b.Oldest), &b.DeadLettered, (*dialect.Time)(&b.Now), &b.Unavailable, &b.Held,
-			&out.Unordered, &out.Keyed, &out.Dead, &out.Heads); err != nil {
-			return dialect.OverviewRow{}, err
-		}
-		out.Topics = append(out.Topics, b)
-	}
-	return out, rs.Err()
+	return dialect.ScanOverview(rs)
 }

@@ -206,7 +206,7 @@ func TestOperationPlans(t *testing.T) {
 			return err
 		}, 0},
 		{"leases", func(ex dialect.Executor) error {
-			_, err := d.Leases(ctx, ex, tbl)
+			_, err := d.Leases(ctx, ex, tbl, 2000)
 			return err
 		}, 0},
 		{"count dead by key, error text and time", func(ex dialect.Executor) error {

@@ -17,7 +17,28 @@ func deadWhere(f dialect.DeadFilter, args *[]any) string {
 		func(ids []string) string {
 			return `"id" IN (SELECT value FROM json_each(` + param(args, dialect.JSONList(ids)) + `))`
 		},
-		func() string { return `"dead_lettered_at" < ` + param(args, micros(time.Now().Add(-f.OlderThan))) })
+		func() string { return `"dead_lettered_at" < ` + param(args, micros(time.Now().Add(-f.OlderThan))) }) + narrowDead(f, args)
+}
+
+// narrowDead renders DeadFilter's narrowing conditions (Key, ErrorContains, After, Before),
+// each preceded by " AND "; "" when there are none. The time bounds read dead_idx's range.
+// ErrorContains ignores the case of ASCII letters only (SQLite's lower()).
+func narrowDead(f dialect.DeadFilter, args *[]any) string {
+	var w string
+	if f.Key != "" {
+		k := param(args, f.Key)
+		w += ` AND ("ordering_key" = ` + k + ` OR ("ordering_key" IS NULL AND json_extract("headers", '$."` + dialect.SkippedKeyHeader + `"') = ` + k + `))`
+	}
+	if f.ErrorContains != "" {
+		w += ` AND instr(lower(COALESCE("last_error", '')), lower(` + param(args, f.ErrorContains) + `)) > 0`
+	}
+	if !f.After.IsZero() {
+		w += ` AND "dead_lettered_at" >= ` + param(args, micros(f.After))
+	}
+	if !f.Before.IsZero() {
+		w += ` AND "dead_lettered_at" < ` + param(args, micros(f.Before))
+	}
+	return w
 }
 
 // execInTurn runs the write q within the process's turn to write through ex (see gate.go), like

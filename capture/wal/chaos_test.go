@@ -47,8 +47,16 @@ func (s *sink) Publish(_ string, msgs ...*message.Message) error {
 
 func (s *sink) Close() error { return nil }
 
-// TestMain runs the relay process of TestChaos when WAL_KILL_DSN is set, the tests otherwise.
+// TestMain runs the relay process of TestChaos when WAL_KILL_DSN is set, that of
+// TestOutboxKill when WAL_OUTBOX_DSN is set, the tests otherwise.
 func TestMain(m *testing.M) {
+	if dsn := os.Getenv("WAL_OUTBOX_DSN"); dsn != "" {
+		if err := outboxChild(dsn); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if dsn := os.Getenv("WAL_KILL_DSN"); dsn != "" {
 		if err := killChild(dsn); err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -187,4 +195,136 @@ func TestChaos(t *testing.T) {
 	}
 	t.Logf("%d changes over %d keys, %d kills, %d server restart in %s: 0 lost, 0 reordered; %d delivered, %d duplicates (%d after a kill, %d after the restart)",
 		total, keys, kills, restarts, time.Since(began).Round(time.Second), len(got), afterKill+afterRestart, afterKill, afterRestart)
+}
+
+// rowSinkDB is the destination of TestOutboxKill's relay process: each event's sequence and
+// key go into table osink of the private server with the process's epoch.
+type rowSinkDB struct {
+	pool  *pgxpool.Pool
+	epoch int
+}
+
+func (s *rowSinkDB) Publish(_ string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		if _, err := s.pool.Exec(context.Background(), `INSERT INTO osink (seq, key, epoch) VALUES ($1, $2, $3)`,
+			m.Metadata.Get(outbox.MetadataSequence), m.Metadata.Get(outbox.MetadataOrderingKey), s.epoch); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *rowSinkDB) Close() error { return nil }
+
+// outboxChild is the relay process of TestOutboxKill: an OutboxRelay (its polling relay named,
+// with a 2 s lease, so a successor takes its leases back at once) until killed or SIGTERM.
+func outboxChild(dsn string) error {
+	epoch, _ := strconv.Atoi(os.Getenv("WAL_KILL_EPOCH"))
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	r, err := wal.NewOutboxRelay(pool, wal.OutboxConfig{Destination: &rowSinkDB{pool: pool, epoch: epoch}, BatchSize: 200,
+		StatusInterval: 50 * time.Millisecond, RetryBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, MaxAttempts: 1000,
+		SweepInterval: 500 * time.Millisecond, Relay: outbox.SubscriberConfig{RelayName: "chaos-relay", LeaseDuration: 2 * time.Second}})
+	if err != nil {
+		return err
+	}
+	c, stop := signal.NotifyContext(ctx, syscall.SIGTERM)
+	defer stop()
+	return r.Run(c)
+}
+
+// TestOutboxKill: an OutboxRelay process is killed with SIGKILL 5 times while 4 writers
+// enqueue 10,000 events over 100 keys, then a last one drains: every event delivered (0
+// lost), each key's events first delivered in sequence order, and every duplicate delivered
+// by a later process than the first delivery.
+func TestOutboxKill(t *testing.T) {
+	srv, pool := logicalPG(t)
+	if err := wal.SetupOutbox(ctx, pool, wal.OutboxConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, pool, `CREATE TABLE osink (n bigserial PRIMARY KEY, seq bigint, key text, epoch int)`)
+	count := func() int {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM osink`).Scan(&n)
+		return n
+	}
+	start := func(epoch int) *oexec.Cmd {
+		cmd := oexec.Command(os.Args[0], "-test.run", "^$")
+		cmd.Env = append(os.Environ(), "WAL_OUTBOX_DSN="+srv.DSN(), "WAL_KILL_EPOCH="+strconv.Itoa(epoch))
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	pub := newPublisher(t, pool)
+	const events, keys, writers, kills = 10_000, 100, 4, 5
+	errs := make(chan error, writers)
+	for w := range writers {
+		go func() { errs <- enqueue(pub, w*events/writers, events/writers, keys) }()
+	}
+	step := events / (kills + 2)
+	for epoch := range kills {
+		cmd := start(epoch)
+		seen := count()
+		waitFor(t, 120*time.Second, fmt.Sprintf("delivery by relay %d", epoch), func() bool { n := count(); return n >= (epoch+1)*step && n > seen })
+		_ = cmd.Process.Kill() // SIGKILL
+		_ = cmd.Wait()
+	}
+	for range writers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	last := start(kills)
+	defer func() { _ = last.Process.Signal(syscall.SIGTERM); _ = last.Wait() }()
+	type got struct {
+		seq   int64
+		key   string
+		epoch int
+	}
+	var all []got
+	waitFor(t, 180*time.Second, "every event", func() bool {
+		rows, err := pool.Query(ctx, `SELECT seq, key, epoch FROM osink ORDER BY n`)
+		if err != nil {
+			return false
+		}
+		defer rows.Close()
+		all = all[:0]
+		distinct := map[int64]bool{}
+		for rows.Next() {
+			var g got
+			if err := rows.Scan(&g.seq, &g.key, &g.epoch); err != nil {
+				return false
+			}
+			all = append(all, g)
+			distinct[g.seq] = true
+		}
+		return len(distinct) >= events
+	})
+	first := map[int64]int{}
+	last2 := map[string]int64{}
+	dups := 0
+	for _, g := range all {
+		if e, ok := first[g.seq]; ok {
+			if g.epoch <= e {
+				t.Fatalf("sequence %d delivered again by relay %d, first by relay %d", g.seq, g.epoch, e)
+			}
+			dups++
+			continue
+		}
+		first[g.seq] = g.epoch
+		if g.seq < last2[g.key] {
+			t.Fatalf("key %s: sequence %d first delivered after %d", g.key, g.seq, last2[g.key])
+		}
+		last2[g.key] = g.seq
+	}
+	var total int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM watermill_outbox`).Scan(&total); err != nil || total != events || len(first) != events {
+		t.Fatalf("%d events in the table, %d delivered (%v); want %d", total, len(first), err, events)
+	}
+	t.Logf("%d events, %d kills: %d deliveries, %d duplicates (each from a later process)", events, kills, len(all), dups)
 }

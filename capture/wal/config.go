@@ -126,29 +126,10 @@ func (c Config) Validate() error {
 
 // names validates c and checks its tables.
 func (c Config) names() ([]*capture.Names, error) {
-	c = c.withDefaults()
 	if len(c.Tables) == 0 {
 		return nil, &outbox.ConfigError{Field: "wal.Config.Tables", Reason: "no table"}
 	}
-	for field, v := range map[string]string{"Slot": c.Slot, "Publication": c.Publication} {
-		if !nameRe.MatchString(v) {
-			return nil, &outbox.ConfigError{Field: "wal.Config." + field, Reason: fmt.Sprintf("%q: want lower-case letters, digits and _, at most 63", v)}
-		}
-	}
-	for field, v := range map[string]int{"BatchSize": c.BatchSize, "Concurrency": c.Concurrency, "MaxAttempts": c.MaxAttempts} {
-		if v < 0 {
-			return nil, &outbox.ConfigError{Field: "wal.Config." + field, Reason: "must not be negative"}
-		}
-	}
-	for field, v := range map[string]time.Duration{"RetryBackoff": c.RetryBackoff, "MaxBackoff": c.MaxBackoff, "StatusInterval": c.StatusInterval} {
-		if v < 0 {
-			return nil, &outbox.ConfigError{Field: "wal.Config." + field, Reason: "must not be negative"}
-		}
-	}
-	if c.MaxRetainedWAL < 0 {
-		return nil, &outbox.ConfigError{Field: "wal.Config.MaxRetainedWAL", Reason: "must not be negative"}
-	}
-	if err := c.Schema.Validate(); err != nil {
+	if err := c.check(); err != nil {
 		return nil, err
 	}
 	out := make([]*capture.Names, len(c.Tables))
@@ -169,4 +150,28 @@ func (c Config) names() ([]*capture.Names, error) {
 		out[i] = n
 	}
 	return out, nil
+}
+
+// check validates c's fields other than Tables and Destination.
+func (c Config) check() error {
+	c = c.withDefaults()
+	for field, v := range map[string]string{"Slot": c.Slot, "Publication": c.Publication} {
+		if !nameRe.MatchString(v) {
+			return &outbox.ConfigError{Field: "wal.Config." + field, Reason: fmt.Sprintf("%q: want lower-case letters, digits and _, at most 63", v)}
+		}
+	}
+	for field, v := range map[string]int{"BatchSize": c.BatchSize, "Concurrency": c.Concurrency, "MaxAttempts": c.MaxAttempts} {
+		if v < 0 {
+			return &outbox.ConfigError{Field: "wal.Config." + field, Reason: "must not be negative"}
+		}
+	}
+	for field, v := range map[string]time.Duration{"RetryBackoff": c.RetryBackoff, "MaxBackoff": c.MaxBackoff, "StatusInterval": c.StatusInterval} {
+		if v < 0 {
+			return &outbox.ConfigError{Field: "wal.Config." + field, Reason: "must not be negative"}
+		}
+	}
+	if c.MaxRetainedWAL < 0 {
+		return &outbox.ConfigError{Field: "wal.Config.MaxRetainedWAL", Reason: "must not be negative"}
+	}
+	return c.Schema.Validate()
 }

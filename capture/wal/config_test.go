@@ -3,6 +3,7 @@ package wal_test
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/capture"
@@ -37,5 +38,34 @@ func TestValidate(t *testing.T) {
 	}
 	if err := (wal.Config{Tables: ok}).Validate(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestValidateOutbox: OutboxConfig.Validate names the OutboxConfig field (or the Relay's
+// SubscriberConfig field) it refuses; the zero value is valid.
+func TestValidateOutbox(t *testing.T) {
+	cases := []struct {
+		cfg   wal.OutboxConfig
+		field string
+	}{
+		{wal.OutboxConfig{Slot: "Bad-Slot"}, "wal.OutboxConfig.Slot"},
+		{wal.OutboxConfig{BatchSize: -1}, "wal.OutboxConfig.BatchSize"},
+		{wal.OutboxConfig{LeaseDuration: -time.Second}, "wal.OutboxConfig.LeaseDuration"},
+		{wal.OutboxConfig{LeaseDuration: time.Millisecond}, "wal.OutboxConfig.LeaseDuration"},
+		{wal.OutboxConfig{SweepInterval: -time.Second}, "wal.OutboxConfig.SweepInterval"},
+		{wal.OutboxConfig{Relay: outbox.SubscriberConfig{BatchSize: -1}}, "SubscriberConfig.BatchSize"},
+	}
+	for _, c := range cases {
+		err := c.cfg.Validate()
+		var ce *outbox.ConfigError
+		if !errors.As(err, &ce) || ce.Field != c.field {
+			t.Errorf("%+v: %v, want a *outbox.ConfigError on %s", c.cfg, err, c.field)
+		}
+	}
+	if err := (wal.OutboxConfig{}).Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wal.NewOutboxRelay(nil, wal.OutboxConfig{}); err == nil {
+		t.Fatal("NewOutboxRelay without a Destination: no error")
 	}
 }

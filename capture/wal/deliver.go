@@ -43,7 +43,11 @@ func (s *Source) deliverLoop(ctx context.Context, queue <-chan *txn) error {
 				break drain
 			}
 		}
-		if err := s.deliver(ctx, batch); err != nil {
+		deliver := s.deliver
+		if s.ob != nil {
+			deliver = s.deliverRows
+		}
+		if err := deliver(ctx, batch); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -87,27 +91,40 @@ func (s *Source) deliver(ctx context.Context, batch []*txn) error {
 	if bp, ok := s.cfg.Destination.(forwarder.BatchPublisher); ok && !parkAll {
 		s.publishBatch(ctx, bp, lanes, held)
 	}
-	work := make(chan *lane)
-	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var first error
+	s.runLanes(ctx, lanes, func(l *lane) {
+		var err error
+		if len(l.changes) == 0 {
+			return
+		}
+		if parkAll || (l.key != "" && held[l.key]) {
+			err = s.parkChanges(ctx, l.key, l.changes)
+		} else {
+			err = s.deliverLane(ctx, l)
+		}
+		if err != nil {
+			mu.Lock()
+			first = cmpErr(first, err)
+			mu.Unlock()
+		}
+	})
+	if first == nil && ctx.Err() != nil {
+		first = ctx.Err()
+	}
+	return first
+}
+
+// runLanes calls fn for each lane on up to Concurrency goroutines (a lane's changes are fn's to
+// deliver in order) and returns when every lane handed out is done; no lane is handed out
+// after ctx ends.
+func (s *Source) runLanes(ctx context.Context, lanes []*lane, fn func(*lane)) {
+	work := make(chan *lane)
+	var wg sync.WaitGroup
 	for range min(s.cfg.Concurrency, len(lanes)) {
 		wg.Go(func() {
 			for l := range work {
-				var err error
-				if len(l.changes) == 0 {
-					continue
-				}
-				if parkAll || (l.key != "" && held[l.key]) {
-					err = s.parkChanges(ctx, l.key, l.changes)
-				} else {
-					err = s.deliverLane(ctx, l)
-				}
-				if err != nil {
-					mu.Lock()
-					first = cmpErr(first, err)
-					mu.Unlock()
-				}
+				fn(l)
 			}
 		})
 	}
@@ -119,10 +136,6 @@ func (s *Source) deliver(ctx context.Context, batch []*txn) error {
 	}
 	close(work)
 	wg.Wait()
-	if first == nil && ctx.Err() != nil {
-		first = ctx.Err()
-	}
-	return first
 }
 
 func cmpErr(first, err error) error {
@@ -136,7 +149,7 @@ func cmpErr(first, err error) error {
 // times is parked with every later change of the lane.
 func (s *Source) deliverLane(ctx context.Context, l *lane) error {
 	for i, c := range l.changes {
-		if !s.publish(ctx, c) {
+		if s.publish(ctx, c) != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
@@ -146,25 +159,29 @@ func (s *Source) deliverLane(ctx context.Context, l *lane) error {
 	return nil
 }
 
-// publish tries c up to MaxAttempts times with backoff; false when every attempt failed (or
-// ctx ended).
-func (s *Source) publish(ctx context.Context, c *change) bool {
+// publish tries c up to MaxAttempts times with backoff; nil once delivered, else the last
+// attempt's error (or ctx's).
+func (s *Source) publish(ctx context.Context, c *change) error {
 	wait := s.cfg.RetryBackoff
 	for attempt := 1; ; attempt++ {
 		msg := newMessage(ctx, c, attempt)
 		err := s.cfg.Destination.Publish(c.topic, msg)
 		if err == nil {
 			s.delivered.Add(1)
-			return true
+			return nil
 		}
 		if attempt >= s.cfg.MaxAttempts || ctx.Err() != nil || s.overBound.Load() {
-			s.cfg.Logger.Error("wal: delivery failed; parking the change in the outbox table", err, watermill.LogFields{"event_id": msg.UUID, "topic": c.topic, "ordering_key": c.key, "attempts": attempt})
-			return false
+			what := "wal: delivery failed; parking the change in the outbox table"
+			if c.row != nil {
+				what = "wal: delivery failed; leaving the event to the relay polling the outbox table"
+			}
+			s.cfg.Logger.Error(what, err, watermill.LogFields{"event_id": msg.UUID, "topic": c.topic, "ordering_key": c.key, "attempts": attempt})
+			return err
 		}
 		s.retries.Add(1)
 		select {
 		case <-ctx.Done():
-			return false
+			return ctx.Err()
 		case <-time.After(wait):
 		}
 		wait = min(wait*2, s.cfg.MaxBackoff)
@@ -172,8 +189,12 @@ func (s *Source) publish(ctx context.Context, c *change) bool {
 }
 
 // newMessage is the Watermill message of c: the event id as UUID and the outbox metadata the
-// relay sets (event id, topic, ordering key, attempt).
+// relay sets (event id, topic, ordering key, attempt; for an outbox row also its headers and
+// sequence, as the Subscriber emits them).
 func newMessage(ctx context.Context, c *change, attempt int) *message.Message {
+	if c.row != nil {
+		return c.row.message(ctx, c, attempt)
+	}
 	msg := message.NewMessage(c.id.String(), message.Payload(c.payload))
 	msg.Metadata[outbox.MetadataEventID] = msg.UUID
 	msg.Metadata[outbox.MetadataTopic] = c.topic
@@ -188,8 +209,8 @@ func newMessage(ctx context.Context, c *change, attempt int) *message.Message {
 // publishBatch gives the lanes that are not held to a batch destination in one PublishBatch
 // call (each lane's changes in order) and removes from each lane the prefix the destination
 // acknowledged; what remains of a lane (from its first failed change) takes the one-by-one path
-// with its retries and parking.
-func (s *Source) publishBatch(ctx context.Context, bp forwarder.BatchPublisher, lanes []*lane, held map[string]bool) {
+// with its retries and parking. It returns the acknowledged changes.
+func (s *Source) publishBatch(ctx context.Context, bp forwarder.BatchPublisher, lanes []*lane, held map[string]bool) (acks []*change) {
 	var out []forwarder.Outgoing
 	for _, l := range lanes {
 		if l.key != "" && held[l.key] {
@@ -200,7 +221,7 @@ func (s *Source) publishBatch(ctx context.Context, bp forwarder.BatchPublisher, 
 		}
 	}
 	if len(out) == 0 {
-		return
+		return nil
 	}
 	results := bp.PublishBatch(ctx, out)
 	i := 0
@@ -222,8 +243,10 @@ func (s *Source) publishBatch(ctx context.Context, bp forwarder.BatchPublisher, 
 		if acked < len(l.changes) {
 			s.retries.Add(1)
 		}
+		acks = append(acks, l.changes[:acked]...)
 		l.changes = l.changes[acked:]
 	}
+	return acks
 }
 
 // parkChunk bounds the idempotency keys (one per change) of one parking insert, under the

@@ -83,6 +83,20 @@
 // re-emit). Consumers that must see every change should use the trigger path, whose events are
 // rows of the outbox table and so survive a failover to a synchronous standby.
 //
+// # Outbox-table mode
+//
+// OutboxRelay reads the outbox table's own inserts (a publication of that table, inserts only,
+// made by SetupOutbox) instead of polling, and delivers them as the Subscriber and forwarder
+// would (same id, payload, headers and outbox metadata). The table stays the source of truth:
+// the stream leases each batch's rows as a relay's claim does, delivers a key's rows only from
+// its oldest unpublished row on, marks what it delivered published, and confirms the slot only
+// past rows so recorded. What it leaves (rows older than the slot, an event that failed
+// MaxAttempts times with its key's later rows, rows behind another relay's) stays pending: the
+// polling relay (outbox.Subscriber through a forwarder) delivers it in short sweep windows,
+// opened when such a row is older than SweepAge. On a lost slot (*SlotError) OutboxRelay logs
+// one Error line, counts it (outbox_wal_fallbacks_total) and runs the polling relay at its own
+// settings, losing nothing, until a usable slot exists again.
+//
 // # Permissions
 //
 // wal_level = logical, which needs a server restart (Amazon RDS and Aurora: the parameter

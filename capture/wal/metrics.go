@@ -14,7 +14,10 @@ import "github.com/prometheus/client_golang/prometheus"
 //   - outbox_wal_over_bound: 1 while the retained WAL is over MaxRetainedWAL (changes are
 //     parked without trying the destination).
 //   - outbox_wal_connected: 1 while a replication session streams.
-//   - outbox_wal_delivered_total, outbox_wal_parked_total, outbox_wal_retries_total.
+//   - outbox_wal_delivered_total, outbox_wal_parked_total, outbox_wal_retries_total (for an
+//     OutboxRelay's Source, "parked" counts the events it left to the polling relay).
+//   - outbox_wal_fallbacks_total: lost slots after which an OutboxRelay polled the outbox
+//     table; outbox_wal_from_table: 1 while it does.
 //
 // Register it with prometheus.Register(wal.NewCollector(src)). Safe for concurrent use.
 type Collector struct {
@@ -34,6 +37,8 @@ func NewCollector(src *Source) *Collector {
 		"outbox_wal_delivered_total":  "Changes published to the destination.",
 		"outbox_wal_parked_total":     "Changes parked in the outbox table.",
 		"outbox_wal_retries_total":    "Failed Publish calls that were retried.",
+		"outbox_wal_fallbacks_total":  "Lost slots after which the outbox-table mode delivered from the table by polling.",
+		"outbox_wal_from_table":       "1 while the outbox-table mode delivers from the table by polling (its slot lost).",
 	}
 	c := &Collector{src: src, descs: map[string]*prometheus.Desc{}}
 	for name, h := range help {
@@ -73,4 +78,6 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter("outbox_wal_delivered_total", st.Delivered)
 	counter("outbox_wal_parked_total", st.Parked)
 	counter("outbox_wal_retries_total", st.Retries)
+	counter("outbox_wal_fallbacks_total", st.Fallbacks)
+	gauge("outbox_wal_from_table", b(st.FromTable))
 }

@@ -15,10 +15,11 @@ import (
 	"github.com/watermill-outbox/outbox/capture/wal"
 )
 
-// itemChange is a delivered change of table item: its key and version, and the epoch of its
-// delivery (restarts before it).
+// itemChange is a delivered change of table item: its key and version, the epoch of its
+// delivery (source restarts or relay processes before it) and boot, the server incarnation
+// that recorded it (server restarts before it; always 0 where the test does not track it).
 type itemChange struct {
-	id, v, epoch int
+	id, v, epoch, boot int
 }
 
 // versions reads the item rows' versions (id → v) from the database.
@@ -46,18 +47,32 @@ func versions(t testing.TB, pool *pgxpool.Pool) map[int]int {
 // version's first delivery.
 func checkOrder(t testing.TB, got []itemChange, final map[int]int) (dups int) {
 	t.Helper()
+	a, b := checkCauses(t, got, final)
+	return a + b
+}
+
+// checkCauses is checkOrder returning the duplicates by cause: afterEpoch were delivered again
+// in a later epoch by the same server incarnation, afterBoot by a later server incarnation. A
+// duplicate of the same epoch and incarnation as the version's first delivery fails t.
+func checkCauses(t testing.TB, got []itemChange, final map[int]int) (afterEpoch, afterBoot int) {
+	t.Helper()
 	next := map[int]int{}
-	firstEpoch := map[[2]int]int{}
+	first := map[[2]int]itemChange{}
 	for _, c := range got {
 		switch n := next[c.id]; {
 		case c.v < n:
-			if c.epoch <= firstEpoch[[2]int{c.id, c.v}] {
-				t.Fatalf("key %d: version %d delivered twice without a restart in between", c.id, c.v)
+			f := first[[2]int{c.id, c.v}]
+			switch {
+			case c.boot > f.boot:
+				afterBoot++
+			case c.epoch > f.epoch && c.boot == f.boot:
+				afterEpoch++
+			default:
+				t.Fatalf("key %d: version %d delivered twice without a restart in between (first epoch %d boot %d, again epoch %d boot %d)", c.id, c.v, f.epoch, f.boot, c.epoch, c.boot)
 			}
-			dups++
 		case c.v == n:
 			next[c.id] = n + 1
-			firstEpoch[[2]int{c.id, c.v}] = c.epoch
+			first[[2]int{c.id, c.v}] = c
 		default:
 			t.Fatalf("key %d: version %d delivered before %d (reordered or lost)", c.id, c.v, n)
 		}
@@ -71,7 +86,7 @@ func checkOrder(t testing.TB, got []itemChange, final map[int]int) (dups int) {
 	if lost != 0 {
 		t.Fatalf("%d versions lost", lost)
 	}
-	return dups
+	return afterEpoch, afterBoot
 }
 
 // allDelivered reports whether got holds every version of final, each key's in order.
@@ -105,7 +120,7 @@ func decodeItems(t testing.TB, rs []received) []itemChange {
 		if r.key != fmt.Sprintf("item:%d", row.ID) {
 			t.Fatalf("ordering key %q for id %d", r.key, row.ID)
 		}
-		out = append(out, itemChange{row.ID, row.V, r.epoch})
+		out = append(out, itemChange{id: row.ID, v: row.V, epoch: r.epoch})
 	}
 	return out
 }
@@ -113,6 +128,16 @@ func decodeItems(t testing.TB, rs []received) []itemChange {
 // writeItems runs writers updating random keys (1-3 per transaction, in key order) until n
 // transactions committed, retrying through outages.
 func writeItems(pool *pgxpool.Pool, keys, n, writers int) *sync.WaitGroup {
+	return writeLoad(pool, keys, n, writers, false)
+}
+
+// writeChanges is writeItems counting updated rows instead of transactions: it stops once at
+// least n rows were updated (give or take the last transactions in flight).
+func writeChanges(pool *pgxpool.Pool, keys, n, writers int) *sync.WaitGroup {
+	return writeLoad(pool, keys, n, writers, true)
+}
+
+func writeLoad(pool *pgxpool.Pool, keys, n, writers int, rows bool) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	var done atomic.Int64
 	for range writers {
@@ -120,11 +145,16 @@ func writeItems(pool *pgxpool.Pool, keys, n, writers int) *sync.WaitGroup {
 			for done.Load() < int64(n) {
 				ids := []int{rand.IntN(keys), rand.IntN(keys), rand.IntN(keys)}[:1+rand.IntN(3)]
 				sort.Ints(ids)
-				if _, err := pool.Exec(ctx, `UPDATE item SET v = v + 1 WHERE id = ANY($1)`, ids); err != nil {
+				tag, err := pool.Exec(ctx, `UPDATE item SET v = v + 1 WHERE id = ANY($1)`, ids)
+				if err != nil {
 					time.Sleep(20 * time.Millisecond) // the server is restarting: retry
 					continue
 				}
-				done.Add(1)
+				if rows {
+					done.Add(tag.RowsAffected())
+				} else {
+					done.Add(1)
+				}
 			}
 		})
 	}

@@ -114,13 +114,15 @@ func tupleOf(t *pglogrepl.TupleData) *tuple {
 	return out
 }
 
-// change is one captured row change ready to deliver.
+// change is one captured row change ready to deliver, or in outbox-table mode one inserted
+// outbox row (row set).
 type change struct {
 	id      uuid.UUID
 	topic   string
 	key     string
 	payload json.RawMessage
 	commit  time.Time
+	row     *outboxRow
 }
 
 // image renders the JSON object of cols of t.

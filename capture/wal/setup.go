@@ -186,12 +186,8 @@ func Setup(ctx context.Context, pool *pgxpool.Pool, cfg Config) error {
 		return err
 	}
 	cfg = cfg.withDefaults()
-	var level string
-	if err := pool.QueryRow(ctx, `SHOW wal_level`).Scan(&level); err != nil {
-		return fmt.Errorf("wal: read wal_level: %w", err)
-	}
-	if level != "logical" {
-		return &outbox.ConfigError{Field: "wal_level", Reason: fmt.Sprintf("the server runs with wal_level = %s: set wal_level = logical (rds.logical_replication = 1 on Amazon RDS) and restart it", level)}
+	if err := checkLevel(ctx, pool); err != nil {
+		return err
 	}
 	decls, err := resolveTables(ctx, pool, cfg.Tables, names)
 	if err != nil {
@@ -220,28 +216,12 @@ func Setup(ctx context.Context, pool *pgxpool.Pool, cfg Config) error {
 			return fmt.Errorf("wal: %s: %w", q, err)
 		}
 	}
-	st, err := Status(ctx, pool, cfg.Slot)
-	if err != nil {
-		return err
-	}
-	if st.Exists {
-		return st.usable()
-	}
-	if _, err := pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, cfg.Slot); err != nil {
-		return fmt.Errorf("wal: create slot %q: %w", cfg.Slot, err)
-	}
-	return nil
+	return ensureSlot(ctx, pool, cfg.Slot)
 }
 
 // Drop removes the slot (which releases its retained WAL) and the publication. A slot in use
 // by a running source is refused by the server (55006). The tables keep REPLICA IDENTITY FULL.
 func Drop(ctx context.Context, pool *pgxpool.Pool, cfg Config) error {
 	cfg = cfg.withDefaults()
-	if _, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, cfg.Slot); err != nil {
-		return fmt.Errorf("wal: drop slot %q: %w", cfg.Slot, err)
-	}
-	if _, err := pool.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{cfg.Publication}.Sanitize()); err != nil {
-		return fmt.Errorf("wal: drop publication: %w", err)
-	}
-	return nil
+	return dropSlot(ctx, pool, cfg.Slot, cfg.Publication)
 }

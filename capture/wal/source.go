@@ -38,6 +38,10 @@ type Source struct {
 
 	delivered, parked, retries atomic.Uint64
 
+	ob        *outboxMode // outbox-table mode (NewOutboxRelay); nil for captured tables
+	fallbacks atomic.Uint64
+	fromTable atomic.Bool
+
 	mu       sync.Mutex
 	pending  []time.Time // commit times of the transactions in flight, oldest first
 	parkKeys map[string]struct{}
@@ -113,9 +117,12 @@ type txn struct {
 // session is one replication connection: it reads the stream in this goroutine and delivers
 // in another.
 func (s *Source) session(ctx context.Context) error {
-	decls, err := resolveTables(ctx, s.pool, s.cfg.Tables, s.names)
-	if err != nil {
-		return err
+	var decls map[string]*declared
+	if s.ob == nil {
+		var err error
+		if decls, err = resolveTables(ctx, s.pool, s.cfg.Tables, s.names); err != nil {
+			return err
+		}
 	}
 	st, err := Status(ctx, s.pool, s.cfg.Slot)
 	if err != nil {
@@ -124,8 +131,10 @@ func (s *Source) session(ctx context.Context) error {
 	if err := st.usable(); err != nil {
 		return err
 	}
-	if err := s.loadParked(ctx); err != nil {
-		return err
+	if s.ob == nil {
+		if err := s.loadParked(ctx); err != nil {
+			return err
+		}
 	}
 	s.confirmed.Store(st.ConfirmedFlushLSN)
 	pc := s.pool.Config().ConnConfig.Config.Copy()
@@ -278,6 +287,9 @@ func (r *reader) logical(ctx context.Context, x pglogrepl.XLogData) error {
 	}
 	switch m := msg.(type) {
 	case *pglogrepl.RelationMessage:
+		if r.s.ob != nil {
+			return r.s.ob.relation(m)
+		}
 		rel, err := newRelation(ctx, r.rules, m, r.decls[m.Namespace+"."+m.RelationName])
 		if err != nil {
 			return err
@@ -286,10 +298,19 @@ func (r *reader) logical(ctx context.Context, x pglogrepl.XLogData) error {
 	case *pglogrepl.BeginMessage:
 		r.cur, r.seq = &txn{commit: m.CommitTime, final: uint64(m.FinalLSN)}, 0
 	case *pglogrepl.InsertMessage:
+		if r.s.ob != nil {
+			return r.addRow(m)
+		}
 		return r.add(m.RelationID, capture.Inserted, nil, m.Tuple)
 	case *pglogrepl.UpdateMessage:
+		if r.s.ob != nil {
+			return nil // the outbox publication publishes inserts only
+		}
 		return r.add(m.RelationID, capture.Updated, m.OldTuple, m.NewTuple)
 	case *pglogrepl.DeleteMessage:
+		if r.s.ob != nil {
+			return nil
+		}
 		return r.add(m.RelationID, capture.Deleted, m.OldTuple, nil)
 	case *pglogrepl.TruncateMessage:
 		for _, id := range m.RelationIDs {

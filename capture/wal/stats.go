@@ -25,12 +25,18 @@ type Stats struct {
 	OverBound bool
 	// Connected: a replication session is streaming.
 	Connected bool
+	// Fallbacks counts the lost slots after which an OutboxRelay delivered from the outbox
+	// table by polling; FromTable is true while it does (0 and false for a Source of captured
+	// tables).
+	Fallbacks uint64
+	FromTable bool
 }
 
 // Stats returns the source's current Stats.
 func (s *Source) Stats() Stats {
 	st := Stats{Delivered: s.delivered.Load(), Parked: s.parked.Load(), Retries: s.retries.Load(),
-		ConfirmedLSN: s.confirmed.Load(), OverBound: s.overBound.Load(), Connected: s.connected.Load()}
+		ConfirmedLSN: s.confirmed.Load(), OverBound: s.overBound.Load(), Connected: s.connected.Load(),
+		Fallbacks: s.fallbacks.Load(), FromTable: s.fromTable.Load()}
 	s.mu.Lock()
 	st.Slot = s.slot
 	if len(s.pending) > 0 {

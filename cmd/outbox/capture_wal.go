@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/watermill-outbox/outbox"
 	"github.com/watermill-outbox/outbox/capture"
 	"github.com/watermill-outbox/outbox/capture/wal"
 )
@@ -38,15 +39,17 @@ func walPool(d *database) (*pgxpool.Pool, error) {
 
 func newCaptureWALCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "wal setup|status|drop",
+		Use:   "wal setup|setup-outbox|status|drop",
 		Short: "Manage the logical replication slot and publication of the WAL source (PostgreSQL)",
 		Long: `wal manages what package capture/wal reads: a publication of the captured tables (with
 REPLICA IDENTITY FULL on each) and a logical replication slot (pgoutput). The slot retains WAL
 until the source confirms it: "status" shows the lag and the retained WAL, "drop" releases it.
+"setup-outbox" makes the publication of the outbox table's own inserts and its slot, for
+wal.OutboxRelay (status and drop take --slot outbox_wal_table --publication outbox_wal_table).
 The server needs wal_level = logical; the role needs the REPLICATION attribute (rds_replication
 on Amazon RDS) and must own the tables.`,
 	}
-	cmd.AddCommand(newCaptureWALSetupCmd(), newCaptureWALStatusCmd(), newCaptureWALDropCmd())
+	cmd.AddCommand(newCaptureWALSetupCmd(), newCaptureWALSetupOutboxCmd(), newCaptureWALStatusCmd(), newCaptureWALDropCmd())
 	return cmd
 }
 
@@ -75,6 +78,51 @@ func newCaptureWALSetupCmd() *cobra.Command {
 			return nil
 		})
 	w.register(cmd)
+	cmd.Flags().BoolVar(&w.printSQL, "print-sql", false, "print the statements for a migration tool instead of running them")
+	return cmd
+}
+
+// newCaptureWALSetupOutboxCmd is "outbox capture wal setup-outbox": the publication and slot
+// of the outbox-table mode (wal.SetupOutbox).
+func newCaptureWALSetupOutboxCmd() *cobra.Command {
+	var f dbFlags
+	var w walFlags
+	cmd := &cobra.Command{
+		Use:   "setup-outbox --db URL [--table T] [--slot S] [--publication P] [--print-sql]",
+		Short: "Create or update the publication of the outbox table's inserts and create its slot (wal.OutboxRelay; idempotent)",
+		Args:  cobra.NoArgs,
+		// capture reads no environment: its required flags are checked here.
+		PreRunE: func(cmd *cobra.Command, _ []string) error { return checkRequired(cmd, false) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg := wal.OutboxConfig{Slot: w.slot, Publication: w.publication, Schema: outbox.SchemaConfig{Table: f.table}}
+			if w.printSQL {
+				script, err := wal.SetupOutboxSQL(cfg)
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprint(cmd.OutOrStdout(), script)
+				return err
+			}
+			d, err := f.open(cmd.Context(), false)
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			pool, err := walPool(d)
+			if err != nil {
+				return err
+			}
+			cfg.Schema = d.schema
+			if err := wal.SetupOutbox(cmd.Context(), pool, cfg); err != nil {
+				return d.queryError("setting up the outbox WAL slot", err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "publication %s (inserts of %s) and slot %s ready in %s\n", w.publication, f.table, w.slot, d.where())
+			return nil
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().StringVar(&w.slot, "slot", wal.DefaultOutboxSlot, "logical replication slot (pgoutput)")
+	cmd.Flags().StringVar(&w.publication, "publication", wal.DefaultOutboxPublication, "publication of the outbox table's inserts")
 	cmd.Flags().BoolVar(&w.printSQL, "print-sql", false, "print the statements for a migration tool instead of running them")
 	return cmd
 }

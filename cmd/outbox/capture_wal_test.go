@@ -53,6 +53,22 @@ func TestCaptureWAL(t *testing.T) {
 	if r := cli(t, nil, "capture", "wal", "setup", "--db", dsn, "--table", "loan", "--slot", "s2", "--publication", "p2", "--print-sql"); r.code != 0 || r.stdout != want {
 		t.Fatalf("setup --print-sql: %+v", r)
 	}
+	// The outbox-table mode's publication and slot.
+	for range 2 {
+		if r := cli(t, nil, "capture", "wal", "setup-outbox", "--db", dsn); r.code != 0 || !strings.Contains(r.stdout, "publication outbox_wal_table (inserts of watermill_outbox) and slot outbox_wal_table ready") {
+			t.Fatalf("setup-outbox: %+v", r)
+		}
+	}
+	if r := cli(t, nil, "capture", "wal", "status", "--db", dsn, "--slot", "outbox_wal_table"); r.code != 0 || !strings.Contains(r.stdout, "slot outbox_wal_table: active false, wal_status reserved") {
+		t.Fatalf("status of the outbox slot: %+v", r)
+	}
+	want = "CREATE PUBLICATION \"p3\" FOR TABLE \"watermill_outbox\" WITH (publish = 'insert');\nSELECT pg_create_logical_replication_slot('s3', 'pgoutput');\n"
+	if r := cli(t, nil, "capture", "wal", "setup-outbox", "--db", dsn, "--slot", "s3", "--publication", "p3", "--print-sql"); r.code != 0 || r.stdout != want {
+		t.Fatalf("setup-outbox --print-sql: %+v", r)
+	}
+	if r := cli(t, nil, "capture", "wal", "drop", "--db", dsn, "--slot", "outbox_wal_table", "--publication", "outbox_wal_table"); r.code != 0 || !strings.Contains(r.stdout, "slot outbox_wal_table and publication outbox_wal_table dropped") {
+		t.Fatalf("drop of the outbox slot: %+v", r)
+	}
 	if r := cli(t, nil, "capture", "wal", "drop", "--db", dsn); r.code != 0 || !strings.Contains(r.stdout, "slot outbox_wal and publication outbox_wal dropped") {
 		t.Fatalf("drop: %+v", r)
 	}

@@ -441,7 +441,9 @@ func runRelay(ctx context.Context, d *database, cfg outbox.SubscriberConfig, tab
 		go func() {
 			defer wg.Done()
 			defer close(done)
-			if err := fw.Run(runCtx); err != nil {
+			// A stop that comes before Run starts closes the forwarder first: Run's ErrClosed
+			// then is the stop, not a failure.
+			if err := fw.Run(runCtx); err != nil && !(errors.Is(err, forwarder.ErrClosed) && runCtx.Err() != nil) {
 				errs <- err
 				cancel()
 			}

@@ -361,3 +361,35 @@ func TestOutboxFailureLeftToRelay(t *testing.T) {
 	}
 	t.Logf("%d events: %d streamed, %d left to the relay, %d duplicates", n, st.Delivered, st.Parked, dups)
 }
+
+// TestOutboxDeadLetterNoWindows: a key whose head is dead-lettered has a pending event
+// behind it, which the polling relay cannot claim (the key is held). While the stream delivers
+// everything else, no sweep window should open for it: a window runs the polling relay, whose
+// claims race the stream for fresh rows.
+func TestOutboxDeadLetterNoWindows(t *testing.T) {
+	_, pool := logicalPG(t)
+	cfg := wal.OutboxConfig{StatusInterval: 50 * time.Millisecond, SweepInterval: 100 * time.Millisecond, SweepAge: 50 * time.Millisecond}
+	pub := newPublisher(t, pool)
+	if _, err := pub.EnqueueMany(ctx, []outbox.EventInput{{Topic: "loan", Payload: 1, OrderingKey: "dl"}, {Topic: "loan", Payload: 2, OrderingKey: "dl"}}); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, pool, `UPDATE watermill_outbox SET dead_lettered_at = now() WHERE sequence = (SELECT min(sequence) FROM watermill_outbox)`)
+	if err := wal.SetupOutbox(ctx, pool, cfg); err != nil {
+		t.Fatal(err)
+	}
+	sink := &rowSink{}
+	var cl claims
+	cfg.Destination = sink
+	cfg.Relay.Hooks.OnClaim = cl.hook
+	r := startOutbox(t, pool, cfg)
+	waitFor(t, 30*time.Second, "the stream", func() bool { return r.Source().Stats().Connected })
+	const n = 200
+	for i := 0; i < n; i += 10 {
+		writeEvents(t, pub, i, 10, 10)
+		waitFor(t, 30*time.Second, "the events written", func() bool { return len(checkSeen(sink.snapshot())) >= i+10 })
+	}
+	waitFor(t, 30*time.Second, "the events", func() bool { return len(checkSeen(sink.snapshot())) >= n })
+	if c, e := cl.calls.Load(), cl.events.Load(); c != 0 {
+		t.Fatalf("the polling relay ran %d claims (%d events) while the stream delivered %d events; want 0 claims", c, e, n)
+	}
+}

@@ -57,7 +57,8 @@ type OutboxConfig struct {
 	// (the polling relay skips leased rows). It must exceed a batch's delivery: a lease that
 	// runs out lets the relay deliver the rows again. Default DefaultLeaseDuration.
 	LeaseDuration time.Duration
-	// Relay configures the polling relay over the table (Schema is replaced by Schema). While
+	// Relay configures the polling relay over the table (Schema is replaced by Schema;
+	// ExcludeTopics is refused with ErrUnsupported: the stream delivers every topic). While
 	// the slot streams it runs only in sweep windows, without wake probe or wakeup: at start,
 	// and at each SweepInterval when a pending, due, unleased row that the stream has passed
 	// is older than SweepAge and not held behind a dead-lettered or not yet due event of its
@@ -113,8 +114,8 @@ func (c OutboxConfig) source() Config {
 		StatusInterval: c.StatusInterval, Heartbeat: c.Heartbeat, MaxRetainedWAL: c.MaxRetainedWAL, Logger: c.Logger}
 }
 
-// Validate returns a *outbox.ConfigError naming the first invalid field, or nil. Destination
-// is checked by NewOutboxRelay only.
+// Validate returns a *outbox.ConfigError naming the first invalid field, or nil (one wrapping
+// ErrUnsupported for Relay.ExcludeTopics). Destination is checked by NewOutboxRelay only.
 func (c OutboxConfig) Validate() error {
 	c = c.withDefaults()
 	for field, v := range map[string]time.Duration{"LeaseDuration": c.LeaseDuration, "SweepInterval": c.SweepInterval, "SweepAge": c.SweepAge, "SlotRecheck": c.SlotRecheck} {
@@ -124,6 +125,11 @@ func (c OutboxConfig) Validate() error {
 	}
 	if c.LeaseDuration < time.Second {
 		return &outbox.ConfigError{Field: "wal.OutboxConfig.LeaseDuration", Reason: "at least 1s"}
+	}
+	// The stream delivers every topic of the table: a topic split would have it deliver, and
+	// mark published, the events another relay serves.
+	if len(c.Relay.ExcludeTopics) > 0 {
+		return &outbox.ConfigError{Field: "wal.OutboxConfig.Relay.ExcludeTopics", Reason: "the outbox-table mode delivers every topic of the table; split topics over polling relays instead", Err: ErrUnsupported}
 	}
 	if err := c.source().check(); err != nil {
 		var ce *outbox.ConfigError

@@ -303,13 +303,20 @@ func (r *OutboxRelay) sweeps(ctx context.Context) error {
 }
 
 // stranded reports whether the table holds a row for the relay: pending, due, not leased,
-// at or below the last sequence the stream has handled and older than SweepAge (a row left by
-// the stream — a failed event, a key held behind an older row — or written before the slot),
+// at or below the last sequence the stream has handled (any, while no replication session is
+// up) and older than SweepAge (a row left by the stream — a failed event, a key held behind an
+// older row — or written before the slot),
 // and not held behind a dead-lettered or not yet due event of its key (the relay cannot claim
 // it: a window for it would only race the stream, at every SweepInterval while the dead
 // letter stays).
 // On an error it reports true: a needless window costs one claim.
 func (r *OutboxRelay) stranded(ctx context.Context) bool {
+	seen := int64(r.src.ob.seen.Load())
+	if !r.src.connected.Load() {
+		// No replication session (refused, reconnecting): nothing streams the rows written
+		// meanwhile and nothing races the relay for them.
+		seen = math.MaxInt64
+	}
 	var found bool
 	err := r.pool.QueryRow(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %[1]s o WHERE o."published_at" IS NULL AND o."dead_lettered_at" IS NULL AND o."sequence" <= $1
 	AND o."created_at" < now() - $2::float8 * interval '1 microsecond' AND (o."next_attempt_at" IS NULL OR o."next_attempt_at" <= now())
@@ -317,7 +324,7 @@ func (r *OutboxRelay) stranded(ctx context.Context) bool {
 	AND NOT EXISTS (SELECT 1 FROM %[1]s d WHERE d."published_at" IS NULL AND d."ordering_key" IS NOT NULL
 		AND (d."dead_lettered_at" IS NOT NULL OR d."next_attempt_at" IS NOT NULL) AND d."ordering_key" = o."ordering_key"
 		AND d."sequence" < o."sequence" AND (d."dead_lettered_at" IS NOT NULL OR d."next_attempt_at" > now())))`, r.src.outbox),
-		int64(r.src.ob.seen.Load()), float64(r.cfg.SweepAge.Microseconds())).Scan(&found)
+		seen, float64(r.cfg.SweepAge.Microseconds())).Scan(&found)
 	return err != nil || found
 }
 

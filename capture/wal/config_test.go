@@ -54,6 +54,8 @@ func TestValidateOutbox(t *testing.T) {
 		{wal.OutboxConfig{LeaseDuration: time.Millisecond}, "wal.OutboxConfig.LeaseDuration"},
 		{wal.OutboxConfig{SweepInterval: -time.Second}, "wal.OutboxConfig.SweepInterval"},
 		{wal.OutboxConfig{Relay: outbox.SubscriberConfig{BatchSize: -1}}, "SubscriberConfig.BatchSize"},
+		// The stream would deliver, and mark published, the excluded topics' events.
+		{wal.OutboxConfig{Relay: outbox.SubscriberConfig{ExcludeTopics: []string{"payments*"}}}, "wal.OutboxConfig.Relay.ExcludeTopics"},
 	}
 	for _, c := range cases {
 		err := c.cfg.Validate()

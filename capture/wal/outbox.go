@@ -57,11 +57,12 @@ type OutboxConfig struct {
 	// (the polling relay skips leased rows). It must exceed a batch's delivery: a lease that
 	// runs out lets the relay deliver the rows again. Default DefaultLeaseDuration.
 	LeaseDuration time.Duration
-	// Relay configures the polling relay over the table (Schema is replaced by Schema). While
+	// Relay configures the polling relay over the table (Schema is replaced by Schema;
+	// ExcludeTopics is refused with ErrUnsupported: the stream delivers every topic). While
 	// the slot streams it runs only in sweep windows, without wake probe or wakeup: at start,
 	// and at each SweepInterval when a pending, due, unleased row that the stream has passed
-	// is older than SweepAge (a failed event's retry, a key's rows held behind it, rows older
-	// than the slot); a window ends at the first claim that leases less than a full batch, or
+	// is older than SweepAge and not held behind a dead-lettered or not yet due event of its
+	// key (a failed event's retry, a key's rows held behind it, rows older than the slot); a window ends at the first claim that leases less than a full batch, or
 	// after SweepInterval. After a lost slot it runs as configured here.
 	Relay outbox.SubscriberConfig
 	// SweepInterval is the period of the sweep checks (and a window's longest run): how long,
@@ -113,8 +114,8 @@ func (c OutboxConfig) source() Config {
 		StatusInterval: c.StatusInterval, Heartbeat: c.Heartbeat, MaxRetainedWAL: c.MaxRetainedWAL, Logger: c.Logger}
 }
 
-// Validate returns a *outbox.ConfigError naming the first invalid field, or nil. Destination
-// is checked by NewOutboxRelay only.
+// Validate returns a *outbox.ConfigError naming the first invalid field, or nil (one wrapping
+// ErrUnsupported for Relay.ExcludeTopics). Destination is checked by NewOutboxRelay only.
 func (c OutboxConfig) Validate() error {
 	c = c.withDefaults()
 	for field, v := range map[string]time.Duration{"LeaseDuration": c.LeaseDuration, "SweepInterval": c.SweepInterval, "SweepAge": c.SweepAge, "SlotRecheck": c.SlotRecheck} {
@@ -124,6 +125,11 @@ func (c OutboxConfig) Validate() error {
 	}
 	if c.LeaseDuration < time.Second {
 		return &outbox.ConfigError{Field: "wal.OutboxConfig.LeaseDuration", Reason: "at least 1s"}
+	}
+	// The stream delivers every topic of the table: a topic split would have it deliver, and
+	// mark published, the events another relay serves.
+	if len(c.Relay.ExcludeTopics) > 0 {
+		return &outbox.ConfigError{Field: "wal.OutboxConfig.Relay.ExcludeTopics", Reason: "the outbox-table mode delivers every topic of the table; split topics over polling relays instead", Err: ErrUnsupported}
 	}
 	if err := c.source().check(); err != nil {
 		var ce *outbox.ConfigError
@@ -297,14 +303,28 @@ func (r *OutboxRelay) sweeps(ctx context.Context) error {
 }
 
 // stranded reports whether the table holds a row for the relay: pending, due, not leased,
-// at or below the last sequence the stream has handled and older than SweepAge (a row left by
-// the stream — a failed event, a key held behind an older row — or written before the slot).
+// at or below the last sequence the stream has handled (any, while no replication session is
+// up) and older than SweepAge (a row left by the stream — a failed event, a key held behind an
+// older row — or written before the slot),
+// and not held behind a dead-lettered or not yet due event of its key (the relay cannot claim
+// it: a window for it would only race the stream, at every SweepInterval while the dead
+// letter stays).
 // On an error it reports true: a needless window costs one claim.
 func (r *OutboxRelay) stranded(ctx context.Context) bool {
+	seen := int64(r.src.ob.seen.Load())
+	if !r.src.connected.Load() {
+		// No replication session (refused, reconnecting): nothing streams the rows written
+		// meanwhile and nothing races the relay for them.
+		seen = math.MaxInt64
+	}
 	var found bool
-	err := r.pool.QueryRow(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE "published_at" IS NULL AND "dead_lettered_at" IS NULL AND "sequence" <= $1
-	AND "created_at" < now() - $2::float8 * interval '1 microsecond' AND ("next_attempt_at" IS NULL OR "next_attempt_at" <= now())
-	AND ("lease_until" IS NULL OR "lease_until" < now()))`, r.src.outbox), int64(r.src.ob.seen.Load()), float64(r.cfg.SweepAge.Microseconds())).Scan(&found)
+	err := r.pool.QueryRow(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %[1]s o WHERE o."published_at" IS NULL AND o."dead_lettered_at" IS NULL AND o."sequence" <= $1
+	AND o."created_at" < now() - $2::float8 * interval '1 microsecond' AND (o."next_attempt_at" IS NULL OR o."next_attempt_at" <= now())
+	AND (o."lease_until" IS NULL OR o."lease_until" < now())
+	AND NOT EXISTS (SELECT 1 FROM %[1]s d WHERE d."published_at" IS NULL AND d."ordering_key" IS NOT NULL
+		AND (d."dead_lettered_at" IS NOT NULL OR d."next_attempt_at" IS NOT NULL) AND d."ordering_key" = o."ordering_key"
+		AND d."sequence" < o."sequence" AND (d."dead_lettered_at" IS NOT NULL OR d."next_attempt_at" > now())))`, r.src.outbox),
+		seen, float64(r.cfg.SweepAge.Microseconds())).Scan(&found)
 	return err != nil || found
 }
 

@@ -361,3 +361,82 @@ func TestOutboxFailureLeftToRelay(t *testing.T) {
 	}
 	t.Logf("%d events: %d streamed, %d left to the relay, %d duplicates", n, st.Delivered, st.Parked, dups)
 }
+
+// TestOutboxDeadLetterNoWindows: a key whose head is dead-lettered has a pending event
+// behind it, which the polling relay cannot claim (the key is held). While the stream delivers
+// everything else, no sweep window should open for it: a window runs the polling relay, whose
+// claims race the stream for fresh rows.
+func TestOutboxDeadLetterNoWindows(t *testing.T) {
+	_, pool := logicalPG(t)
+	cfg := wal.OutboxConfig{StatusInterval: 50 * time.Millisecond, SweepInterval: 100 * time.Millisecond, SweepAge: 50 * time.Millisecond}
+	pub := newPublisher(t, pool)
+	if _, err := pub.EnqueueMany(ctx, []outbox.EventInput{{Topic: "loan", Payload: 1, OrderingKey: "dl"}, {Topic: "loan", Payload: 2, OrderingKey: "dl"}}); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, pool, `UPDATE watermill_outbox SET dead_lettered_at = now() WHERE sequence = (SELECT min(sequence) FROM watermill_outbox)`)
+	if err := wal.SetupOutbox(ctx, pool, cfg); err != nil {
+		t.Fatal(err)
+	}
+	sink := &rowSink{}
+	var cl claims
+	cfg.Destination = sink
+	cfg.Relay.Hooks.OnClaim = cl.hook
+	r := startOutbox(t, pool, cfg)
+	waitFor(t, 30*time.Second, "the stream", func() bool { return r.Source().Stats().Connected })
+	const n = 200
+	for i := 0; i < n; i += 10 {
+		writeEvents(t, pub, i, 10, 10)
+		waitFor(t, 30*time.Second, "the events written", func() bool { return len(checkSeen(sink.snapshot())) >= i+10 })
+	}
+	waitFor(t, 30*time.Second, "the events", func() bool { return len(checkSeen(sink.snapshot())) >= n })
+	if c, e := cl.calls.Load(), cl.events.Load(); c != 0 {
+		t.Fatalf("the polling relay ran %d claims (%d events) while the stream delivered %d events; want 0 claims", c, e, n)
+	}
+}
+
+// TestOutboxStreamRefused: the relay's role may not start a WAL sender (no REPLICATION
+// attribute), so the stream never starts (Run reconnects with backoff: not a lost slot); the
+// slot itself is fine. The events written after Run started are delivered by sweep windows
+// (before the fix: 0 of 50 after 20 s, the windows only looked at rows up to the table's top
+// sequence at start).
+func TestOutboxStreamRefused(t *testing.T) {
+	srv, pool := logicalPG(t)
+	cfg := wal.OutboxConfig{StatusInterval: 50 * time.Millisecond, SweepInterval: 200 * time.Millisecond, SweepAge: 100 * time.Millisecond,
+		SlotRecheck: 200 * time.Millisecond, RetryBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond}
+	if err := wal.SetupOutbox(ctx, pool, cfg); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, pool, `CREATE ROLE app LOGIN NOREPLICATION`,
+		`GRANT ALL ON ALL TABLES IN SCHEMA public TO app`, `GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO app`)
+	pc, err := pgxpool.ParseConfig(srv.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.ConnConfig.User = "app"
+	app, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(app.Close)
+	sink := &rowSink{}
+	cfg.Destination = sink
+	cfg.Relay.PollInterval = 50 * time.Millisecond
+	logs := &errorLines{text: "replication session ended"}
+	cfg.Logger = logs
+	r := startOutbox(t, app, cfg)
+	// The sweeps have read the table's top sequence by now (its first check runs at once).
+	waitFor(t, 30*time.Second, "the refused sessions", func() bool { return logs.n.Load() >= 5 })
+	pub := newPublisher(t, pool)
+	const n = 50
+	writeEvents(t, pub, 0, n, 5)
+	deadline := time.Now().Add(20 * time.Second)
+	for len(checkSeen(sink.snapshot())) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d events delivered after 20s; stats %+v", len(checkSeen(sink.snapshot())), n, r.Source().Stats())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("delivered; stats %+v", r.Source().Stats())
+	waitMarked(t, pool)
+	checkRows(t, pool, sink.snapshot())
+}

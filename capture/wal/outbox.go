@@ -53,9 +53,10 @@ type OutboxConfig struct {
 	RetryBackoff, MaxBackoff            time.Duration
 	StatusInterval, Heartbeat           time.Duration
 	MaxRetainedWAL                      int64
-	// LeaseDuration is how long the stream leases the rows of a batch while it delivers them
-	// (the polling relay skips leased rows). It must exceed a batch's delivery: a lease that
-	// runs out lets the relay deliver the rows again. Default DefaultLeaseDuration.
+	// LeaseDuration is how long the stream leases the rows of a batch (the polling relay skips
+	// leased rows); the stream renews the leases every third of it while it delivers the batch,
+	// so it bounds how long rows stay leased after the stream stops answering for them (a crash),
+	// not how long a delivery may take. At least 1s. Default DefaultLeaseDuration.
 	LeaseDuration time.Duration
 	// Relay configures the polling relay over the table (Schema is replaced by Schema;
 	// ExcludeTopics is refused with ErrUnsupported: the stream delivers every topic). While

@@ -220,6 +220,8 @@ func (s *Source) deliverRows(ctx context.Context, batch []*txn) error {
 	if err != nil {
 		return err
 	}
+	stopRenew := s.renewLeases(dbctx, token, leased)
+	defer stopRenew()
 	byKey := map[string]*lane{}
 	var lanes []*lane
 	left := 0
@@ -289,6 +291,7 @@ func (s *Source) deliverRows(ctx context.Context, batch []*txn) error {
 			res.ack(c)
 		}
 	})
+	stopRenew()
 	if ctx.Err() != nil {
 		// Stopping: record what was delivered and give the other leased rows back at once. The
 		// batch stays unconfirmed: the next session streams it again.
@@ -312,6 +315,46 @@ func (s *Source) deliverRows(ctx context.Context, batch []*txn) error {
 	s.parked.Add(uint64(left + int(failed.Load())))
 	maxStore(&o.seen, top)
 	return nil
+}
+
+// renewLeases extends the leases of a batch's rows every third of LeaseDuration while the
+// batch is delivered, as the polling relay renews a batch that is out, so that a batch slower
+// than LeaseDuration (a large transaction, a slow destination) is not claimed again by the
+// relay's sweep windows while it is being delivered: that would deliver its rows twice and,
+// for the relay's copy, out of their key's order. The statement is fenced by the batch's
+// token. It returns a function that stops the renewal and waits for it (safe to call twice).
+func (s *Source) renewLeases(ctx context.Context, token string, leased map[int64]bool) (stop func()) {
+	if len(leased) == 0 {
+		return func() {}
+	}
+	seqs := make([]int64, 0, len(leased))
+	for seq := range leased {
+		seqs = append(seqs, seq)
+	}
+	q := fmt.Sprintf(`UPDATE %s SET "lease_until" = now() + $3::float8 * interval '1 microsecond'
+WHERE "sequence" = ANY($1::bigint[]) AND "leased_by" = $2 AND "published_at" IS NULL`, s.ob.table)
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		tick := time.NewTicker(s.ob.lease / 3)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			if _, err := s.pool.Exec(ctx, q, seqs, token, float64(s.ob.lease.Microseconds())); err != nil && ctx.Err() == nil {
+				s.cfg.Logger.Error("wal: renewing the leases of a batch failed; retrying at the next renewal", err, watermill.LogFields{"slot": s.cfg.Slot, "token": token})
+			}
+		}
+	}()
+	return sync.OnceFunc(func() {
+		close(done)
+		<-finished
+	})
 }
 
 // stopBudget is how long the lease and mark statements of a batch may run after a stop.

@@ -24,6 +24,8 @@ const (
 	DefaultMaxBackoff     = 5 * time.Second
 	DefaultStatusInterval = time.Second
 	DefaultHeartbeat      = 10 * time.Second
+	// DefaultDeliveryTimeout is Config.DeliveryTimeout's default, the polling relay's too.
+	DefaultDeliveryTimeout = 30 * time.Second
 )
 
 // Config configures a Source and the Setup of its slot and publication. The zero value of
@@ -62,6 +64,13 @@ type Config struct {
 	// RetryBackoff is the wait after the first failed Publish, doubled after each further
 	// failure up to MaxBackoff. Defaults DefaultRetryBackoff and DefaultMaxBackoff.
 	RetryBackoff, MaxBackoff time.Duration
+	// DeliveryTimeout bounds each Publish (and PublishBatch) call: the message's context (the
+	// batch call's context) ends after it, so a destination that honours it — forwarder/kafka,
+	// forwarder/amqp, webhook, any client call made with the message's context — returns,
+	// and the call counts as a failed attempt. A destination that ignores the context still
+	// holds its key's lane, and the slot's confirmed position, until it returns. Default
+	// DefaultDeliveryTimeout.
+	DeliveryTimeout time.Duration
 	// StatusInterval is the period of the standby status updates (the confirmed position) and
 	// of the slot statistics query. Default DefaultStatusInterval.
 	StatusInterval time.Duration
@@ -109,6 +118,7 @@ func (c Config) withDefaults() Config {
 	def(&c.MaxAttempts, DefaultMaxAttempts)
 	defD(&c.RetryBackoff, DefaultRetryBackoff)
 	defD(&c.MaxBackoff, DefaultMaxBackoff)
+	defD(&c.DeliveryTimeout, DefaultDeliveryTimeout)
 	defD(&c.StatusInterval, DefaultStatusInterval)
 	defD(&c.Heartbeat, DefaultHeartbeat)
 	if c.Logger == nil {
@@ -165,7 +175,7 @@ func (c Config) check() error {
 			return &outbox.ConfigError{Field: "wal.Config." + field, Reason: "must not be negative"}
 		}
 	}
-	for field, v := range map[string]time.Duration{"RetryBackoff": c.RetryBackoff, "MaxBackoff": c.MaxBackoff, "StatusInterval": c.StatusInterval} {
+	for field, v := range map[string]time.Duration{"RetryBackoff": c.RetryBackoff, "MaxBackoff": c.MaxBackoff, "StatusInterval": c.StatusInterval, "DeliveryTimeout": c.DeliveryTimeout} {
 		if v < 0 {
 			return &outbox.ConfigError{Field: "wal.Config." + field, Reason: "must not be negative"}
 		}

@@ -24,6 +24,7 @@ func TestValidate(t *testing.T) {
 		{wal.Config{Tables: ok, Publication: "a b"}, "wal.Config.Publication", nil},
 		{wal.Config{Tables: ok, BatchSize: -1}, "wal.Config.BatchSize", nil},
 		{wal.Config{Tables: ok, MaxRetainedWAL: -1}, "wal.Config.MaxRetainedWAL", nil},
+		{wal.Config{Tables: ok, DeliveryTimeout: -time.Second}, "wal.Config.DeliveryTimeout", nil},
 		{wal.Config{Tables: []capture.Table{{Name: "loan", Extend: capture.Extend{Headers: map[string]string{"h": "1"}}}}}, "wal.Config.Tables[0].Extend", wal.ErrUnsupported},
 		{wal.Config{Tables: []capture.Table{{Name: "loan", OrderingKeySQL: "'k'"}}}, "wal.Config.Tables[0].OrderingKeySQL", wal.ErrUnsupported},
 		{wal.Config{Tables: []capture.Table{{Name: "loan", LockOrderingKey: true}}}, "wal.Config.Tables[0].LockOrderingKey", wal.ErrUnsupported},
@@ -50,6 +51,7 @@ func TestValidateOutbox(t *testing.T) {
 	}{
 		{wal.OutboxConfig{Slot: "Bad-Slot"}, "wal.OutboxConfig.Slot"},
 		{wal.OutboxConfig{BatchSize: -1}, "wal.OutboxConfig.BatchSize"},
+		{wal.OutboxConfig{DeliveryTimeout: -time.Second}, "wal.OutboxConfig.DeliveryTimeout"},
 		{wal.OutboxConfig{LeaseDuration: -time.Second}, "wal.OutboxConfig.LeaseDuration"},
 		{wal.OutboxConfig{LeaseDuration: time.Millisecond}, "wal.OutboxConfig.LeaseDuration"},
 		{wal.OutboxConfig{SweepInterval: -time.Second}, "wal.OutboxConfig.SweepInterval"},

@@ -164,8 +164,10 @@ func (s *Source) deliverLane(ctx context.Context, l *lane) error {
 func (s *Source) publish(ctx context.Context, c *change) error {
 	wait := s.cfg.RetryBackoff
 	for attempt := 1; ; attempt++ {
-		msg := newMessage(ctx, c, attempt)
+		actx, cancel := context.WithTimeout(ctx, s.cfg.DeliveryTimeout)
+		msg := newMessage(actx, c, attempt)
 		err := s.cfg.Destination.Publish(c.topic, msg)
+		cancel()
 		if err == nil {
 			s.delivered.Add(1)
 			return nil
@@ -211,19 +213,22 @@ func newMessage(ctx context.Context, c *change, attempt int) *message.Message {
 // acknowledged; what remains of a lane (from its first failed change) takes the one-by-one path
 // with its retries and parking. It returns the acknowledged changes.
 func (s *Source) publishBatch(ctx context.Context, bp forwarder.BatchPublisher, lanes []*lane, held map[string]bool) (acks []*change) {
+	bctx, cancel := context.WithTimeout(ctx, s.cfg.DeliveryTimeout)
+	defer cancel()
 	var out []forwarder.Outgoing
 	for _, l := range lanes {
 		if l.key != "" && held[l.key] {
 			continue
 		}
 		for _, c := range l.changes {
-			out = append(out, forwarder.Outgoing{Topic: c.topic, Message: newMessage(ctx, c, 1)})
+			out = append(out, forwarder.Outgoing{Topic: c.topic, Message: newMessage(bctx, c, 1)})
 		}
 	}
 	if len(out) == 0 {
 		return nil
 	}
-	results := bp.PublishBatch(ctx, out)
+	results := bp.PublishBatch(bctx, out)
+	cancel()
 	i := 0
 	for _, l := range lanes {
 		if l.key != "" && held[l.key] {

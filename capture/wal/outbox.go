@@ -45,12 +45,13 @@ type OutboxConfig struct {
 	// concurrent use: up to Concurrency calls at once from the stream, and the polling
 	// relay's.
 	Destination message.Publisher
-	// BatchSize, Concurrency, MaxAttempts, RetryBackoff, MaxBackoff, StatusInterval, Heartbeat
-	// and MaxRetainedWAL are Config's, for the stream. An event that fails MaxAttempts
+	// BatchSize, Concurrency, MaxAttempts, RetryBackoff, MaxBackoff, DeliveryTimeout,
+	// StatusInterval, Heartbeat and MaxRetainedWAL are Config's, for the stream. An event that fails MaxAttempts
 	// Publish calls gets one attempt counted in its row and is left to the polling relay,
 	// with the key's later events of the batch; over MaxRetainedWAL every event is left to it.
 	BatchSize, Concurrency, MaxAttempts int
 	RetryBackoff, MaxBackoff            time.Duration
+	DeliveryTimeout                     time.Duration
 	StatusInterval, Heartbeat           time.Duration
 	MaxRetainedWAL                      int64
 	// LeaseDuration is how long the stream leases the rows of a batch (the polling relay skips
@@ -112,7 +113,7 @@ func (c OutboxConfig) withDefaults() OutboxConfig {
 func (c OutboxConfig) source() Config {
 	return Config{Slot: c.Slot, Publication: c.Publication, Schema: c.Schema, Destination: c.Destination, BatchSize: c.BatchSize,
 		Concurrency: c.Concurrency, MaxAttempts: c.MaxAttempts, RetryBackoff: c.RetryBackoff, MaxBackoff: c.MaxBackoff,
-		StatusInterval: c.StatusInterval, Heartbeat: c.Heartbeat, MaxRetainedWAL: c.MaxRetainedWAL, Logger: c.Logger}
+		DeliveryTimeout: c.DeliveryTimeout, StatusInterval: c.StatusInterval, Heartbeat: c.Heartbeat, MaxRetainedWAL: c.MaxRetainedWAL, Logger: c.Logger}
 }
 
 // Validate returns a *outbox.ConfigError naming the first invalid field, or nil (one wrapping

@@ -526,3 +526,48 @@ func TestOutboxSlowBatchKeepsItsLease(t *testing.T) {
 		t.Fatalf("key big: %d distinct of %d, %d duplicates, %d out-of-order deliveries; want %d, 0, 0", len(seen), n, dups, back, n)
 	}
 }
+
+// hangSink never answers a Publish of key hang until the message's context ends (like an HTTP
+// call without its own timeout); it takes every other event.
+type hangSink struct{ rowSink }
+
+func (s *hangSink) Publish(topic string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		if m.Metadata.Get(outbox.MetadataOrderingKey) == "hang" {
+			<-m.Context().Done()
+			return m.Context().Err()
+		}
+	}
+	return s.rowSink.Publish(topic, msgs...)
+}
+
+// TestOutboxHungDeliveryTimesOut: the destination hangs on one event (key hang) until its
+// message's context ends. The stream's DeliveryTimeout (1s here) ends each attempt, so the
+// event is left to the polling relay after MaxAttempts and the other keys' events written
+// after it are delivered within 15s. Without the timeout: 0 (in another run 30) of 50.
+func TestOutboxHungDeliveryTimesOut(t *testing.T) {
+	_, pool := logicalPG(t)
+	cfg := wal.OutboxConfig{StatusInterval: 50 * time.Millisecond, SweepInterval: 200 * time.Millisecond, SweepAge: 100 * time.Millisecond}
+	if err := wal.SetupOutbox(ctx, pool, cfg); err != nil {
+		t.Fatal(err)
+	}
+	sink := &hangSink{}
+	cfg.Destination = sink
+	cfg.DeliveryTimeout = time.Second
+	cfg.Relay.DeliveryTimeout = time.Second
+	r := startOutbox(t, pool, cfg)
+	waitFor(t, 30*time.Second, "the stream", func() bool { return r.Source().Stats().Connected })
+	pub := newPublisher(t, pool)
+	if _, err := pub.Enqueue(ctx, outbox.EventInput{Topic: "loan", Payload: 0, OrderingKey: "hang"}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 50
+	writeEvents(t, pub, 0, n, 5)
+	deadline := time.Now().Add(15 * time.Second)
+	for len(checkSeen(sink.snapshot())) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d events of other keys delivered after 15s; stats %+v", len(checkSeen(sink.snapshot())), n, r.Source().Stats())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -228,7 +228,6 @@ func (s *Source) publishBatch(ctx context.Context, bp forwarder.BatchPublisher, 
 		return nil
 	}
 	results := bp.PublishBatch(bctx, out)
-	cancel()
 	i := 0
 	for _, l := range lanes {
 		if l.key != "" && held[l.key] {

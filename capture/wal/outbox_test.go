@@ -563,11 +563,8 @@ func TestOutboxHungDeliveryTimesOut(t *testing.T) {
 	}
 	const n = 50
 	writeEvents(t, pub, 0, n, 5)
-	deadline := time.Now().Add(15 * time.Second)
-	for len(checkSeen(sink.snapshot())) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d events of other keys delivered after 15s; stats %+v", len(checkSeen(sink.snapshot())), n, r.Source().Stats())
-		}
-		time.Sleep(20 * time.Millisecond)
+	waitFor(t, 15*time.Second, fmt.Sprintf("the %d events of other keys", n), func() bool { return len(checkSeen(sink.snapshot())) >= n })
+	if got := len(checkSeen(sink.snapshot())); got != n {
+		t.Fatalf("%d distinct events of other keys delivered, want %d", got, n)
 	}
 }
